@@ -1,0 +1,44 @@
+# Quick start: `make demo` then `make test`. Both install what they need into .venv.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-slow lint typecheck sshd-deps clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[torch,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Integration tests start a real OpenSSH sshd; install it when missing and we may.
+sshd-deps:
+	@if [ ! -x /usr/sbin/sshd ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing openssh-server (needed by the sshd test fixture)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client >/dev/null; \
+	  else \
+	    echo "openssh-server is missing; install it (apt-get install openssh-server) to run the SSH tests"; \
+	  fi; \
+	fi
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+typecheck: lint
+
+test: $(STAMP) sshd-deps lint
+	$(BIN)/pytest -m "not slow" -q
+
+test-slow: $(STAMP) sshd-deps
+	$(BIN)/pytest -m slow -q
+
+demo: $(STAMP)
+	$(BIN)/dtlaunch run --workers 2 examples/train_allreduce.py -- --steps 60
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

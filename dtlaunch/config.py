@@ -1,0 +1,198 @@
+"""The resolved description of one job (``JobSpec``) and its validation.
+
+The CLI turns options into a ``JobSpec``; everything below the CLI reads only
+this. ``job.json`` in the run directory is ``JobSpec.to_json()``, so a resumed
+supervisor rebuilds the same job from it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from dtlaunch.errors import ConfigError
+from dtlaunch.hostfile import HostSpec
+
+MODES = ("allreduce", "ps")
+RESTART_SCOPES = ("group", "process")
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def new_run_id() -> str:
+    """A sortable, unique run id: ``YYYYmmdd-HHMMSS-xxxx``."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutputSpec:
+    """Which processes' output is echoed to the console (log files get everything)."""
+
+    mode: str = "all"  # "all" | "none" | "select"
+    selected: tuple[str, ...] = ()  # proc ids ("worker-0") when mode == "select"
+
+    @classmethod
+    def parse(cls, text: str) -> OutputSpec:
+        """``all``, ``none``, or a comma list of worker ranks / proc ids: ``0,2,server-1``.
+
+        Raises:
+            ConfigError: on an entry that is neither a rank nor a proc id.
+        """
+        text = text.strip()
+        if text in ("all", "none"):
+            return cls(mode=text)
+        chosen: list[str] = []
+        for item in (part.strip() for part in text.split(",")):
+            if item.isdigit():
+                chosen.append(f"worker-{int(item)}")
+            elif re.fullmatch(r"(worker|server)-?\d+", item):
+                role, rank = re.fullmatch(r"(worker|server)-?(\d+)", item).groups()  # type: ignore[union-attr]
+                chosen.append(f"{role}-{int(rank)}")
+            else:
+                raise ConfigError(
+                    f"--output: {item!r} is not a rank; expected all, none, or a comma "
+                    "list like 0,3,server-1"
+                )
+        return cls(mode="select", selected=tuple(chosen))
+
+    def shows(self, proc_id: str) -> bool:
+        return self.mode == "all" or (self.mode == "select" and proc_id in self.selected)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSpec:
+    run_id: str
+    run_dir: Path
+    script: str
+    script_args: tuple[str, ...] = ()
+    module: bool = False  # run SCRIPT as ``python -m SCRIPT``
+    hosts: tuple[HostSpec, ...] = ()  # empty: embedded mode on this machine
+    workers: int = 1
+    servers: int = 0
+    mode: str = "allreduce"
+    policy: str = "none"
+    max_restarts: int = 3
+    restart_scope: str = "group"
+    heartbeat_interval: float = 1.0
+    dead_after: int = 3
+    orphan_timeout: float = 60.0
+    kill_grace: float = 5.0
+    agent_timeout: float = 60.0  # how long an agent may take to connect back
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str = ""
+    python: str = ""
+    output: OutputSpec = field(default_factory=OutputSpec)
+    bind: str = ""  # supervisor ROUTER address; "" = loopback (embedded) or all interfaces
+    ssh_config: tuple[str, ...] = ()
+    verify_host_keys: bool = True
+    inject: tuple[str, ...] = ()
+
+    @property
+    def embedded(self) -> bool:
+        return not self.hosts
+
+    def validate(self) -> JobSpec:
+        """Check cross-field rules; returns self for chaining.
+
+        Raises:
+            ConfigError: naming the option and the fix.
+        """
+        if not _RUN_ID_RE.match(self.run_id):
+            raise ConfigError(
+                f"run id {self.run_id!r} is invalid; use letters, digits, '.', '_' or '-'"
+            )
+        if not self.script:
+            raise ConfigError("no SCRIPT given; usage: dtlaunch run [OPTIONS] SCRIPT [ARGS]...")
+        if self.workers < 1:
+            raise ConfigError(f"--workers must be at least 1, got {self.workers}")
+        if self.servers < 0:
+            raise ConfigError(f"--servers must be 0 or more, got {self.servers}")
+        if self.mode not in MODES:
+            raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.mode == "ps" and self.servers == 0:
+            raise ConfigError("--mode ps needs parameter servers; add --servers M (M >= 1)")
+        if self.restart_scope not in RESTART_SCOPES:
+            raise ConfigError(
+                f"--restart-scope must be one of {', '.join(RESTART_SCOPES)}, "
+                f"got {self.restart_scope!r}"
+            )
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
+        for name in ("heartbeat_interval", "orphan_timeout", "kill_grace", "agent_timeout"):
+            if getattr(self, name) <= 0:
+                opt = "--" + name.replace("_", "-")
+                raise ConfigError(f"{opt} must be positive, got {getattr(self, name)}")
+        if self.dead_after < 2:
+            raise ConfigError(f"--dead-after must be at least 2 intervals, got {self.dead_after}")
+        if self.orphan_timeout < self.heartbeat_interval * self.dead_after:
+            raise ConfigError(
+                "--orphan-timeout must be longer than heartbeat interval x dead-after "
+                f"({self.heartbeat_interval * self.dead_after:g} s)"
+            )
+        for key in self.env:
+            if not _ENV_KEY_RE.match(key):
+                raise ConfigError(f"--env: {key!r} is not a valid variable name")
+        return self
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["run_dir"] = str(self.run_dir)
+        return json.dumps(data, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        """Rebuild a spec written by ``to_json``.
+
+        Raises:
+            ConfigError: when the text is not a job.json of this version.
+        """
+        try:
+            data: dict[str, Any] = json.loads(text)
+            data["run_dir"] = Path(data["run_dir"])
+            data["hosts"] = tuple(HostSpec(**h) for h in data["hosts"])
+            data["output"] = OutputSpec(
+                mode=data["output"]["mode"], selected=tuple(data["output"]["selected"])
+            )
+            for key in ("script_args", "ssh_config", "inject"):
+                data[key] = tuple(data[key])
+            return cls(**data)
+        except (ValueError, KeyError, TypeError) as err:
+            raise ConfigError(f"job.json is not a dtlaunch job description: {err}") from err
+
+    def with_updates(self, **changes: Any) -> JobSpec:
+        return replace(self, **changes)
+
+
+def parse_env_pairs(pairs: list[str], env_file: Path | None) -> dict[str, str]:
+    """``--env K=V`` (repeatable) over ``--env-file F`` (``K=V`` lines, ``#`` comments).
+
+    Raises:
+        ConfigError: on a line or pair without ``=``, naming where it came from.
+    """
+    env: dict[str, str] = {}
+    if env_file is not None:
+        try:
+            lines = env_file.read_text().splitlines()
+        except OSError as err:
+            raise ConfigError(f"--env-file {env_file}: {err.strerror}") from err
+        for lineno, raw in enumerate(lines, start=1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith("export "):
+                line = line[len("export ") :].strip()
+            key, sep, value = line.partition("=")
+            if not sep:
+                raise ConfigError(f"{env_file}:{lineno}: expected KEY=VALUE, got {raw!r}")
+            env[key.strip()] = value.strip().strip("'\"")
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"--env {pair!r}: expected KEY=VALUE")
+        env[key] = value
+    return env

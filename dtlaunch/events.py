@@ -1,0 +1,161 @@
+"""Job events and the sinks they go to.
+
+An ``Event`` is one thing that happened: a spawn, an exit, a restart, a lost or
+recovered heartbeat, a command, a decision. The supervisor hands every event to
+the sinks it was given (no global registry); ``JsonlEventLog`` writes them to
+``events.jsonl``, one JSON object a line, which ``dtlaunch replay`` reads back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+EVENT_KINDS = (
+    "job_start",
+    "job_end",
+    "agent_launch",
+    "agent_up",
+    "agent_lost",
+    "agent_exit",
+    "spawn",
+    "spawn_failed",
+    "running",
+    "exit",
+    "failure",
+    "restart",
+    "heartbeat_lost",
+    "heartbeat_recovered",
+    "unresponsive",
+    "responsive",
+    "command",
+    "decision",
+    "stop_requested",
+    "wire_dropped",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    kind: str
+    mono: float  # seconds since the job started (monotonic clock)
+    wall: float  # Unix time
+    host: str = ""
+    role: str = ""
+    rank: int = -1
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        record: dict[str, Any] = {
+            "kind": self.kind,
+            "mono": round(self.mono, 6),
+            "wall": round(self.wall, 6),
+            "host": self.host,
+            "role": self.role,
+            "rank": self.rank,
+        }
+        record.update(self.data)
+        return json.dumps(record, default=str, sort_keys=False)
+
+    @classmethod
+    def from_json(cls, line: str) -> Event:
+        record = json.loads(line)
+        base = {k: record.pop(k) for k in ("kind", "mono", "wall", "host", "role", "rank")}
+        return cls(**base, data=record)
+
+
+class EventSink(Protocol):
+    def emit(self, event: Event) -> None: ...
+
+
+class MemorySink:
+    """Keeps events in a list; for tests and for in-process consumers."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def emit(self, event: Event) -> None:
+        self.events.append(event)
+
+    def kinds(self) -> list[str]:
+        return [e.kind for e in self.events]
+
+
+class JsonlEventLog:
+    """Appends events to a JSON-lines file, flushed per event.
+
+    Flushing (not fsyncing) keeps the log readable by ``status``/``replay`` while
+    the job runs; the durable record of progress is the DDS write-ahead log.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = path.open("a", encoding="utf-8")
+
+    def emit(self, event: Event) -> None:
+        self._file.write(event.to_json() + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+
+
+class EventRecorder:
+    """Stamps events with the job's clocks and fans them out to sinks."""
+
+    def __init__(
+        self,
+        sinks: list[EventSink],
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self._sinks = list(sinks)
+        self._monotonic = monotonic
+        self._wall = wall
+        self._start = monotonic()
+
+    def elapsed(self) -> float:
+        return self._monotonic() - self._start
+
+    def emit(
+        self, kind: str, *, host: str = "", role: str = "", rank: int = -1, **data: Any
+    ) -> Event:
+        event = Event(
+            kind=kind,
+            mono=self.elapsed(),
+            wall=self._wall(),
+            host=host,
+            role=role,
+            rank=rank,
+            data=data,
+        )
+        for sink in self._sinks:
+            try:
+                sink.emit(event)
+            except Exception:  # a broken sink must not take the job down
+                log.exception("event sink %r failed on %s", sink, kind)
+        return event
+
+
+def read_events(path: Path) -> Iterator[Event]:
+    """Events of a log, tolerating a torn last line (a crashed supervisor)."""
+    with path.open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield Event.from_json(line)
+            except (ValueError, KeyError, TypeError):
+                log.warning("%s:%d: skipping a malformed event line", path, lineno)

@@ -1,0 +1,495 @@
+"""Hostfile text -> ``list[HostSpec]``; pure apart from :func:`load_hosts` reading a file.
+
+A hostfile line is a superset of DeepSpeed, OpenMPI and Horovod hostfile lines::
+
+    # comments and blank lines are fine; trailing comments too
+    node1 slots=4                     # 4 processes may run here
+    deploy@node2:2222 slots=2 servers=1
+    node3 slots=4 spare               # spare capacity: relaunch / scale-out target
+    node4 slots=2 class=v100          # device class, used by AntDT-DD grouping
+    [fd00::7]:2222 slots=8            # IPv6 goes in brackets
+
+Grammar: ``[user@]host[:port] [slots=N] [servers=N] [spare] [class=NAME]``.
+``host`` is an IPv4 address, an RFC 1123 host name or a bracketed IPv6 address.
+
+The inline form (``-H node1:4,node2:4``) holds ``[user@]host[:slots]`` entries;
+there the number after ``:`` is a slot count, as with ``mpirun -H`` and
+``horovodrun -H``, not a port.
+
+Every problem of the whole input is reported at once, as
+``file:line:col: what was wrong; expected ...`` (``-H:1:col:`` for inline lists),
+inside one :class:`~dtlaunch.errors.HostfileError`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dtlaunch.errors import HostfileError
+
+__all__ = ["MAX_SLOTS", "HostSpec", "load_hosts", "parse_hostfile", "parse_inline"]
+
+# A sanity bound: a bigger number is a typo, not a machine.
+MAX_SLOTS = 4096
+
+_VALUE_FORMS = {"slots": "slots=N", "servers": "servers=N", "class": "class=NAME"}
+_VALUE_KEYS = tuple(_VALUE_FORMS)
+_FLAG_KEYS = ("spare",)
+_OPTIONS_HELP = "slots=N, servers=N, spare, class=NAME"
+_HOST_HELP = "[user@]host[:port] (e.g. node1, deploy@10.0.0.2:2222, [fd00::1]:2222)"
+_INLINE_HELP = "[user@]host[:slots] (e.g. node1:4,deploy@node2:2)"
+# POSIX portable user names, plus the trailing '$' Samba machine accounts use.
+_USER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?")
+_DNS_LABEL_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_CLASS_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
+# Only ASCII digits: str.isdigit() would accept '²' and int() would accept '+4' or '1_0'.
+_DIGITS_RE = re.compile(r"[0-9]+")
+# Inline lists never point at files, so these suffixes mean "a hostfile that is missing".
+_FILE_SUFFIXES = (".txt", ".hosts", ".hostfile", ".cfg", ".conf", ".ini", ".list", ".lst")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostSpec:
+    """One host that may run workers and servers."""
+
+    label: str  # unique name used in logs/prefixes: hostname, or "hostname:port" with a port
+    hostname: str  # what SSH connects to; IPv6 without brackets
+    user: str | None = None
+    port: int | None = None
+    slots: int = 1  # max processes (workers + servers) on this host
+    servers: int = 0  # how many of those slots are preferred for parameter servers
+    spare: bool = False  # not used at start; relaunch / scale-out target
+    device_class: str | None = None  # `class=v100`
+    origin: str = ""  # "file:line" where it was defined, or "-H" for inline
+
+    def __post_init__(self) -> None:
+        # Guards hand-built specs too: placement relies on these bounds.
+        if not 1 <= self.slots <= MAX_SLOTS:
+            raise HostfileError([f"{self.label}: slots={self.slots}; expected 1..{MAX_SLOTS}"])
+        if not 0 <= self.servers <= self.slots:
+            raise HostfileError(
+                [f"{self.label}: servers={self.servers}; expected 0..slots ({self.slots})"]
+            )
+        if self.port is not None and not 1 <= self.port <= 65535:
+            raise HostfileError([f"{self.label}: port {self.port}; expected 1..65535"])
+
+
+@dataclass(slots=True)
+class _Problems:
+    """Collects ``source:line:col: message`` strings for one input."""
+
+    source: str
+    found: list[tuple[int, int, str]] = field(default_factory=list)
+
+    def add(self, line: int, col: int, message: str) -> None:
+        self.found.append((line, col, message))
+
+    def count(self) -> int:
+        return len(self.found)
+
+    def raise_if_any(self) -> None:
+        """Raise one HostfileError with every problem, in file order."""
+        if self.found:
+            ordered = sorted(self.found, key=lambda item: (item[0], item[1]))
+            raise HostfileError([f"{self.source}:{ln}:{col}: {msg}" for ln, col, msg in ordered])
+
+
+@dataclass(frozen=True, slots=True)
+class _HostPart:
+    """The ``[user@]host[:suffix]`` token, split and checked."""
+
+    user: str | None
+    hostname: str
+    is_ipv6: bool
+    suffix: str | None  # text after the ':' (port in files, slots inline)
+    suffix_col: int
+
+
+def parse_hostfile(text: str, filename: str = "<hostfile>") -> list[HostSpec]:
+    """Parse hostfile ``text``; ``filename`` only prefixes error locations.
+
+    Raises:
+        HostfileError: with every problem in the text, or when it defines no host.
+    """
+    problems = _Problems(filename)
+    hosts: list[HostSpec] = []
+    first_seen: dict[str, str] = {}
+    saw_host_line = False
+    text = text.removeprefix("\ufeff")
+    # split("\n"), not splitlines(): editors number lines by '\n' only, and
+    # splitlines() also breaks at form feeds and other rare separators.
+    for line_no, raw in enumerate(text.split("\n"), start=1):
+        content = raw.removesuffix("\r").split("#", 1)[0]
+        tokens = [(m.start() + 1, m.group()) for m in re.finditer(r"\S+", content)]
+        if not tokens:
+            continue
+        saw_host_line = True
+        label, spec = _parse_line(tokens, line_no, filename, problems)
+        if label is None:
+            continue
+        here = f"{filename}:{line_no}"
+        duplicate = _is_duplicate(label, first_seen, here, line_no, tokens[0][0], problems)
+        if spec is not None and not duplicate:
+            hosts.append(spec)
+    if not saw_host_line:
+        problems.add(1, 1, "no hosts in this hostfile; expected lines like 'node1 slots=4'")
+    problems.raise_if_any()
+    return hosts
+
+
+def parse_inline(spec: str) -> list[HostSpec]:
+    """Parse an inline ``-H`` list: comma-separated ``[user@]host[:slots]`` entries.
+
+    Raises:
+        HostfileError: with every problem in the list (locations ``-H:1:col``).
+    """
+    problems = _Problems("-H")
+    hosts: list[HostSpec] = []
+    first_seen: dict[str, str] = {}
+    if not spec.strip():
+        problems.add(1, 1, f"empty host list; expected {_INLINE_HELP}")
+        problems.raise_if_any()
+    start = 0
+    for entry in spec.split(","):
+        entry_col = start + 1
+        start += len(entry) + 1
+        token = entry.strip()
+        col = entry_col + len(entry) - len(entry.lstrip())
+        if not token:
+            problems.add(1, entry_col, f"empty entry between commas; expected {_INLINE_HELP}")
+            continue
+        inner_space = re.search(r"\s", token)
+        if inner_space:
+            problems.add(
+                1,
+                col + inner_space.start(),
+                "space inside an inline entry; expected comma-separated "
+                f"{_INLINE_HELP} (use a hostfile for servers=/spare/class=)",
+            )
+            continue
+        before = problems.count()
+        part = _parse_host_token(token, 1, col, problems, suffix_name="slots")
+        slots = 1
+        if part is not None and part.suffix is not None:
+            value = _parse_int(part.suffix, 1, part.suffix_col, problems, "slots", 1, MAX_SLOTS)
+            slots = value if value is not None else 1
+        if part is None:
+            continue
+        here = f"-H:1:{col}"
+        duplicate = _is_duplicate(part.hostname, first_seen, here, 1, col, problems)
+        if duplicate or problems.count() > before:
+            continue
+        hosts.append(
+            HostSpec(
+                label=part.hostname,
+                hostname=part.hostname,
+                user=part.user,
+                slots=slots,
+                origin="-H",
+            )
+        )
+    problems.raise_if_any()
+    return hosts
+
+
+def load_hosts(arg: str) -> list[HostSpec]:
+    """Resolve a ``-H`` argument: an existing file path, else an inline host list.
+
+    Raises:
+        HostfileError: the file is unreadable or bad, the inline list is bad, or
+            ``arg`` names a hostfile that does not exist.
+    """
+    path = Path(arg).expanduser()
+    if path.is_file():
+        try:
+            text = path.read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError as err:
+            raise HostfileError(
+                [f"{arg}: not UTF-8 text (byte {err.start}); expected a plain-text hostfile"]
+            ) from err
+        except OSError as err:
+            raise HostfileError(
+                [f"{arg}: cannot read the hostfile ({err.strerror}); check its permissions"]
+            ) from err
+        return parse_hostfile(text, filename=arg)
+    if path.exists():
+        raise HostfileError([f"{arg}: is not a regular file; expected a hostfile path"])
+    if _looks_inline(arg):
+        return parse_inline(arg)
+    raise HostfileError(
+        [
+            f"{arg}: hostfile does not exist; expected the path of an existing hostfile "
+            "or an inline list like node1:4,node2:4"
+        ]
+    )
+
+
+def _looks_inline(arg: str) -> bool:
+    """Whether ``arg`` reads as a host list rather than a file name."""
+    if not arg.strip() or re.search(r"\s", arg.strip()):
+        return False
+    if "/" in arg or "\\" in arg or arg.startswith(("~", ".")):
+        return False
+    return not arg.lower().endswith(_FILE_SUFFIXES)
+
+
+def _parse_line(
+    tokens: list[tuple[int, str]], line: int, filename: str, problems: _Problems
+) -> tuple[str | None, HostSpec | None]:
+    """Parse one non-blank hostfile line into ``(label, spec)``.
+
+    ``label`` is ``None`` when the host itself is bad; ``spec`` is ``None`` when
+    the line had any problem (the label still serves duplicate detection).
+    """
+    before = problems.count()
+    host_col, host_token = tokens[0]
+    if "=" in host_token:
+        problems.add(
+            line, host_col, f"line starts with option {host_token!r}; expected {_HOST_HELP} first"
+        )
+        part = None
+    else:
+        part = _parse_host_token(host_token, line, host_col, problems, suffix_name="port")
+    port: int | None = None
+    if part is not None and part.suffix is not None:
+        port = _parse_int(part.suffix, line, part.suffix_col, problems, "port", 1, 65535)
+
+    values: dict[str, int | str | None] = {"slots": 1, "servers": 0, "class": None}
+    key_cols: dict[str, int] = {}
+    for col, token in tokens[1:]:
+        key, eq, value = token.partition("=")
+        if key in key_cols:
+            problems.add(
+                line,
+                col,
+                f"{key!r} given twice on this line (first at col {key_cols[key]}); "
+                "expected each key at most once",
+            )
+            continue
+        if key in _FLAG_KEYS:
+            key_cols[key] = col
+            if eq:
+                problems.add(line, col, f"{key!r} takes no value; expected just '{key}'")
+            continue
+        if key not in _VALUE_KEYS:
+            problems.add(line, col, _unknown_option(token, key, bool(eq)))
+            continue
+        key_cols[key] = col
+        if not eq:
+            problems.add(line, col, f"{key!r} needs a value; expected {_VALUE_FORMS[key]}")
+            continue
+        values[key] = _parse_value(key, value, line, col + len(key) + 1, problems)
+
+    slots, servers = values["slots"], values["servers"]
+    if isinstance(slots, int) and isinstance(servers, int) and servers > slots:
+        slots_note = "" if "slots" in key_cols else " (the default when slots= is absent)"
+        problems.add(
+            line,
+            key_cols["servers"] + len("servers="),
+            f"servers={servers} exceeds slots={slots}{slots_note}; "
+            "expected servers <= slots (servers take slots from the same host)",
+        )
+    label = None
+    if part is not None and (part.suffix is None or port is not None):
+        label = _label(part, port)
+    if label is None or part is None or problems.count() > before:
+        return label, None
+    if not isinstance(slots, int) or not isinstance(servers, int):  # unreachable: reported
+        return label, None
+    device_class = values["class"]
+    return label, HostSpec(
+        label=label,
+        hostname=part.hostname,
+        user=part.user,
+        port=port,
+        slots=slots,
+        servers=servers,
+        spare="spare" in key_cols,
+        device_class=device_class if isinstance(device_class, str) else None,
+        origin=f"{filename}:{line}",
+    )
+
+
+def _parse_value(
+    key: str, value: str, line: int, col: int, problems: _Problems
+) -> int | str | None:
+    """Check the value of ``key=value``; ``None`` (and a problem) when bad."""
+    if key == "slots":
+        return _parse_int(value, line, col, problems, "slots", 1, MAX_SLOTS)
+    if key == "servers":
+        return _parse_int(value, line, col, problems, "servers", 0, MAX_SLOTS)
+    if not _CLASS_RE.fullmatch(value):
+        problems.add(
+            line,
+            col,
+            f"invalid class {value!r}; expected a name of letters, digits, '_', '.', '+', '-' "
+            "(up to 64 characters, e.g. class=v100)",
+        )
+        return None
+    return value
+
+
+def _parse_int(
+    text: str, line: int, col: int, problems: _Problems, what: str, low: int, high: int
+) -> int | None:
+    """A whole number in ``low..high``; ``None`` (and a problem) otherwise."""
+    if not text:
+        problems.add(line, col, f"missing {what} value; expected a whole number {low}..{high}")
+        return None
+    # The length bound keeps int() away from huge digit strings.
+    if not _DIGITS_RE.fullmatch(text) or len(text) > 9:
+        kind = "too large" if _DIGITS_RE.fullmatch(text) else "not a whole number"
+        problems.add(line, col, f"{what} {text!r} is {kind}; expected a whole number {low}..{high}")
+        return None
+    number = int(text)
+    if not low <= number <= high:
+        problems.add(line, col, f"{what} {number} is out of range; expected {low}..{high}")
+        return None
+    return number
+
+
+def _parse_host_token(
+    token: str, line: int, col: int, problems: _Problems, *, suffix_name: str
+) -> _HostPart | None:
+    """Split and check ``[user@]host[:suffix]``; ``None`` when it had problems."""
+    before = problems.count()
+    user: str | None = None
+    rest, rest_col = token, col
+    if "@" in token:
+        user, _, rest = token.partition("@")
+        rest_col = col + len(user) + 1
+        if not user:
+            problems.add(line, col, f"empty user name before '@'; expected {_HOST_HELP}")
+        elif not _USER_RE.fullmatch(user):
+            problems.add(
+                line,
+                col,
+                f"invalid user name {user!r}; expected letters, digits, '_', '.', '-' "
+                "(up to 32 characters)",
+            )
+    suffix: str | None = None
+    suffix_col = 0
+    if rest.startswith("["):
+        close = rest.find("]")
+        if close < 0:
+            problems.add(
+                line,
+                rest_col,
+                f"unclosed '['; expected [IPv6-address] or [IPv6-address]:{suffix_name}",
+            )
+            return None
+        address, after = rest[1:close], rest[close + 1 :]
+        hostname = _normal_ipv6(address)
+        if hostname is None:
+            problems.add(
+                line, rest_col + 1, f"invalid IPv6 address {address!r}; expected e.g. [fd00::1]"
+            )
+        if after.startswith(":"):
+            suffix, suffix_col = after[1:], rest_col + close + 2
+        elif after:
+            problems.add(
+                line,
+                rest_col + close + 1,
+                f"unexpected {after!r} after ']'; expected ':' followed by the {suffix_name}",
+            )
+        is_ipv6 = True
+    else:
+        if rest.count(":") > 1:
+            problems.add(
+                line,
+                rest_col,
+                f"{rest!r} looks like an IPv6 address without brackets; "
+                f"expected [address] or [address]:{suffix_name} (e.g. [fd00::1])",
+            )
+            return None
+        hostname, sep, tail = rest.partition(":")
+        if sep:
+            suffix, suffix_col = tail, rest_col + len(hostname) + 1
+        error = _hostname_problem(hostname)
+        if error is not None:
+            offset, message = error
+            problems.add(line, rest_col + offset, message)
+        hostname = hostname.lower()  # DNS and ssh_config Host matching ignore case
+        is_ipv6 = False
+    if hostname is None or problems.count() > before:
+        return None
+    return _HostPart(user, hostname, is_ipv6, suffix, suffix_col)
+
+
+def _normal_ipv6(address: str) -> str | None:
+    """The compressed form of an IPv6 address (zone ids kept), or ``None``."""
+    try:
+        return str(ipaddress.IPv6Address(address))
+    except ValueError:
+        return None
+
+
+def _hostname_problem(hostname: str) -> tuple[int, str] | None:
+    """``(offset, message)`` if ``hostname`` is no IPv4 address / RFC 1123 name."""
+    if not hostname:
+        return 0, f"missing host name; expected {_HOST_HELP}"
+    labels = hostname.split(".")
+    # An all-numeric last label can only be an IPv4 address (RFC 1123 section 2.1).
+    if _DIGITS_RE.fullmatch(labels[-1]):
+        try:
+            ipaddress.IPv4Address(hostname)
+        except ValueError:
+            return 0, (
+                f"invalid IPv4 address {hostname!r}; expected four numbers 0..255 "
+                "without leading zeros, like 10.0.0.1"
+            )
+        return None
+    if len(hostname) > 253:
+        return 0, f"host name is {len(hostname)} characters long; expected at most 253"
+    offset = 0
+    for label in labels:
+        if not _DNS_LABEL_RE.fullmatch(label):
+            what = f"invalid host name label {label!r}" if label else "empty label"
+            return offset, (
+                f"{what} in {hostname!r}; expected labels of letters, digits and '-' "
+                "(not first or last, at most 63 characters) separated by '.'"
+            )
+        offset += len(label) + 1
+    return None
+
+
+def _label(part: _HostPart, port: int | None) -> str:
+    if port is None:
+        return part.hostname
+    return f"[{part.hostname}]:{port}" if part.is_ipv6 else f"{part.hostname}:{port}"
+
+
+def _unknown_option(token: str, key: str, has_value: bool) -> str:
+    """Message for a token that is no known option, with a hint when one helps."""
+    close = difflib.get_close_matches(key.lower(), [*_VALUE_KEYS, *_FLAG_KEYS], n=1, cutoff=0.6)
+    if close:
+        hint = f" (did you mean {close[0]!r}?)"
+    elif not has_value and _hostname_problem(token.split(":")[0]) is None:
+        hint = " (one host per line)"
+    else:
+        hint = ""
+    what = f"unknown key {key!r}" if has_value else f"unexpected {token!r}"
+    return f"{what}{hint}; expected one of {_OPTIONS_HELP}"
+
+
+def _is_duplicate(
+    label: str, seen: dict[str, str], here: str, line: int, col: int, problems: _Problems
+) -> bool:
+    """Record where ``label`` is defined; report and return True if seen before.
+
+    Same user/hostname/port always yields the same label, so one check covers both.
+    """
+    earlier = seen.setdefault(label, here)
+    if earlier == here:
+        return False
+    problems.add(
+        line,
+        col,
+        f"duplicate host {label!r}, already defined at {earlier}; expected each host once "
+        "(merge the two, or give a second sshd on that machine its own port)",
+    )
+    return True

@@ -1,0 +1,102 @@
+"""The command line and environment of every worker and server process.
+
+Workers get torchrun's variables so that a script written for torchrun runs
+unmodified; PS-mode processes also get ps-lite's ``DMLC_*`` variables. Secrets
+never go here: the CURVE keys are files, and the agent adds their folder as
+``DTLAUNCH_KEYS``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dtlaunch.config import JobSpec
+from dtlaunch.supervisor.jobstate import ProcSlot
+from dtlaunch.wire.messages import Spawn
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchContext:
+    """What the environment depends on besides the job spec."""
+
+    spec: JobSpec
+    python: str  # interpreter on the hosts
+    workdir: str
+    hosts_with_workers: int  # GROUP_WORLD_SIZE
+    # Filled in as agents launch, keyed by host label:
+    endpoints: dict[str, str]  # the supervisor address as that host reaches it
+    state_dirs: dict[str, str]  # the agent's folder on that host
+
+
+def process_argv(spec: JobSpec, python: str) -> list[str]:
+    if spec.module:
+        return [python, "-u", "-m", spec.script, *spec.script_args]
+    return [python, "-u", spec.script, *spec.script_args]
+
+
+def process_env(
+    ctx: LaunchContext, slot: ProcSlot, master_addr: str, master_port: int
+) -> dict[str, str]:
+    spec = ctx.spec
+    a = slot.assignment
+    role_world = spec.workers if a.role == "worker" else spec.servers
+    env: dict[str, str] = {
+        # torchrun / torchelastic
+        "RANK": str(a.rank),
+        "WORLD_SIZE": str(role_world),
+        "LOCAL_RANK": str(a.local_rank),
+        "LOCAL_WORLD_SIZE": str(a.local_world_size),
+        "GROUP_RANK": str(a.group_rank),
+        "GROUP_WORLD_SIZE": str(ctx.hosts_with_workers),
+        "ROLE_RANK": str(a.rank),
+        "ROLE_NAME": a.role,
+        "ROLE_WORLD_SIZE": str(role_world),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "TORCHELASTIC_RESTART_COUNT": str(slot.attempt),
+        "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+        "TORCHELASTIC_RUN_ID": spec.run_id,
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_ERROR_FILE": (
+            f"{ctx.state_dirs.get(slot.host, '/tmp')}/errors/{slot.proc_id}-{slot.attempt}.json"
+        ),
+        "PYTHONUNBUFFERED": "1",
+        # dtlaunch's own
+        "DTLAUNCH_RUN_ID": spec.run_id,
+        "DTLAUNCH_ROLE": a.role,
+        "DTLAUNCH_RANK": str(a.rank),
+        "DTLAUNCH_SUPERVISOR": ctx.endpoints.get(slot.host, ""),
+    }
+    if a.local_world_size > 1:
+        # As torchrun does: several processes on one host must not each take every core.
+        env["OMP_NUM_THREADS"] = "1"
+    if spec.mode == "ps":
+        env.update(
+            {
+                "DMLC_ROLE": a.role,
+                "DMLC_NUM_WORKER": str(spec.workers),
+                "DMLC_NUM_SERVER": str(spec.servers),
+                # PS mode has no torch.distributed store, so its port is free for ps-lite.
+                "DMLC_PS_ROOT_URI": master_addr,
+                "DMLC_PS_ROOT_PORT": str(master_port),
+            }
+        )
+        env["DMLC_WORKER_ID" if a.role == "worker" else "DMLC_SERVER_ID"] = str(a.rank)
+    # The user's --env wins over ours except where ours is the job's identity.
+    for key, value in spec.env.items():
+        env.setdefault(key, value)
+        if key == "OMP_NUM_THREADS":
+            env[key] = value
+    return env
+
+
+def build_spawn(ctx: LaunchContext, slot: ProcSlot, master_addr: str, master_port: int) -> Spawn:
+    return Spawn(
+        proc_id=slot.proc_id,
+        role=slot.role,
+        rank=slot.rank,
+        attempt=slot.attempt,
+        argv=process_argv(ctx.spec, ctx.python),
+        env=process_env(ctx, slot, master_addr, master_port),
+        cwd=ctx.workdir,
+    )

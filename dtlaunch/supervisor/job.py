@@ -1,0 +1,218 @@
+"""Composition root: build every part of a job from its ``JobSpec`` and run it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import zmq.asyncio
+
+from dtlaunch.config import JobSpec
+from dtlaunch.events import EventRecorder, JsonlEventLog
+from dtlaunch.hostfile import HostSpec
+from dtlaunch.sshconn import SshOptions
+from dtlaunch.supervisor.environment import LaunchContext, build_spawn
+from dtlaunch.supervisor.jobstate import JobState, ProcSlot, Timing
+from dtlaunch.supervisor.launcher import HostInfo, Launcher, LocalLauncher, SshLauncher
+from dtlaunch.supervisor.output import OutputRouter
+from dtlaunch.supervisor.placement import place
+from dtlaunch.supervisor.report import build_summary
+from dtlaunch.supervisor.rundir import RunDir
+from dtlaunch.supervisor.supervisor import Supervisor
+from dtlaunch.wire.keys import RunKeys, create_run_keys
+from dtlaunch.wire.messages import AgentBootstrap, Spawn
+from dtlaunch.wire.sockets import Router
+
+log = logging.getLogger(__name__)
+
+LOCAL_HOST = "localhost"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobResult:
+    status: str
+    exit_code: int
+    summary: dict[str, Any]
+    run_dir: Path
+
+
+def embedded_hosts(spec: JobSpec) -> list[HostSpec]:
+    """Embedded mode: this machine is the only host, with room for every process."""
+    return [
+        HostSpec(
+            label=LOCAL_HOST,
+            hostname="127.0.0.1",
+            slots=spec.workers + spec.servers,
+            servers=spec.servers,
+            origin="embedded",
+        )
+    ]
+
+
+def _bind_address(spec: JobSpec) -> str:
+    if spec.bind:
+        return spec.bind if spec.bind.startswith("tcp://") else f"tcp://{spec.bind}"
+    # CURVE protects the socket; remote agents must be able to reach it.
+    return "tcp://127.0.0.1:0" if spec.embedded else "tcp://0.0.0.0:0"
+
+
+async def run_job(spec: JobSpec, *, console: TextIO | None = None) -> JobResult:
+    """Run ``spec`` to its end and return its outcome; writes the run directory.
+
+    Raises:
+        ConfigError: when the processes do not fit the hosts.
+        RunDirError: when the run directory already holds a job.
+    """
+    console = console or sys.stdout
+    hosts = list(spec.hosts) or embedded_hosts(spec)
+    assignments = place(hosts, workers=spec.workers, servers=spec.servers)
+    run = RunDir.create(spec)
+    keys = create_run_keys(run.keys)
+    event_log = JsonlEventLog(run.events_path)
+    recorder = EventRecorder([event_log])
+    output = OutputRouter(run, console, spec.output)
+    ctx = zmq.asyncio.Context()
+    started = time.monotonic()
+    try:
+        async with Router(ctx, keys, bind=_bind_address(spec)) as router:
+            run.write_supervisor(endpoint=router.endpoint, pid=os.getpid())
+            recorder.emit(
+                "job_start",
+                run_id=spec.run_id,
+                endpoint=router.endpoint,
+                workers=spec.workers,
+                servers=spec.servers,
+                mode=spec.mode,
+                hosts=[h.label for h in hosts],
+                embedded=spec.embedded,
+            )
+            supervisor = _build_supervisor(
+                spec, hosts, assignments, keys, router, run, recorder, output
+            )
+            with _signals_to(supervisor):
+                await supervisor.run()
+            state = supervisor.state
+    finally:
+        output.close()
+        ctx.destroy(linger=0)
+    jct = time.monotonic() - started
+    summary = build_summary(spec, state, jct_s=jct, reason=state.stop_reason)
+    run.write_summary(summary)
+    event_log.close()
+    exit_code = 0 if summary["status"] == "succeeded" else 1
+    return JobResult(
+        status=summary["status"], exit_code=exit_code, summary=summary, run_dir=run.path
+    )
+
+
+def _build_supervisor(
+    spec: JobSpec,
+    hosts: list[HostSpec],
+    assignments: list[Any],
+    keys: RunKeys,
+    router: Router,
+    run: RunDir,
+    recorder: EventRecorder,
+    output: OutputRouter,
+) -> Supervisor:
+    python = spec.python or sys.executable
+    workdir = spec.workdir or os.getcwd()
+    by_label = {h.label: h for h in hosts}
+    launcher: Launcher
+    if spec.embedded:
+        launcher = LocalLauncher(python=python, agents_dir=run.agents)
+    else:
+        options = SshOptions(
+            config_paths=tuple(Path(p) for p in spec.ssh_config),
+            verify_host_keys=spec.verify_host_keys,
+        )
+        launcher = SshLauncher(options=options, python=python, workdir=workdir, run_id=spec.run_id)
+    launch_ctx = LaunchContext(
+        spec=spec,
+        python=python,
+        workdir=workdir,
+        hosts_with_workers=len({a.host for a in assignments if a.role == "worker"}),
+        endpoints={},
+        state_dirs={},
+    )
+
+    def on_host_prepared(label: str, info: HostInfo) -> None:
+        launch_ctx.endpoints[label] = f"tcp://{info.endpoint_addr}:{router.port}"
+        launch_ctx.state_dirs[label] = info.state_dir
+
+    def make_bootstrap(host: HostSpec, info: HostInfo) -> AgentBootstrap:
+        return AgentBootstrap(
+            run_id=spec.run_id,
+            host=host.label,
+            endpoint=launch_ctx.endpoints[host.label],
+            server_public=keys.server.public.decode(),
+            client_public=keys.client.public.decode(),
+            client_secret=keys.client.secret.decode(),
+            state_dir=info.state_dir,
+            heartbeat_interval=spec.heartbeat_interval,
+            dead_after=spec.dead_after,
+            orphan_timeout=spec.orphan_timeout,
+            kill_grace=spec.kill_grace,
+        )
+
+    def spawn_for(slot: ProcSlot, master_addr: str, master_port: int) -> Spawn:
+        return build_spawn(launch_ctx, slot, master_addr, master_port)
+
+    def master_addr_of(label: str, reported: str) -> str:
+        if spec.embedded:
+            return "127.0.0.1"
+        return by_label[label].hostname or reported
+
+    state = JobState(
+        assignments,
+        timing=Timing(
+            heartbeat_interval=spec.heartbeat_interval,
+            dead_after=spec.dead_after,
+            orphan_timeout=spec.orphan_timeout,
+            kill_grace=spec.kill_grace,
+            agent_timeout=spec.agent_timeout,
+        ),
+        max_restarts=spec.max_restarts,
+        restart_scope=spec.restart_scope,
+        build_spawn=spawn_for,
+        master_addr_of=master_addr_of,
+    )
+    return Supervisor(
+        state=state,
+        router=router,
+        launcher=launcher,
+        hosts=by_label,
+        make_bootstrap=make_bootstrap,
+        on_host_prepared=on_host_prepared,
+        recorder=recorder,
+        output=output,
+        agent_log_path=lambda label: run.logs / f"agent-{label}.log",
+        run_id=spec.run_id,
+        heartbeat_interval=spec.heartbeat_interval,
+    )
+
+
+@contextlib.contextmanager
+def _signals_to(supervisor: Supervisor) -> Any:
+    """SIGINT/SIGTERM stop the job in order instead of killing the supervisor."""
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(signum, supervisor.request_stop, signal.Signals(signum).name)
+            installed.append(signum)
+        except (NotImplementedError, RuntimeError):  # not the main thread
+            pass
+    try:
+        yield
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)

@@ -1,0 +1,673 @@
+"""The job's node table as an I/O-free state machine.
+
+Stimuli (agent said hello, a process exited, time passed, a stop was asked for)
+go in through methods; each returns the commands the supervisor must carry out
+(launch an agent, send a message to one, emit an event, finish). Nothing here
+touches a socket, a file or the clock, so tests drive it step by step with a
+fake time.
+
+Restart rules (AntDT §V-D): a retryable failure restarts its process with the
+same rank and ``attempt + 1`` (= ``TORCHELASTIC_RESTART_COUNT``) until the rank has
+used ``max_restarts``; an unretryable one stops the job. With restart scope
+``group`` (the default in allreduce mode, as torchrun does) every worker of the
+group is stopped and restarted together, because a static ``torch.distributed``
+world cannot lose a member and go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from dtlaunch.supervisor.failures import ExitVerdict, classify_exit, traceback_tail
+from dtlaunch.supervisor.placement import Assignment
+from dtlaunch.wire.messages import Exited, Kill, Message, ProcReport, Shutdown, Spawn
+
+
+class ProcState(StrEnum):
+    PENDING = "pending"  # waiting to be spawned (first start or restart)
+    STARTING = "starting"  # Spawn sent, no answer yet
+    RUNNING = "running"
+    STOPPING = "stopping"  # Kill sent; restarts when it is gone if restart_after_stop
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"  # ended because the job is stopping
+
+
+class AgentState(StrEnum):
+    LAUNCHING = "launching"
+    UP = "up"
+    UNRESPONSIVE = "unresponsive"
+    LOST = "lost"
+    GONE = "gone"  # exited on purpose
+
+
+class Phase(StrEnum):
+    STARTING = "starting"  # agents coming up
+    RUNNING = "running"
+    STOPPING = "stopping"
+    DONE = "done"
+
+
+LIVE_PROC_STATES = (ProcState.STARTING, ProcState.RUNNING, ProcState.STOPPING)
+
+
+# ------------------------------------------------------------------- commands
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchAgent:
+    host: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendToAgent:
+    host: str
+    message: Message
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EmitEvent:
+    kind: str
+    host: str = ""
+    role: str = ""
+    rank: int = -1
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finish:
+    status: str  # succeeded | failed | stopped
+
+
+Command = LaunchAgent | SendToAgent | EmitEvent | Finish
+
+
+# ---------------------------------------------------------------- bookkeeping
+
+
+@dataclass(slots=True, kw_only=True)
+class ProcSlot:
+    assignment: Assignment
+    host: str
+    attempt: int = 0
+    state: ProcState = ProcState.PENDING
+    pid: int = 0
+    started_at: float = 0.0
+    unresponsive: bool = False
+    restart_after_stop: bool = False
+    restart_reason: str = ""
+
+    @property
+    def proc_id(self) -> str:
+        return f"{self.assignment.role}-{self.assignment.rank}"
+
+    @property
+    def role(self) -> str:
+        return self.assignment.role
+
+    @property
+    def rank(self) -> int:
+        return self.assignment.rank
+
+
+@dataclass(slots=True, kw_only=True)
+class AgentSlot:
+    host: str
+    state: AgentState = AgentState.LAUNCHING
+    launched_at: float = 0.0
+    last_seen: float = 0.0
+    free_ports: list[int] = field(default_factory=list)
+    host_addr: str = ""
+    channel_closed: bool = False
+    launches: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FailureRecord:
+    role: str
+    rank: int
+    host: str
+    exit_code: int | None
+    signal: int | None
+    error: str
+    reason: str
+    retryable: bool
+    at_s: float
+    attempt: int
+    traceback: list[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RestartRecord:
+    role: str
+    rank: int
+    host: str
+    reason: str
+    at_s: float
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timing:
+    heartbeat_interval: float
+    dead_after: int
+    orphan_timeout: float
+    kill_grace: float
+    agent_timeout: float
+
+
+# A function that builds the Spawn for a process: (slot, master_addr, master_port).
+SpawnBuilder = Callable[[ProcSlot, str, int], Spawn]
+
+
+class JobState:
+    """All the supervisor knows about the job's agents and processes."""
+
+    def __init__(
+        self,
+        assignments: list[Assignment],
+        *,
+        timing: Timing,
+        max_restarts: int,
+        restart_scope: str,
+        build_spawn: SpawnBuilder,
+        master_addr_of: Callable[[str, str], str],
+    ) -> None:
+        self.timing = timing
+        self.max_restarts = max_restarts
+        self.restart_scope = restart_scope
+        self._build_spawn = build_spawn
+        self._master_addr_of = master_addr_of  # (host label, agent host_addr) -> address
+        self.procs: dict[str, ProcSlot] = {}
+        for a in assignments:
+            slot = ProcSlot(assignment=a, host=a.host)
+            self.procs[slot.proc_id] = slot
+        self.agents: dict[str, AgentSlot] = {
+            host: AgentSlot(host=host) for host in dict.fromkeys(a.host for a in assignments)
+        }
+        self.phase = Phase.STARTING
+        self.status = ""
+        self.stop_reason = ""
+        self.stop_deadline = 0.0
+        self.failures: list[FailureRecord] = []
+        self.restarts: list[RestartRecord] = []
+        self.started_at = 0.0
+
+    # ------------------------------------------------------------- stimuli
+
+    def start(self, now: float) -> list[Command]:
+        self.started_at = now
+        out: list[Command] = []
+        for agent in self.agents.values():
+            out += self._launch_agent(agent, now)
+        return out
+
+    def agent_hello(
+        self,
+        host: str,
+        now: float,
+        *,
+        free_ports: list[int],
+        host_addr: str,
+        procs: list[ProcReport],
+    ) -> list[Command]:
+        agent = self.agents.get(host)
+        if agent is None or agent.state in (AgentState.GONE,):
+            return []
+        out: list[Command] = []
+        was = agent.state
+        agent.state = AgentState.UP
+        agent.last_seen = now
+        agent.channel_closed = False
+        if free_ports:
+            agent.free_ports = list(free_ports)
+        agent.host_addr = host_addr or agent.host_addr
+        if was in (AgentState.LAUNCHING, AgentState.LOST):
+            out.append(EmitEvent(kind="agent_up", host=host, data={"free_ports": free_ports}))
+        elif was is AgentState.UNRESPONSIVE:
+            out.append(EmitEvent(kind="heartbeat_recovered", host=host, role="agent"))
+        out += self._adopt_reported(host, procs, now)
+        if self.phase is Phase.STOPPING:
+            out.append(self._shutdown_message(host))
+            return out
+        if self.phase is Phase.STARTING and all(
+            a.state is AgentState.UP for a in self.agents.values()
+        ):
+            self.phase = Phase.RUNNING
+        return out + self._reconcile(now)
+
+    def agent_seen(self, host: str, now: float) -> list[Command]:
+        """Any message from an agent proves it is alive."""
+        agent = self.agents.get(host)
+        if agent is None or agent.state not in (AgentState.UP, AgentState.UNRESPONSIVE):
+            return []
+        agent.last_seen = now
+        if agent.state is AgentState.UNRESPONSIVE:
+            agent.state = AgentState.UP
+            return [EmitEvent(kind="heartbeat_recovered", host=host, role="agent")]
+        return []
+
+    def heartbeat(self, host: str, now: float, procs: list[ProcReport]) -> list[Command]:
+        out = self.agent_seen(host, now)
+        for report in procs:
+            slot = self.procs.get(report.proc_id)
+            if slot is None or slot.attempt != report.attempt or slot.host != host:
+                continue
+            stopped = report.state == "stopped"
+            if stopped and not slot.unresponsive:
+                slot.unresponsive = True
+                out.append(self._proc_event("unresponsive", slot, state=report.state))
+            elif not stopped and slot.unresponsive:
+                slot.unresponsive = False
+                out.append(self._proc_event("responsive", slot, state=report.state))
+        return out
+
+    def spawned(self, host: str, proc_id: str, attempt: int, pid: int, now: float) -> list[Command]:
+        slot = self.procs.get(proc_id)
+        if slot is None or slot.attempt != attempt or slot.state is not ProcState.STARTING:
+            return []
+        slot.state = ProcState.RUNNING
+        slot.pid = pid
+        slot.started_at = now
+        return [self._proc_event("running", slot, pid=pid, attempt=attempt)]
+
+    def spawn_failed(
+        self, host: str, proc_id: str, attempt: int, error: str, now: float
+    ) -> list[Command]:
+        slot = self.procs.get(proc_id)
+        if slot is None or slot.attempt != attempt:
+            return []
+        slot.state = ProcState.FAILED
+        verdict = ExitVerdict(succeeded=False, retryable=False, reason="spawn failed", error=error)
+        self._record_failure(slot, verdict, None, None, [error], now)
+        out: list[Command] = [self._proc_event("spawn_failed", slot, error=error)]
+        return out + self._fail_job(f"{slot.proc_id} could not be started on {host}: {error}", now)
+
+    def exited(self, host: str, msg: Exited, now: float) -> list[Command]:
+        slot = self.procs.get(msg.proc_id)
+        if slot is None or slot.attempt != msg.attempt or slot.state not in LIVE_PROC_STATES:
+            return []
+        verdict = classify_exit(
+            exit_code=msg.exit_code,
+            signal=msg.signal,
+            runtime_s=msg.runtime_s,
+            stderr_tail=msg.stderr_tail,
+            oom_killed=msg.oom_killed,
+        )
+        out: list[Command] = [
+            self._proc_event(
+                "exit",
+                slot,
+                exit_code=msg.exit_code,
+                signal=msg.signal,
+                runtime_s=round(msg.runtime_s, 3),
+                requested=msg.requested,
+                verdict=verdict.reason,
+            )
+        ]
+        slot.unresponsive = False
+        if slot.state is ProcState.STOPPING or msg.requested or self.phase is Phase.STOPPING:
+            if slot.restart_after_stop and self.phase is Phase.RUNNING:
+                slot.restart_after_stop = False
+                out.append(self._restart(slot, slot.restart_reason, now))
+                return out + self._reconcile(now)
+            slot.state = ProcState.SUCCEEDED if verdict.succeeded else ProcState.STOPPED
+            return out + self._maybe_finish(now)
+        if verdict.succeeded:
+            slot.state = ProcState.SUCCEEDED
+            return out + self._maybe_complete(now)
+        return out + self._on_failure(
+            slot, verdict, msg.exit_code, msg.signal, msg.stderr_tail, now
+        )
+
+    def agent_exited(self, host: str, now: float, *, definite: bool, detail: str) -> list[Command]:
+        """The agent's SSH channel or local process ended.
+
+        ``definite`` means the agent process is known to be dead (we saw its exit
+        status); otherwise only the channel closed and the heartbeat decides.
+        """
+        agent = self.agents.get(host)
+        if agent is None:
+            return []
+        if agent.state in (AgentState.GONE, AgentState.LOST):
+            return []
+        if self.phase in (Phase.STOPPING, Phase.DONE):
+            agent.state = AgentState.GONE
+            return [EmitEvent(kind="agent_exit", host=host, data={"detail": detail})]
+        if not definite:
+            agent.channel_closed = True
+            return [
+                EmitEvent(kind="agent_exit", host=host, data={"detail": detail, "definite": False})
+            ]
+        return self._agent_lost(agent, f"agent on {host} died ({detail})", now)
+
+    def agent_bye(self, host: str, reason: str, now: float) -> list[Command]:
+        agent = self.agents.get(host)
+        if agent is None or agent.state in (AgentState.GONE, AgentState.LOST):
+            return []
+        if self.phase in (Phase.STOPPING, Phase.DONE):
+            agent.state = AgentState.GONE
+            gone = EmitEvent(kind="agent_exit", host=host, data={"detail": reason})
+            return [gone, *self._maybe_finish(now)]
+        return self._agent_lost(agent, f"agent on {host} exited: {reason}", now)
+
+    def tick(self, now: float) -> list[Command]:
+        out: list[Command] = []
+        dead_after = self.timing.heartbeat_interval * self.timing.dead_after
+        for agent in self.agents.values():
+            silent = now - agent.last_seen
+            if agent.state is AgentState.LAUNCHING and self.phase is not Phase.STOPPING:
+                if now - agent.launched_at > self.timing.agent_timeout:
+                    out += self._fail_job(
+                        f"the agent on {agent.host} did not connect back within "
+                        f"{self.timing.agent_timeout:g} s; check that {agent.host} can reach the "
+                        "supervisor's address (firewall, --bind) and see "
+                        f"logs/agent-{agent.host}.log",
+                        now,
+                    )
+            elif agent.state is AgentState.UP and silent > dead_after:
+                if agent.channel_closed:
+                    out += self._agent_lost(agent, f"lost connection to {agent.host}", now)
+                else:
+                    agent.state = AgentState.UNRESPONSIVE
+                    out.append(
+                        EmitEvent(
+                            kind="heartbeat_lost",
+                            host=agent.host,
+                            role="agent",
+                            data={"silent_s": round(silent, 3)},
+                        )
+                    )
+            elif (
+                agent.state is AgentState.UNRESPONSIVE
+                and (agent.channel_closed or silent > self.timing.orphan_timeout)
+                and self.phase is not Phase.STOPPING
+            ):
+                out += self._agent_lost(
+                    agent, f"agent on {agent.host} silent for {silent:.1f} s", now
+                )
+        if self.phase is Phase.STOPPING and now >= self.stop_deadline:
+            out += self._finish()
+        return out
+
+    def agent_launch_failed(self, host: str, error: str, now: float) -> list[Command]:
+        """The agent could not even be started (ssh, python, workdir): stop the job."""
+        agent = self.agents.get(host)
+        if agent is None or agent.state is AgentState.GONE:
+            return []
+        agent.state = AgentState.GONE
+        if self.phase in (Phase.STOPPING, Phase.DONE):
+            return self._maybe_finish(now)
+        self.failures.append(
+            FailureRecord(
+                role="agent",
+                rank=-1,
+                host=host,
+                exit_code=None,
+                signal=None,
+                error=error,
+                reason="agent launch failed",
+                retryable=False,
+                at_s=round(now - self.started_at, 3),
+                attempt=agent.launches - 1,
+                traceback=[],
+            )
+        )
+        out: list[Command] = [EmitEvent(kind="agent_lost", host=host, data={"reason": error})]
+        return out + self._fail_job(f"cannot start the agent on {host}: {error}", now)
+
+    def stop(self, reason: str, now: float) -> list[Command]:
+        if self.phase in (Phase.STOPPING, Phase.DONE):
+            return []
+        out: list[Command] = [EmitEvent(kind="stop_requested", data={"reason": reason})]
+        return out + self._begin_stopping("stopped", reason, now)
+
+    # --------------------------------------------------------------- helpers
+
+    def _launch_agent(self, agent: AgentSlot, now: float) -> list[Command]:
+        agent.state = AgentState.LAUNCHING
+        agent.launched_at = now
+        agent.last_seen = now
+        agent.channel_closed = False
+        agent.launches += 1
+        return [
+            LaunchAgent(host=agent.host),
+            EmitEvent(kind="agent_launch", host=agent.host, data={"launch": agent.launches}),
+        ]
+
+    def _adopt_reported(self, host: str, procs: list[ProcReport], now: float) -> list[Command]:
+        """Reconcile what a (re)connecting agent runs with what we believe."""
+        out: list[Command] = []
+        reported = {(p.proc_id, p.attempt) for p in procs}
+        for slot in self.procs.values():
+            if slot.host != host or slot.state not in (ProcState.RUNNING, ProcState.STARTING):
+                continue
+            if (slot.proc_id, slot.attempt) not in reported and slot.state is ProcState.RUNNING:
+                # It ended while we could not hear about it; its Exited was lost.
+                verdict = ExitVerdict(
+                    succeeded=False,
+                    retryable=True,
+                    reason="lost",
+                    error=f"{slot.proc_id} vanished while {host} was unreachable",
+                )
+                out += self._on_failure(slot, verdict, None, None, [], now)
+        return out
+
+    def _agent_lost(self, agent: AgentSlot, reason: str, now: float) -> list[Command]:
+        agent.state = AgentState.LOST
+        out: list[Command] = [
+            EmitEvent(kind="agent_lost", host=agent.host, data={"reason": reason})
+        ]
+        verdict = ExitVerdict(
+            succeeded=False, retryable=True, reason="lost connection", error=reason
+        )
+        lost = [
+            s for s in self.procs.values() if s.host == agent.host and s.state in LIVE_PROC_STATES
+        ]
+        for slot in lost:
+            if slot.state is ProcState.STOPPING and slot.restart_after_stop:
+                slot.restart_after_stop = False
+                out.append(self._restart(slot, slot.restart_reason, now))
+                continue
+            if slot.state not in LIVE_PROC_STATES:
+                continue  # already restarted as part of a group restart
+            out += self._on_failure(slot, verdict, None, None, [], now, dead_host=agent.host)
+        if self.phase is Phase.RUNNING or self.phase is Phase.STARTING:
+            out += self._launch_agent(agent, now)
+        else:
+            out += self._maybe_finish(now)
+        return out
+
+    def _on_failure(
+        self,
+        slot: ProcSlot,
+        verdict: ExitVerdict,
+        exit_code: int | None,
+        signal: int | None,
+        stderr_tail: list[str],
+        now: float,
+        *,
+        dead_host: str = "",
+    ) -> list[Command]:
+        self._record_failure(slot, verdict, exit_code, signal, stderr_tail, now)
+        out: list[Command] = [
+            self._proc_event(
+                "failure",
+                slot,
+                reason=verdict.reason,
+                error=verdict.error,
+                retryable=verdict.retryable,
+                attempt=slot.attempt,
+            )
+        ]
+        slot.state = ProcState.FAILED
+        if not verdict.retryable:
+            return out + self._fail_job(
+                f"{slot.proc_id} on {slot.host} failed with an unretryable error: {verdict.error}",
+                now,
+            )
+        if slot.attempt >= self.max_restarts:
+            return out + self._fail_job(
+                f"{slot.proc_id} on {slot.host} failed ({verdict.error}) and has used all "
+                f"{self.max_restarts} restarts (--max-restarts)",
+                now,
+            )
+        why = f"{verdict.reason}: {verdict.error}"
+        if self.restart_scope == "group" and slot.role == "worker":
+            return out + self._restart_group(slot, why, now, dead_host=dead_host)
+        out.append(self._restart(slot, why, now))
+        return out + self._reconcile(now)
+
+    def _restart(self, slot: ProcSlot, reason: str, now: float) -> EmitEvent:
+        slot.attempt += 1
+        slot.state = ProcState.PENDING
+        slot.unresponsive = False
+        self.restarts.append(
+            RestartRecord(
+                role=slot.role,
+                rank=slot.rank,
+                host=slot.host,
+                reason=reason,
+                at_s=round(now - self.started_at, 3),
+                attempt=slot.attempt,
+            )
+        )
+        return self._proc_event("restart", slot, reason=reason, attempt=slot.attempt)
+
+    def _restart_group(
+        self, trigger: ProcSlot, reason: str, now: float, *, dead_host: str
+    ) -> list[Command]:
+        out: list[Command] = [self._restart(trigger, reason, now)]
+        group_reason = f"group restart after {trigger.proc_id} failed ({reason})"
+        for slot in self.procs.values():
+            if slot.role != "worker" or slot is trigger:
+                continue
+            if slot.state in (ProcState.STARTING, ProcState.RUNNING) and slot.host != dead_host:
+                # Restarted (attempt bumped) once its Exited for this attempt arrives.
+                out.append(SendToAgent(host=slot.host, message=self._kill_message(slot)))
+                slot.state = ProcState.STOPPING
+                slot.restart_after_stop = True
+                slot.restart_reason = group_reason
+            elif slot.state in (ProcState.SUCCEEDED, ProcState.FAILED) or (
+                slot.host == dead_host and slot.state in LIVE_PROC_STATES
+            ):
+                out.append(self._restart(slot, group_reason, now))
+        return out + self._reconcile(now)
+
+    def _kill_message(self, slot: ProcSlot) -> Kill:
+        return Kill(proc_id=slot.proc_id, attempt=slot.attempt, grace_s=self.timing.kill_grace)
+
+    def _reconcile(self, now: float) -> list[Command]:
+        """Spawn every pending process whose agent is ready."""
+        if self.phase is not Phase.RUNNING:
+            return []
+        out: list[Command] = []
+        # A group restart waits until every old worker is gone.
+        group_barrier = self.restart_scope == "group" and any(
+            s.role == "worker" and s.state is ProcState.STOPPING for s in self.procs.values()
+        )
+        master = self.procs.get("worker-0")
+        for slot in self.procs.values():
+            if slot.state is not ProcState.PENDING:
+                continue
+            if slot.role == "worker" and group_barrier:
+                continue
+            agent = self.agents[slot.host]
+            if agent.state is not AgentState.UP:
+                continue
+            master_addr, master_port = self._master_endpoint(master, slot)
+            if slot.role == "worker" and master_port == 0:
+                continue
+            slot.state = ProcState.STARTING
+            spawn = self._build_spawn(slot, master_addr, master_port)
+            out.append(SendToAgent(host=slot.host, message=spawn))
+            out.append(self._proc_event("spawn", slot, attempt=slot.attempt, argv=spawn.argv))
+        return out
+
+    def _master_endpoint(self, master: ProcSlot | None, slot: ProcSlot) -> tuple[str, int]:
+        if master is None:
+            return "", 0
+        agent = self.agents[master.host]
+        if agent.state is not AgentState.UP or not agent.free_ports:
+            return "", 0
+        addr = self._master_addr_of(master.host, agent.host_addr)
+        # A fresh port per attempt: the previous store may still be closing.
+        port = agent.free_ports[master.attempt % len(agent.free_ports)]
+        return addr, port
+
+    def _record_failure(
+        self,
+        slot: ProcSlot,
+        verdict: ExitVerdict,
+        exit_code: int | None,
+        signal: int | None,
+        stderr_tail: list[str],
+        now: float,
+    ) -> None:
+        self.failures.append(
+            FailureRecord(
+                role=slot.role,
+                rank=slot.rank,
+                host=slot.host,
+                exit_code=exit_code,
+                signal=signal,
+                error=verdict.error,
+                reason=verdict.reason,
+                retryable=verdict.retryable,
+                at_s=round(now - self.started_at, 3),
+                attempt=slot.attempt,
+                traceback=traceback_tail(stderr_tail),
+            )
+        )
+
+    def _maybe_complete(self, now: float) -> list[Command]:
+        workers = [s for s in self.procs.values() if s.role == "worker"]
+        if all(s.state is ProcState.SUCCEEDED for s in workers):
+            return self._begin_stopping("succeeded", "all workers finished", now)
+        return []
+
+    def _fail_job(self, reason: str, now: float) -> list[Command]:
+        if self.phase in (Phase.STOPPING, Phase.DONE):
+            return []
+        return self._begin_stopping("failed", reason, now)
+
+    def _begin_stopping(self, status: str, reason: str, now: float) -> list[Command]:
+        self.phase = Phase.STOPPING
+        self.status = status
+        self.stop_reason = reason
+        self.stop_deadline = now + self.timing.kill_grace + 10.0
+        out: list[Command] = [EmitEvent(kind="decision", data={"status": status, "reason": reason})]
+        for agent in self.agents.values():
+            if agent.state in (AgentState.UP, AgentState.UNRESPONSIVE, AgentState.LAUNCHING):
+                out.append(self._shutdown_message(agent.host))
+        return out + self._maybe_finish(now)
+
+    def _shutdown_message(self, host: str) -> SendToAgent:
+        return SendToAgent(
+            host=host, message=Shutdown(grace_s=self.timing.kill_grace, reason=self.stop_reason)
+        )
+
+    def _maybe_finish(self, now: float) -> list[Command]:
+        if self.phase is not Phase.STOPPING:
+            return []
+        if any(a.state in (AgentState.UP, AgentState.UNRESPONSIVE) for a in self.agents.values()):
+            return []
+        return self._finish()
+
+    def _finish(self) -> list[Command]:
+        if self.phase is Phase.DONE:
+            return []
+        self.phase = Phase.DONE
+        for slot in self.procs.values():
+            if slot.state in LIVE_PROC_STATES or slot.state is ProcState.PENDING:
+                slot.state = ProcState.STOPPED
+        return [Finish(status=self.status)]
+
+    def _proc_event(self, kind: str, slot: ProcSlot, **data: Any) -> EmitEvent:
+        return EmitEvent(kind=kind, host=slot.host, role=slot.role, rank=slot.rank, data=data)
+
+    def first_failure(self) -> FailureRecord | None:
+        return self.failures[0] if self.failures else None

@@ -1,0 +1,70 @@
+"""Route process output to per-process log files and, prefixed, to the console."""
+
+from __future__ import annotations
+
+import time
+from typing import IO, TextIO
+
+from dtlaunch.config import OutputSpec
+from dtlaunch.supervisor.rundir import RunDir
+
+
+def console_prefix(proc_id: str, host: str) -> str:
+    role, _, rank = proc_id.partition("-")
+    return f"[{role}{rank}@{host}]"
+
+
+class OutputRouter:
+    """Appends every chunk to ``logs/<role>-<rank>.log`` (all attempts in one file)
+    and echoes complete lines of the selected processes to the console."""
+
+    def __init__(self, run: RunDir, console: TextIO, spec: OutputSpec) -> None:
+        self._run = run
+        self._console = console
+        self._spec = spec
+        self._files: dict[str, IO[bytes]] = {}
+        self._partial: dict[tuple[str, str], bytes] = {}
+
+    def _file(self, proc_id: str) -> IO[bytes]:
+        handle = self._files.get(proc_id)
+        if handle is None:
+            handle = (self._run.logs / f"{proc_id}.log").open("ab")
+            self._files[proc_id] = handle
+        return handle
+
+    def attempt_started(self, proc_id: str, host: str, attempt: int, pid: int) -> None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        line = f"=== dtlaunch: {proc_id} attempt {attempt} on {host} pid {pid} at {stamp} ===\n"
+        handle = self._file(proc_id)
+        handle.write(line.encode())
+        handle.flush()
+
+    def write(self, proc_id: str, host: str, stream: str, data: bytes) -> None:
+        handle = self._file(proc_id)
+        handle.write(data)
+        handle.flush()
+        if not self._spec.shows(proc_id):
+            return
+        key = (proc_id, stream)
+        buffered = self._partial.pop(key, b"") + data
+        *lines, rest = buffered.split(b"\n")
+        if rest:
+            self._partial[key] = rest
+        prefix = console_prefix(proc_id, host)
+        for line in lines:
+            self._console.write(f"{prefix} {line.decode('utf-8', 'replace')}\n")
+        if lines:
+            self._console.flush()
+
+    def flush_partial(self, proc_id: str, host: str) -> None:
+        """A process ended: print what it left without a final newline."""
+        prefix = console_prefix(proc_id, host)
+        for stream in ("stdout", "stderr"):
+            rest = self._partial.pop((proc_id, stream), b"")
+            if rest and self._spec.shows(proc_id):
+                self._console.write(f"{prefix} {rest.decode('utf-8', 'replace')}\n")
+
+    def close(self) -> None:
+        for handle in self._files.values():
+            handle.close()
+        self._files.clear()

@@ -1,0 +1,122 @@
+"""The run directory: one folder per job with everything needed to follow it.
+
+::
+
+    <run_dir>/job.json          the resolved JobSpec
+    <run_dir>/supervisor.json   endpoint and pid of the live supervisor
+    <run_dir>/events.jsonl      every event
+    <run_dir>/logs/             <role>-<rank>.log per process, agent-<host>.log per agent
+    <run_dir>/keys/             CURVE key pairs (0700 folder, 0600 files)
+    <run_dir>/agents/<host>/    embedded mode: the local agent's folder
+    <run_dir>/summary.json      written when the job ends
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dtlaunch.config import JobSpec
+from dtlaunch.errors import RunDirError
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON so that a reader never sees half a file, even after a crash."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2, sort_keys=True, default=str)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True, slots=True)
+class RunDir:
+    path: Path
+
+    @property
+    def job_path(self) -> Path:
+        return self.path / "job.json"
+
+    @property
+    def supervisor_path(self) -> Path:
+        return self.path / "supervisor.json"
+
+    @property
+    def events_path(self) -> Path:
+        return self.path / "events.jsonl"
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    @property
+    def keys(self) -> Path:
+        return self.path / "keys"
+
+    @property
+    def agents(self) -> Path:
+        return self.path / "agents"
+
+    @property
+    def summary_path(self) -> Path:
+        return self.path / "summary.json"
+
+    @classmethod
+    def create(cls, spec: JobSpec) -> RunDir:
+        """Make a fresh run directory for ``spec``.
+
+        Raises:
+            RunDirError: when it already holds a job (use --resume or another --run-dir).
+        """
+        run = cls(spec.run_dir)
+        if run.job_path.exists():
+            raise RunDirError(
+                f"{spec.run_dir} already holds a job; pass another --run-dir, "
+                f"or --resume {spec.run_dir} to continue it"
+            )
+        run.path.mkdir(parents=True, exist_ok=True)
+        run.logs.mkdir(exist_ok=True)
+        run.agents.mkdir(mode=0o700, exist_ok=True)
+        write_json_atomic(run.job_path, json.loads(spec.to_json()))
+        return run
+
+    @classmethod
+    def open(cls, path: Path) -> RunDir:
+        """An existing run directory.
+
+        Raises:
+            RunDirError: when ``path`` is not a run directory.
+        """
+        run = cls(path)
+        if not run.job_path.is_file():
+            raise RunDirError(
+                f"{path} is not a dtlaunch run directory (no job.json); "
+                "run directories are under ./runs by default"
+            )
+        return run
+
+    def spec(self) -> JobSpec:
+        return JobSpec.from_json(self.job_path.read_text())
+
+    def write_supervisor(self, *, endpoint: str, pid: int) -> None:
+        write_json_atomic(self.supervisor_path, {"endpoint": endpoint, "pid": pid})
+
+    def supervisor(self) -> dict[str, Any]:
+        """Endpoint and pid of the supervisor that runs (or ran) this job.
+
+        Raises:
+            RunDirError: when no supervisor ever started here.
+        """
+        try:
+            data: dict[str, Any] = json.loads(self.supervisor_path.read_text())
+        except (OSError, ValueError) as err:
+            raise RunDirError(f"{self.path}: no supervisor information ({err})") from err
+        return data
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        write_json_atomic(self.summary_path, summary)

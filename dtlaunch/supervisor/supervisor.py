@@ -1,0 +1,271 @@
+"""The supervisor's event loop: wire, launcher and clock in; JobState decides.
+
+This is the only place where the job's state machine meets I/O. Every message,
+agent exit, tick and signal becomes a stimulus of ``JobState``; every command it
+returns is carried out here (send a message, launch an agent, emit an event).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from dtlaunch import __version__
+from dtlaunch.errors import DtlaunchError
+from dtlaunch.events import EventRecorder
+from dtlaunch.hostfile import HostSpec
+from dtlaunch.supervisor.jobstate import (
+    AgentState,
+    Command,
+    EmitEvent,
+    Finish,
+    JobState,
+    LaunchAgent,
+    SendToAgent,
+)
+from dtlaunch.supervisor.launcher import AgentProcess, HostInfo, Launcher
+from dtlaunch.supervisor.output import OutputRouter
+from dtlaunch.wire.messages import (
+    Ack,
+    AgentBootstrap,
+    AgentHeartbeat,
+    Bye,
+    Exited,
+    Hello,
+    Message,
+    Output,
+    Ping,
+    Rehello,
+    Spawned,
+    SpawnFailed,
+    StopJob,
+    Welcome,
+)
+from dtlaunch.wire.sockets import Router
+
+log = logging.getLogger(__name__)
+
+AGENT_PREFIX = b"agent:"
+AGENT_EXIT_WAIT_S = 5.0
+
+# Builds an agent's bootstrap once its host is prepared.
+BootstrapFactory = Callable[[HostSpec, HostInfo], AgentBootstrap]
+
+
+class Supervisor:
+    def __init__(
+        self,
+        *,
+        state: JobState,
+        router: Router,
+        launcher: Launcher,
+        hosts: dict[str, HostSpec],
+        make_bootstrap: BootstrapFactory,
+        on_host_prepared: Callable[[str, HostInfo], None],
+        recorder: EventRecorder,
+        output: OutputRouter,
+        agent_log_path: Callable[[str], Path],
+        run_id: str,
+        heartbeat_interval: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.state = state
+        self._router = router
+        self._launcher = launcher
+        self._hosts = hosts
+        self._make_bootstrap = make_bootstrap
+        self._on_host_prepared = on_host_prepared
+        self._recorder = recorder
+        self._output = output
+        self._agent_log_path = agent_log_path
+        self._run_id = run_id
+        self._interval = heartbeat_interval
+        self._clock = clock
+        self._done = asyncio.Event()
+        self._agents: dict[str, AgentProcess] = {}
+        self._launch_tasks: set[asyncio.Task[None]] = set()
+        self._tasks: asyncio.TaskGroup | None = None
+        self._ping_seq = 0
+        self._signals = 0
+
+    # --------------------------------------------------------------- public
+
+    async def run(self) -> str:
+        """Run the job to its end; returns the final status."""
+        async with asyncio.TaskGroup() as tg:
+            self._tasks = tg
+            receiver = tg.create_task(self._receive_loop(), name="receive")
+            ticker = tg.create_task(self._tick_loop(), name="tick")
+            self._apply(self.state.start(self._clock()))
+            await self._done.wait()
+            receiver.cancel()
+            ticker.cancel()
+            await self._terminate_stragglers()
+            for task in self._launch_tasks:
+                task.cancel()
+        await self._launcher.close()
+        return self.state.status
+
+    def request_stop(self, reason: str) -> None:
+        """From a signal handler: first time stop gracefully, second time hurry."""
+        self._signals += 1
+        if self._signals == 1:
+            log.warning("stopping the job (%s); again to stop at once", reason)
+            self._apply(self.state.stop(reason, self._clock()))
+        else:
+            log.warning("stopping now (%s)", reason)
+            self.state.stop_deadline = self._clock()
+            self._apply(self.state.tick(self._clock()))
+
+    # ------------------------------------------------------------- commands
+
+    def _apply(self, commands: list[Command]) -> None:
+        for command in commands:
+            if isinstance(command, EmitEvent):
+                self._recorder.emit(
+                    command.kind,
+                    host=command.host,
+                    role=command.role,
+                    rank=command.rank,
+                    **command.data,
+                )
+            elif isinstance(command, SendToAgent):
+                self._spawn_task(
+                    self._router.send(AGENT_PREFIX + command.host.encode(), command.message),
+                    f"send-{command.host}",
+                )
+            elif isinstance(command, LaunchAgent):
+                task = self._spawn_task(self._launch(command.host), f"launch-{command.host}")
+                self._launch_tasks.add(task)
+                task.add_done_callback(self._launch_tasks.discard)
+            elif isinstance(command, Finish):
+                self._recorder.emit("job_end", status=command.status, reason=self.state.stop_reason)
+                self._done.set()
+
+    def _spawn_task(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        assert self._tasks is not None
+        return self._tasks.create_task(coro, name=name)
+
+    async def _launch(self, label: str) -> None:
+        host = self._hosts[label]
+        try:
+            info = await self._launcher.prepare(host)
+            self._on_host_prepared(label, info)
+            boot = self._make_bootstrap(host, info)
+            proc = await self._launcher.start(host, boot, self._agent_log_path(label))
+        except DtlaunchError as err:
+            log.error("%s", err)
+            self._apply(self.state.agent_launch_failed(label, str(err), self._clock()))
+            return
+        if self.state.agents[label].state is not AgentState.LAUNCHING:
+            await proc.terminate()  # the job stopped while this agent was starting
+        self._agents[label] = proc
+        outcome = await proc.wait()
+        if self._agents.get(label) is proc:
+            del self._agents[label]
+        self._apply(
+            self.state.agent_exited(
+                label, self._clock(), definite=outcome.definite, detail=outcome.detail
+            )
+        )
+
+    async def _terminate_stragglers(self) -> None:
+        """Agents that said Bye get a moment to exit; the rest are terminated."""
+        waiting = [t for t in self._launch_tasks if not t.done()]
+        if waiting:
+            await asyncio.wait(waiting, timeout=AGENT_EXIT_WAIT_S)
+        procs = list(self._agents.values())
+        if procs:
+            log.warning("terminating %d agent(s) that did not stop in time", len(procs))
+        for proc in procs:
+            with contextlib.suppress(DtlaunchError, OSError):
+                await proc.terminate()
+
+    # ---------------------------------------------------------------- loops
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval / 2)
+            self._ping_seq += 1
+            for host, agent in self.state.agents.items():
+                if agent.state in (AgentState.UP, AgentState.UNRESPONSIVE):
+                    await self._router.send(AGENT_PREFIX + host.encode(), Ping(seq=self._ping_seq))
+            self._apply(self.state.tick(self._clock()))
+
+    async def _receive_loop(self) -> None:
+        while True:
+            peer, msg = await self._router.recv()
+            try:
+                await self._dispatch(peer, msg)
+            except Exception:  # one bad message must never take the supervisor down
+                log.exception("error handling %s from %r", type(msg).__name__, peer)
+
+    async def _dispatch(self, peer: bytes, msg: Message) -> None:
+        now = self._clock()
+        if peer.startswith(AGENT_PREFIX):
+            await self._from_agent(
+                peer, peer[len(AGENT_PREFIX) :].decode("utf-8", "replace"), msg, now
+            )
+        elif isinstance(msg, Hello):
+            if msg.run_id != self._run_id:
+                log.warning("hello from %r for another run %s; ignored", peer, msg.run_id)
+                return
+            await self._router.send(
+                peer, Welcome(run_id=self._run_id, heartbeat_interval=self._interval)
+            )
+        elif isinstance(msg, StopJob):
+            self._recorder.emit("command", command="stop", reason=msg.reason)
+            await self._router.send(peer, Ack(ok=True, detail="stopping"))
+            self._apply(self.state.stop(msg.reason, now))
+        elif isinstance(msg, Ping):
+            return
+        else:
+            log.debug("unexpected %s from %r", type(msg).__name__, peer)
+
+    async def _from_agent(self, peer: bytes, host: str, msg: Message, now: float) -> None:
+        if host not in self.state.agents:
+            log.warning("message from unknown agent %r dropped", host)
+            return
+        if isinstance(msg, Hello):
+            if msg.run_id != self._run_id:
+                log.warning("agent %s belongs to run %s; ignored", host, msg.run_id)
+                return
+            if msg.version != __version__:
+                log.warning(
+                    "agent %s runs dtlaunch %s, supervisor %s", host, msg.version, __version__
+                )
+            await self._router.send(
+                peer, Welcome(run_id=self._run_id, heartbeat_interval=self._interval)
+            )
+            self._apply(
+                self.state.agent_hello(
+                    host, now, free_ports=msg.free_ports, host_addr=msg.host_addr, procs=msg.procs
+                )
+            )
+            return
+        agent = self.state.agents[host]
+        if agent.state in (AgentState.LAUNCHING, AgentState.LOST):
+            # We do not know this agent's state (e.g. it reconnected): ask again.
+            await self._router.send(peer, Rehello())
+            return
+        if isinstance(msg, AgentHeartbeat):
+            self._apply(self.state.heartbeat(host, now, msg.procs))
+            return
+        self._apply(self.state.agent_seen(host, now))
+        if isinstance(msg, Output):
+            self._output.write(msg.proc_id, host, msg.stream, msg.data)
+        elif isinstance(msg, Spawned):
+            self._output.attempt_started(msg.proc_id, host, msg.attempt, msg.pid)
+            self._apply(self.state.spawned(host, msg.proc_id, msg.attempt, msg.pid, now))
+        elif isinstance(msg, SpawnFailed):
+            self._apply(self.state.spawn_failed(host, msg.proc_id, msg.attempt, msg.error, now))
+        elif isinstance(msg, Exited):
+            self._output.flush_partial(msg.proc_id, host)
+            self._apply(self.state.exited(host, msg, now))
+        elif isinstance(msg, Bye):
+            self._apply(self.state.agent_bye(host, msg.reason, now))

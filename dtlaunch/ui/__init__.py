@@ -1,0 +1,1 @@
+"""Rich renderables for the console: failure reports, check tables, status."""

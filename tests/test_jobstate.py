@@ -1,0 +1,279 @@
+"""JobState driven step by step with a fake clock: no sockets, no processes."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from dtlaunch.hostfile import HostSpec
+from dtlaunch.supervisor.jobstate import (
+    AgentState,
+    EmitEvent,
+    Finish,
+    JobState,
+    LaunchAgent,
+    Phase,
+    ProcState,
+    SendToAgent,
+    Timing,
+)
+from dtlaunch.supervisor.placement import place
+from dtlaunch.wire.messages import Exited, Kill, ProcReport, Shutdown, Spawn
+
+TIMING = Timing(
+    heartbeat_interval=1.0, dead_after=3, orphan_timeout=60.0, kill_grace=2.0, agent_timeout=30.0
+)
+HOSTS = [HostSpec(label=f"h{i}", hostname=f"127.0.0.{i + 1}", slots=1) for i in range(3)]
+
+
+def make_state(workers=3, servers=0, scope="group", max_restarts=2, hosts=HOSTS):
+    def build_spawn(slot, addr, port):
+        return Spawn(
+            proc_id=slot.proc_id,
+            role=slot.role,
+            rank=slot.rank,
+            attempt=slot.attempt,
+            argv=["python", "train.py"],
+            env={"MASTER_ADDR": addr, "MASTER_PORT": str(port)},
+            cwd="/",
+        )
+
+    return JobState(
+        place(hosts, workers=workers, servers=servers),
+        timing=TIMING,
+        max_restarts=max_restarts,
+        restart_scope=scope,
+        build_spawn=build_spawn,
+        master_addr_of=lambda label, reported: label + "-addr",
+    )
+
+
+def sent(commands, kind):
+    return [
+        c.message for c in commands if isinstance(c, SendToAgent) and isinstance(c.message, kind)
+    ]
+
+
+def events(commands, kind=None):
+    return [c for c in commands if isinstance(c, EmitEvent) and (kind is None or c.kind == kind)]
+
+
+def bring_up(state, now=0.0):
+    out = state.start(now)
+    for host in state.agents:
+        out += state.agent_hello(host, now + 0.1, free_ports=[5000, 5001], host_addr="", procs=[])
+    for spawn in sent(out, Spawn):
+        out += state.spawned(
+            state.procs[spawn.proc_id].host, spawn.proc_id, spawn.attempt, 100, 0.2
+        )
+    return out
+
+
+def exited(proc_id, attempt, code=None, sig=None, runtime=10.0, tail=(), requested=False):
+    return Exited(
+        proc_id=proc_id,
+        attempt=attempt,
+        pid=100,
+        exit_code=code,
+        signal=sig,
+        runtime_s=runtime,
+        stderr_tail=list(tail),
+        requested=requested,
+    )
+
+
+def test_start_launches_one_agent_per_used_host_and_spawns_when_all_are_up():
+    state = make_state(workers=2)
+    out = state.start(0.0)
+    assert [c.host for c in out if isinstance(c, LaunchAgent)] == ["h0", "h1"]
+    out = state.agent_hello("h1", 0.5, free_ports=[7000], host_addr="", procs=[])
+    assert sent(out, Spawn) == []  # h0 (the master's host) is not up yet
+    out = state.agent_hello("h0", 0.6, free_ports=[6000, 6001], host_addr="", procs=[])
+    spawns = sent(out, Spawn)
+    assert sorted(s.proc_id for s in spawns) == ["worker-0", "worker-1"]
+    assert {s.env["MASTER_ADDR"] for s in spawns} == {"h0-addr"}
+    assert {s.env["MASTER_PORT"] for s in spawns} == {"6000"}
+    assert state.phase is Phase.RUNNING
+
+
+def test_all_workers_succeeding_stops_agents_and_finishes_succeeded():
+    state = make_state()
+    bring_up(state)
+    for rank in range(3):
+        out = state.exited(f"h{rank}", exited(f"worker-{rank}", 0, code=0), 5.0)
+    assert state.phase is Phase.STOPPING
+    assert len(sent(out, Shutdown)) == 3
+    for host in ("h0", "h1"):
+        assert not [c for c in state.agent_bye(host, "shutdown", 6.0) if isinstance(c, Finish)]
+    out = state.agent_bye("h2", "shutdown", 6.0)
+    assert [c.status for c in out if isinstance(c, Finish)] == ["succeeded"]
+    assert state.failures == []
+
+
+def test_process_scope_restarts_only_the_failed_rank_with_a_bumped_attempt():
+    state = make_state(scope="process")
+    bring_up(state)
+    out = state.exited("h1", exited("worker-1", 0, sig=signal.SIGKILL), 3.0)
+    spawns = sent(out, Spawn)
+    assert [(s.proc_id, s.attempt) for s in spawns] == [("worker-1", 1)]
+    assert sent(out, Kill) == []
+    assert [r.rank for r in state.restarts] == [1]
+    assert state.failures[0].reason == "killed by SIGKILL"
+    assert state.failures[0].retryable
+
+
+def test_group_scope_stops_the_others_then_restarts_everyone_together():
+    state = make_state(scope="group")
+    bring_up(state)
+    out = state.exited("h1", exited("worker-1", 0, code=1, tail=["RuntimeError: boom"]), 3.0)
+    kills = sent(out, Kill)
+    assert sorted(k.proc_id for k in kills) == ["worker-0", "worker-2"]
+    assert sent(out, Spawn) == []  # nothing restarts until the old group is gone
+    out = state.exited("h0", exited("worker-0", 0, sig=signal.SIGTERM, requested=True), 3.5)
+    assert sent(out, Spawn) == []
+    out = state.exited("h2", exited("worker-2", 0, sig=signal.SIGTERM, requested=True), 3.6)
+    spawns = sent(out, Spawn)
+    assert sorted((s.proc_id, s.attempt) for s in spawns) == [
+        ("worker-0", 1),
+        ("worker-1", 1),
+        ("worker-2", 1),
+    ]
+    # A fresh rendezvous port for the new attempt.
+    assert {s.env["MASTER_PORT"] for s in spawns} == {"5001"}
+    assert len(state.failures) == 1  # the requested stops are not failures
+
+
+def test_unretryable_error_stops_the_job_without_restart():
+    state = make_state()
+    bring_up(state)
+    tail = [
+        "Traceback (most recent call last):",
+        '  File "t.py", line 1',
+        "ModuleNotFoundError: No module named 'nope'",
+    ]
+    out = state.exited("h2", exited("worker-2", 0, code=1, runtime=1.0, tail=tail), 1.5)
+    assert sent(out, Spawn) == []
+    assert len(sent(out, Shutdown)) == 3
+    assert state.status == "failed"
+    assert not state.failures[0].retryable
+    assert state.failures[0].error.startswith("ModuleNotFoundError")
+
+
+def test_restarts_are_bounded_by_max_restarts():
+    state = make_state(scope="process", max_restarts=1)
+    bring_up(state)
+    out = state.exited("h0", exited("worker-0", 0, sig=signal.SIGKILL), 1.0)
+    assert sent(out, Spawn)
+    state.spawned("h0", "worker-0", 1, 200, 1.1)
+    state.exited("h0", exited("worker-0", 1, sig=signal.SIGKILL), 2.0)
+    assert state.status == "failed"
+    assert "--max-restarts" in state.stop_reason
+
+
+def test_stale_exit_of_an_old_attempt_is_ignored():
+    state = make_state(scope="process")
+    bring_up(state)
+    state.exited("h0", exited("worker-0", 0, sig=signal.SIGKILL), 1.0)
+    assert state.exited("h0", exited("worker-0", 0, sig=signal.SIGKILL), 1.1) == []
+
+
+def test_silent_agent_is_unresponsive_not_dead_while_its_channel_is_open():
+    state = make_state()
+    bring_up(state)
+    for t in (1.0, 2.0, 3.0):
+        for host in state.agents:
+            state.agent_seen(host, t)
+    state.agent_seen("h0", 6.5)
+    state.agent_seen("h2", 6.5)
+    out = state.tick(6.6)  # h1 silent 3.6 s > 3 x 1 s
+    assert [e.host for e in events(out, "heartbeat_lost")] == ["h1"]
+    assert state.agents["h1"].state is AgentState.UNRESPONSIVE
+    assert state.phase is Phase.RUNNING
+    assert state.restarts == []
+    out = state.heartbeat("h1", 7.0, [])
+    assert [e.host for e in events(out, "heartbeat_recovered")] == ["h1"]
+
+
+def test_agent_death_loses_its_processes_relaunches_it_and_restarts():
+    state = make_state(scope="group")
+    bring_up(state)
+    out = state.agent_exited("h2", 2.0, definite=True, detail="killed by SIGKILL")
+    assert [c.host for c in out if isinstance(c, LaunchAgent)] == ["h2"]
+    assert [e.host for e in events(out, "agent_lost")] == ["h2"]
+    assert state.failures[0].reason == "lost connection"
+    assert sorted(k.proc_id for k in sent(out, Kill)) == ["worker-0", "worker-1"]
+    state.exited("h0", exited("worker-0", 0, sig=15, requested=True), 2.2)
+    out = state.exited("h1", exited("worker-1", 0, sig=15, requested=True), 2.3)
+    # The survivors start at once; they wait in the rendezvous until worker-2 joins.
+    assert sorted(s.proc_id for s in sent(out, Spawn)) == ["worker-0", "worker-1"]
+    out = state.agent_hello("h2", 3.0, free_ports=[9000], host_addr="", procs=[])
+    assert [(s.proc_id, s.attempt) for s in sent(out, Spawn)] == [("worker-2", 1)]
+
+
+def test_closed_channel_plus_silence_means_lost():
+    state = make_state()
+    bring_up(state)
+    state.agent_exited("h1", 1.0, definite=False, detail="channel closed")
+    assert state.agents["h1"].state is AgentState.UP
+    for host in ("h0", "h2"):
+        state.agent_seen(host, 3.5)
+    out = state.tick(3.5)
+    assert [e.host for e in events(out, "agent_lost")] == ["h1"]
+
+
+def test_sigstopped_process_is_reported_unresponsive_then_responsive():
+    state = make_state()
+    bring_up(state)
+    report = ProcReport(
+        proc_id="worker-1", role="worker", rank=1, attempt=0, pid=100, state="stopped"
+    )
+    out = state.heartbeat("h1", 1.0, [report])
+    assert [(e.kind, e.rank) for e in events(out)] == [("unresponsive", 1)]
+    assert state.procs["worker-1"].state is ProcState.RUNNING
+    running = ProcReport(
+        proc_id="worker-1", role="worker", rank=1, attempt=0, pid=100, state="running"
+    )
+    out = state.heartbeat("h1", 2.0, [running])
+    assert [(e.kind, e.rank) for e in events(out)] == [("responsive", 1)]
+
+
+def test_stop_sends_shutdown_and_finishes_at_the_deadline_if_agents_hang():
+    state = make_state()
+    bring_up(state)
+    out = state.stop("SIGINT", 5.0)
+    assert len(sent(out, Shutdown)) == 3
+    assert not any(isinstance(c, Finish) for c in state.tick(6.0))
+    out = state.tick(5.0 + TIMING.kill_grace + 10.0)
+    assert [c.status for c in out if isinstance(c, Finish)] == ["stopped"]
+
+
+def test_agent_that_never_connects_fails_the_job():
+    state = make_state()
+    state.start(0.0)
+    out = state.tick(31.0)
+    assert state.status == "failed"
+    assert "did not connect back" in state.stop_reason
+    assert sent(out, Shutdown)
+
+
+def test_spawn_failure_is_unretryable():
+    state = make_state()
+    bring_up(state)
+    state.spawn_failed("h0", "worker-0", 0, "cwd /nope does not exist", 1.0)
+    assert state.status == "failed"
+    assert state.failures[0].error == "cwd /nope does not exist"
+
+
+@pytest.mark.parametrize("servers", [1])
+def test_servers_are_stopped_when_workers_finish(servers):
+    hosts = [HostSpec(label="h0", hostname="a", slots=4, servers=1)]
+    state = make_state(workers=2, servers=servers, scope="process", hosts=hosts)
+    out = bring_up(state)
+    assert sorted(s.proc_id for s in sent(out, Spawn)) == ["server-0", "worker-0", "worker-1"]
+    state.exited("h0", exited("worker-0", 0, code=0), 2.0)
+    out = state.exited("h0", exited("worker-1", 0, code=0), 2.0)
+    assert sent(out, Shutdown)
+    out = state.exited("h0", exited("server-0", 0, sig=15, requested=True), 2.5)
+    out += state.agent_bye("h0", "shutdown", 2.6)
+    assert [c.status for c in out if isinstance(c, Finish)] == ["succeeded"]
