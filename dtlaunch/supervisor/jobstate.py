@@ -213,6 +213,7 @@ class JobState:
         free_ports: list[int],
         host_addr: str,
         procs: list[ProcReport],
+        pid: int = 0,
     ) -> list[Command]:
         agent = self.agents.get(host)
         if agent is None or agent.state in (AgentState.GONE,):
@@ -226,7 +227,9 @@ class JobState:
             agent.free_ports = list(free_ports)
         agent.host_addr = host_addr or agent.host_addr
         if was in (AgentState.LAUNCHING, AgentState.LOST):
-            out.append(EmitEvent(kind="agent_up", host=host, data={"free_ports": free_ports}))
+            out.append(
+                EmitEvent(kind="agent_up", host=host, data={"pid": pid, "free_ports": free_ports})
+            )
         elif was is AgentState.UNRESPONSIVE:
             out.append(EmitEvent(kind="heartbeat_recovered", host=host, role="agent"))
         out += self._adopt_reported(host, procs, now)

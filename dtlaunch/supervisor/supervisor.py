@@ -244,7 +244,12 @@ class Supervisor:
             )
             self._apply(
                 self.state.agent_hello(
-                    host, now, free_ports=msg.free_ports, host_addr=msg.host_addr, procs=msg.procs
+                    host,
+                    now,
+                    free_ports=msg.free_ports,
+                    host_addr=msg.host_addr,
+                    procs=msg.procs,
+                    pid=msg.pid,
                 )
             )
             return

@@ -11,10 +11,24 @@ import torch
 import torch.distributed as dist
 
 REQUIRED = [
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-    "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE",
-    "DTLAUNCH_RUN_ID", "DTLAUNCH_ROLE", "DTLAUNCH_SUPERVISOR", "DTLAUNCH_KEYS",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_ERROR_FILE",
+    "DTLAUNCH_RUN_ID",
+    "DTLAUNCH_ROLE",
+    "DTLAUNCH_SUPERVISOR",
+    "DTLAUNCH_KEYS",
 ]
 
 out_dir = Path(sys.argv[1])
@@ -35,3 +49,4 @@ report = {
 (out_dir / f"{rank}.json").write_text(json.dumps(report))
 dist.barrier()
 dist.destroy_process_group()
+print(f"rank {rank} ok", flush=True)

@@ -1,0 +1,5 @@
+"""``python -m dtlaunch`` is the ``dtlaunch`` command."""
+
+from dtlaunch.cli import main
+
+main()

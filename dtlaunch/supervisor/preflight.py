@@ -1,0 +1,365 @@
+"""``dtlaunch check -H FILE``: a parallel pre-flight of every host of a hostfile.
+
+Each host goes through the stages below, in order; the first failing stage stops
+that host (the later ones show "skipped") and its ``fix`` says what to do:
+
+=========  =======================================================================
+ssh        the host answers SSH and accepts the login (user, port, key)
+host key   its host key is in known_hosts and matches
+python     the ``--python`` interpreter exists there and is Python >= 3.11
+dtlaunch   ``import dtlaunch`` works there and gives the same version as here
+workdir    the ``--workdir`` directory exists there
+ports      the host can bind ``ports_needed`` free TCP ports at once
+=========  =======================================================================
+
+The remote checks run ``python -c SNIPPET`` over the SSH connection; each snippet
+prints one marker line, so output from the user's shell start-up files is ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+
+import asyncssh
+from rich.table import Table
+from rich.text import Text
+
+from dtlaunch.errors import ConfigError, SshError
+from dtlaunch.hostfile import HostSpec
+from dtlaunch.sshconn import SshConnectError, SshFailure, SshOptions, connect, run_remote
+
+__all__ = ["CHECKS", "OK", "SKIPPED", "UNVERIFIED", "HostCheck", "check_hosts", "render_checks"]
+
+logger = logging.getLogger(__name__)
+
+CHECKS = ("ssh", "host key", "python", "dtlaunch", "workdir", "ports")
+OK = "ok"
+SKIPPED = "skipped"
+UNVERIFIED = "NOT verified"  # host key checks were turned off by the user
+MIN_PYTHON = (3, 11)
+_MARKER = "DTLAUNCH-CHECK "
+
+# Runs on any Python 2.7/3.x, so that an old interpreter is reported, not a SyntaxError.
+_PYTHON_PROBE = """\
+import json, sys
+r = {"python": "%d.%d.%d" % tuple(sys.version_info[:3])}
+try:
+    import dtlaunch
+    r["dtlaunch"] = str(getattr(dtlaunch, "__version__", "unknown"))
+except Exception as e:
+    r["error"] = "%s: %s" % (type(e).__name__, e)
+print("DTLAUNCH-CHECK " + json.dumps(r))
+"""
+
+_WORKDIR_PROBE = """\
+import json, os, sys
+p = os.path.abspath(os.path.expanduser(sys.argv[1]))
+ok = os.path.isdir(p) and os.access(p, os.R_OK | os.X_OK)
+print("DTLAUNCH-CHECK " + json.dumps({"path": p, "exists": os.path.exists(p),
+      "isdir": os.path.isdir(p), "ok": ok}))
+"""
+
+_PORTS_PROBE = """\
+import json, socket, sys
+socks = []
+try:
+    for _ in range(int(sys.argv[1])):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        socks.append(s)
+        s.bind(("", 0))
+        s.listen(1)
+    r = {"ports": [s.getsockname()[1] for s in socks]}
+except OSError as e:
+    r = {"error": str(e), "bound": len(socks) - 1}
+finally:
+    for s in socks:
+        s.close()
+print("DTLAUNCH-CHECK " + json.dumps(r))
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostCheck:
+    """The pre-flight result of one host."""
+
+    host: str  # the host's label
+    ok: bool
+    items: dict[str, str]  # check name (see CHECKS) -> "ok", "skipped" or a short problem
+    fix: str  # how to fix the failing check; "" when ok
+    version: str = ""  # dtlaunch version found on the host, "" when not reached
+
+
+class _StageFailed(Exception):
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.fix = fix
+
+
+@dataclass(slots=True)
+class _Progress:
+    stage: str = CHECKS[0]
+    items: dict[str, str] = field(default_factory=lambda: dict.fromkeys(CHECKS, SKIPPED))
+    version: str = ""
+
+    def passed(self, stage: str, value: str = OK) -> None:
+        self.items[stage] = value
+        following = CHECKS.index(stage) + 1
+        if following < len(CHECKS):
+            self.stage = CHECKS[following]
+
+    def failed(self, host: str, problem: str, fix: str) -> HostCheck:
+        self.items[self.stage] = problem
+        return HostCheck(host=host, ok=False, items=self.items, fix=fix, version=self.version)
+
+
+async def check_hosts(
+    hosts: list[HostSpec],
+    opts: SshOptions,
+    *,
+    python: str,
+    workdir: str,
+    expected_version: str,
+    ports_needed: int = 2,
+    timeout: float = 20.0,  # noqa: ASYNC109 - a budget per host, not for the whole call
+) -> list[HostCheck]:
+    """Check every host in parallel; results come in the order of ``hosts``.
+
+    Raises:
+        ConfigError: ``python``/``workdir`` empty, ``ports_needed`` < 0 or ``timeout`` <= 0.
+    """
+    if not python.strip():
+        raise ConfigError("--python is empty; expected the interpreter path to use on the hosts")
+    if not workdir.strip():
+        raise ConfigError("--workdir is empty; expected a directory that exists on every host")
+    if ports_needed < 0:
+        raise ConfigError(f"ports_needed is {ports_needed}; expected 0 or more")
+    if not timeout > 0:
+        raise ConfigError(f"check timeout is {timeout}; expected a number of seconds > 0")
+    async with asyncio.TaskGroup() as group:
+        tasks = [
+            group.create_task(
+                _check_host(
+                    host,
+                    opts,
+                    python=python,
+                    workdir=workdir,
+                    expected_version=expected_version,
+                    ports_needed=ports_needed,
+                    timeout=timeout,
+                )
+            )
+            for host in hosts
+        ]
+    return [task.result() for task in tasks]
+
+
+async def _check_host(
+    host: HostSpec,
+    opts: SshOptions,
+    *,
+    python: str,
+    workdir: str,
+    expected_version: str,
+    ports_needed: int,
+    timeout: float,  # noqa: ASYNC109 - applied with asyncio.timeout below
+) -> HostCheck:
+    progress = _Progress()
+    try:
+        async with asyncio.timeout(timeout):
+            try:
+                conn = await connect(host, opts)
+            except SshConnectError as exc:
+                return _connect_failed(host, opts, progress, exc)
+            async with conn:
+                progress.passed("ssh")
+                progress.passed("host key", OK if opts.verify_host_keys else UNVERIFIED)
+                remote = _Remote(conn=conn, label=host.label, python=python, limit=timeout)
+                progress.version = await remote.check_python(expected_version, progress)
+                progress.passed("dtlaunch")
+                await remote.check_workdir(workdir)
+                progress.passed("workdir")
+                await remote.check_ports(ports_needed)
+                progress.passed("ports")
+    except _StageFailed as exc:
+        return progress.failed(host.label, exc.problem, exc.fix)
+    except TimeoutError:
+        return progress.failed(
+            host.label,
+            f"timed out after {timeout:g} s",
+            f"the {progress.stage} check of {host.label} took longer than {timeout:g} s; "
+            "check the host's load and network, or raise the check timeout",
+        )
+    except (SshError, asyncssh.Error, OSError) as exc:
+        problem = exc.problem if isinstance(exc, SshError) else str(exc) or type(exc).__name__
+        fix = exc.fix if isinstance(exc, SshError) else "check that the host is up and reachable"
+        return progress.failed(host.label, problem, fix)
+    return HostCheck(
+        host=host.label, ok=True, items=progress.items, fix="", version=progress.version
+    )
+
+
+def _connect_failed(
+    host: HostSpec, opts: SshOptions, progress: _Progress, exc: SshConnectError
+) -> HostCheck:
+    """Put a connection failure in its column: the host key one, or ssh."""
+    if exc.kind.is_host_key:
+        progress.passed("ssh")  # the server answered; only its identity is in doubt
+        short = {
+            SshFailure.HOST_KEY_UNKNOWN: "unknown (not in known_hosts)",
+            SshFailure.HOST_KEY_CHANGED: "CHANGED (does not match known_hosts)",
+            SshFailure.HOST_KEY_REVOKED: "revoked",
+        }[exc.kind]
+        return progress.failed(host.label, short, exc.fix)
+    if exc.kind is SshFailure.AUTH:
+        # Authentication comes after key exchange, which verified the host key.
+        progress.items["host key"] = OK if opts.verify_host_keys else UNVERIFIED
+        return progress.failed(host.label, f"auth failed (user {exc.user})", exc.fix)
+    short = {
+        SshFailure.REFUSED: f"refused (port {exc.port})",
+        SshFailure.TIMEOUT: "no answer (timeout)",
+        SshFailure.DNS: "unknown host name",
+        SshFailure.UNREACHABLE: "unreachable",
+        SshFailure.PROTOCOL: "not an SSH server?",
+        SshFailure.CLIENT_KEY: "client key unusable",
+        SshFailure.CONFIG: "bad ssh config",
+    }.get(exc.kind, "connection failed")
+    # For these the short cell loses which file or what reason; the fix needs it.
+    detailed = exc.kind in (SshFailure.CLIENT_KEY, SshFailure.CONFIG, SshFailure.DISCONNECTED)
+    return progress.failed(host.label, short, f"{exc.problem}. {exc.fix}" if detailed else exc.fix)
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(".")[:2])
+    except ValueError:
+        return (0,)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Remote:
+    """Runs the probe snippets with the host's ``--python``; raises _StageFailed."""
+
+    conn: asyncssh.SSHClientConnection
+    label: str
+    python: str
+    limit: float  # seconds per probe; the whole host check has its own budget too
+
+    async def probe(self, *args: str) -> tuple[int, dict[str, object] | None, str]:
+        """(exit status, the probe's marker JSON or None, last stderr line)."""
+        argv = [self.python, "-c", *args]
+        status, out, err = await run_remote(self.conn, argv, timeout=self.limit)
+        report: dict[str, object] | None = None
+        for line in out.splitlines():
+            if line.startswith(_MARKER):
+                try:
+                    report = json.loads(line[len(_MARKER) :])
+                except ValueError:
+                    report = None
+        lines = err.strip().splitlines()
+        return status, report, lines[-1] if lines else ""
+
+    async def check_python(self, expected_version: str, progress: _Progress) -> str:
+        """Check the interpreter, then dtlaunch in it; return dtlaunch's version there."""
+        status, report, err = await self.probe(_PYTHON_PROBE)
+        python = self.python
+        use_other = f"pass --python with the path of a Python >= 3.11 that exists on {self.label}"
+        if report is None:
+            if status == 127 or "No such file" in err or "not found" in err:
+                raise _StageFailed(f"not found: {python}", f"install Python there or {use_other}")
+            if status == 126:
+                raise _StageFailed(
+                    f"not executable: {python}", f"fix its permissions or {use_other}"
+                )
+            raise _StageFailed(
+                f"failed (exit {status}): {err[:60]}",
+                f"run `{python} -c 'import sys'` on {self.label} to see why; or {use_other}",
+            )
+        found = str(report.get("python", "0"))
+        if _version_tuple(found) < MIN_PYTHON:
+            raise _StageFailed(
+                f"Python {found} is too old", f"dtlaunch needs Python >= 3.11: {use_other}"
+            )
+        progress.passed("python")
+        install = f"`{python} -m pip install dtlaunch=={expected_version}` on {self.label}"
+        if "error" in report:
+            raise _StageFailed(
+                f"not importable ({str(report['error'])[:50]})",
+                f"install dtlaunch {expected_version} for that interpreter: {install}",
+            )
+        version = str(report.get("dtlaunch", ""))
+        if version != expected_version:
+            progress.version = version
+            raise _StageFailed(
+                f"version {version} != {expected_version} here",
+                f"install the same version everywhere: {install}",
+            )
+        return version
+
+    async def check_workdir(self, workdir: str) -> None:
+        _status, report, err = await self.probe(_WORKDIR_PROBE, workdir)
+        if report is None:
+            raise _StageFailed(
+                f"probe failed: {err[:60]}", f"run {self.python} on {self.label} to see why"
+            )
+        if not report.get("ok"):
+            path = report.get("path", workdir)
+            if not report.get("exists"):
+                state = "missing"
+            elif not report.get("isdir"):
+                state = "not a directory"
+            else:
+                state = "not accessible"
+            raise _StageFailed(
+                f"{state}: {path}",
+                f"create it on {self.label} (`mkdir -p {path}`) or pass --workdir with a "
+                "directory that exists on every host",
+            )
+
+    async def check_ports(self, ports_needed: int) -> None:
+        if ports_needed == 0:
+            return
+        _status, report, err = await self.probe(_PORTS_PROBE, str(ports_needed))
+        ports = report.get("ports") if report else None
+        if not isinstance(ports, list) or len(ports) != ports_needed:
+            reason = str(report.get("error", "")) if report else err
+            raise _StageFailed(
+                f"cannot bind {ports_needed} ports: {reason[:50]}",
+                f"free some TCP ports on {self.label} or widen net.ipv4.ip_local_port_range",
+            )
+
+
+def _cell(value: str) -> Text:
+    if value == OK:
+        return Text(value, style="green")
+    if value == SKIPPED:
+        return Text(value, style="dim")
+    if value == UNVERIFIED:
+        return Text(value, style="bold yellow")
+    return Text(value, style="red")
+
+
+def render_checks(results: list[HostCheck]) -> Table:
+    """One table: a row per host, a column per check, then status and fix."""
+    failed = sum(not r.ok for r in results)
+    table = Table(
+        title=f"dtlaunch check: {len(results) - failed} of {len(results)} hosts OK",
+        show_lines=False,
+    )
+    table.add_column("host", style="bold", no_wrap=True)
+    for name in CHECKS:
+        table.add_column(name)
+    table.add_column("status", no_wrap=True)
+    table.add_column("fix", overflow="fold")
+    for result in results:
+        status = Text("OK", style="bold green") if result.ok else Text("FAIL", style="bold red")
+        table.add_row(
+            result.host,
+            *(_cell(result.items.get(name, SKIPPED)) for name in CHECKS),
+            status,
+            result.fix,
+        )
+    return table

@@ -1,0 +1,385 @@
+"""The supervisor's ROUTER and the peers' DEALERs, secured with CURVE and ZAP.
+
+Security model: the ROUTER is a CURVE server with a ZAP domain and
+``ZAP_ENFORCE_DOMAIN`` set, and a ZAP authenticator in the same context accepts
+exactly one client public key, the run's. libzmq without a ZAP handler lets any
+CURVE client in; enforcement makes it refuse instead, so a missing handler fails
+closed. A peer speaking plain ZMTP fails the handshake (mechanism mismatch), a
+peer with another run's keys is refused by ZAP; neither ever delivers a frame.
+
+Robustness: every received frame goes through ``codec.decode``; a frame that
+fails is logged and dropped (``dropped`` counts them), so a bad peer cannot
+crash the receiver. libzmq disconnects a peer whose frame exceeds twice the
+codec's limit before it is buffered whole; frames between the two limits
+arrive and are dropped by the codec, with a log line naming the peer.
+
+One ``Router`` per ``zmq.asyncio.Context``: ZeroMQ has one ZAP endpoint per
+context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from types import TracebackType
+from typing import Self
+
+import zmq
+import zmq.asyncio
+from zmq.auth.asyncio import AsyncioAuthenticator
+from zmq.utils.monitor import parse_monitor_message
+
+from dtlaunch.errors import ConfigError, WireError
+from dtlaunch.wire.codec import MAX_MESSAGE_BYTES, decode, encode
+from dtlaunch.wire.keys import PeerKeys, RunKeys
+from dtlaunch.wire.messages import Message
+
+__all__ = ["ZAP_DOMAIN", "Dealer", "Router"]
+
+logger = logging.getLogger(__name__)
+
+ZAP_DOMAIN = "dtlaunch"
+
+# libzmq cuts a peer off at this frame size; see the module docstring.
+SOCKET_MAX_FRAME = 2 * MAX_MESSAGE_BYTES
+ROUTER_SNDHWM = 10_000  # per peer; ROUTER drops (does not block) beyond it
+DEALER_SNDHWM = 1_000
+DEALER_RECONNECT_IVL_MS = 100
+DEALER_RECONNECT_IVL_MAX_MS = 2_000
+DEALER_CLOSE_LINGER_MS = 100  # long enough to flush a final Bye, short enough not to hang
+
+_HANDSHAKE_FAILURES = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+_ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by RFC 27; zmq.auth binds it
+_WARN_EVERY_S = 30.0  # refused peers retry every few seconds; do not flood the log
+
+
+class _OneClientKey:
+    """ZAP credentials provider accepting only the run's client public key."""
+
+    def __init__(self, client_public: bytes) -> None:
+        self._client_public = client_public
+        self.refused = 0
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if domain == ZAP_DOMAIN and hmac.compare_digest(key, self._client_public):
+            return True
+        self.refused += 1
+        # Public keys are not secret: naming it helps find the stray peer.
+        logger.debug("ZAP refused CURVE key %r in domain %r", key, domain)
+        return False
+
+
+class Router:
+    """The supervisor's single ROUTER socket; see the module docstring.
+
+    Use ``async with Router(ctx, keys) as router:`` or ``await start()`` then
+    ``close()``. ``recv`` and ``send`` must run on the loop that ran ``start``.
+    """
+
+    def __init__(
+        self, ctx: zmq.asyncio.Context, keys: RunKeys, bind: str = "tcp://127.0.0.1:0"
+    ) -> None:
+        self._ctx = ctx
+        self._keys = keys
+        self._bind = bind
+        self._sock: zmq.asyncio.Socket | None = None
+        self._auth: AsyncioAuthenticator | None = None
+        self._zap: _OneClientKey | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
+        self._monitor_task: asyncio.Task[None] | None = None
+        self._endpoint = ""
+        self._last_warning = -_WARN_EVERY_S
+        self.dropped = 0  # malformed frames dropped by recv
+        self.handshake_failures = 0  # peers refused by CURVE/ZAP or speaking plain ZMTP
+
+    @property
+    def refused_keys(self) -> int:
+        """How many CURVE handshakes ZAP refused for a wrong client key."""
+        return self._zap.refused if self._zap is not None else 0
+
+    async def start(self) -> None:
+        """Start the ZAP authenticator, then configure and bind the socket.
+
+        Raises:
+            ConfigError: the bind address is invalid or in use.
+            RuntimeError: already started, or another authenticator runs in ``ctx``.
+        """
+        if self._sock is not None:
+            raise RuntimeError("Router.start() called twice")
+        auth = AsyncioAuthenticator(self._ctx, log=logging.getLogger(f"{__name__}.zap"))
+        try:
+            auth.start()
+        except zmq.ZMQError as exc:
+            auth.stop()
+            raise RuntimeError(
+                f"cannot start the ZAP authenticator ({exc}); a ZeroMQ context holds one: "
+                "give each Router its own zmq.asyncio.Context"
+            ) from exc
+        self._zap = _OneClientKey(self._keys.client.public)
+        auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=self._zap)
+        self._auth = auth
+
+        sock = self._ctx.socket(zmq.ROUTER)
+        self._sock = sock
+        sock.linger = 0
+        sock.zap_domain = ZAP_DOMAIN.encode()
+        sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+        sock.curve_server = True
+        sock.curve_publickey = self._keys.server.public
+        sock.curve_secretkey = self._keys.server.secret
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        sock.maxmsgsize = SOCKET_MAX_FRAME
+        sock.sndhwm = ROUTER_SNDHWM
+        self._monitor = sock.get_monitor_socket(_HANDSHAKE_FAILURES)
+        self._monitor_task = asyncio.ensure_future(self._watch_handshakes(self._monitor))
+        try:
+            sock.bind(self._bind)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise ConfigError(
+                f"cannot bind the supervisor socket to {self._bind!r}: {exc}. Fix: use "
+                "tcp://ADDRESS:PORT with a local address and a free port (0 picks one)"
+            ) from exc
+        self._endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        logger.debug("router bound to %s", self._endpoint)
+
+    @property
+    def endpoint(self) -> str:
+        """The bound ``tcp://addr:port`` (the real port when bound to port 0)."""
+        if not self._endpoint:
+            raise RuntimeError("Router is not started")
+        return self._endpoint
+
+    @property
+    def port(self) -> int:
+        return int(self.endpoint.rsplit(":", 1)[1])
+
+    async def recv(self) -> tuple[bytes, Message]:
+        """The next valid message and its sender's routing id; bad frames are dropped."""
+        sock = self._started()
+        while True:
+            frames = await sock.recv_multipart()
+            peer, payload = frames[0], frames[1:]
+            if len(payload) != 1:
+                size = sum(len(f) for f in payload)
+                self._drop(peer, f"{len(payload)} frames, expected 1", size)
+                continue
+            try:
+                return peer, decode(payload[0])
+            except WireError as exc:
+                self._drop(peer, str(exc), len(payload[0]))
+
+    async def send(self, peer: bytes, msg: Message) -> None:
+        """Queue ``msg`` for ``peer``; never blocks.
+
+        ZeroMQ drops it silently when ``peer`` is not connected (ROUTER_MANDATORY
+        off) or its queue is full; liveness tracking notices such peers.
+
+        Raises:
+            WireError: ``msg`` cannot be encoded (a bug in the caller).
+        """
+        sock = self._started()
+        data = encode(msg)
+        try:
+            await sock.send_multipart([peer, data], flags=zmq.DONTWAIT)
+        except zmq.Again:
+            logger.debug("router: %s to %r dropped, queue full", msg.TYPE, peer)
+            return
+        logger.debug("router: %s to %r (dropped if that peer is unknown)", msg.TYPE, peer)
+
+    def close(self) -> None:
+        """Close the socket, its monitor and the authenticator (idempotent)."""
+        if self._monitor_task is not None:
+            self._monitor_task.cancel()
+            self._monitor_task = None
+        if self._sock is not None and self._monitor is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.disable_monitor()
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+            self._monitor = None
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+        # Last: while the ROUTER is open, its ZAP handler must be there.
+        if self._auth is not None:
+            # Unbinding is immediate, closing is not: a Router started next in
+            # this context must find the ZAP endpoint free.
+            zap_socket = self._auth.zap_socket
+            if zap_socket is not None and not zap_socket.closed:
+                with contextlib.suppress(zmq.ZMQError):
+                    zap_socket.unbind(_ZAP_ENDPOINT)
+            self._auth.stop()
+            self._auth = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task = self._monitor_task
+        self.close()
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _started(self) -> zmq.asyncio.Socket:
+        if self._sock is None:
+            raise RuntimeError("Router is not started (or already closed)")
+        return self._sock
+
+    def _drop(self, peer: bytes, reason: str, size: int) -> None:
+        self.dropped += 1
+        logger.warning("dropped a frame from peer %r (%d bytes): %s", peer[:64], size, reason)
+
+    async def _watch_handshakes(self, monitor: zmq.asyncio.Socket) -> None:
+        """Count and log peers that fail the CURVE handshake."""
+        while True:
+            try:
+                event = parse_monitor_message(await monitor.recv_multipart())
+            except zmq.ZMQError:
+                return  # monitor closed
+            self.handshake_failures += 1
+            kind = zmq.Event(event["event"]).name
+            now = time.monotonic()
+            log = logger.debug
+            if now - self._last_warning >= _WARN_EVERY_S:
+                self._last_warning = now
+                log = logger.warning
+            log(
+                "refused a connection on %s (%s, %d so far): a peer without this run's "
+                "CURVE keys (another run's agent, or not dtlaunch at all)",
+                event["endpoint"].decode(errors="replace"),
+                kind,
+                self.handshake_failures,
+            )
+
+
+class Dealer:
+    """A peer's connection to the supervisor's ROUTER (CURVE client).
+
+    ``identity`` becomes the routing id; a reconnecting peer with the same id
+    takes over its old connection (ROUTER_HANDOVER).
+    """
+
+    def __init__(
+        self,
+        ctx: zmq.asyncio.Context,
+        endpoint: str,
+        keys: PeerKeys,
+        identity: bytes,
+        *,
+        sndhwm: int = DEALER_SNDHWM,
+    ) -> None:
+        if not isinstance(identity, bytes):
+            raise TypeError(f"routing id must be bytes, got {type(identity).__name__}")
+        if not 1 <= len(identity) <= 255 or identity.startswith(b"\0"):
+            raise ValueError(
+                f"routing id {identity[:64]!r} is invalid: it must be 1..255 bytes and "
+                "must not start with a zero byte (ZeroMQ reserves those)"
+            )
+        sock = ctx.socket(zmq.DEALER)
+        try:
+            sock.curve_serverkey = keys.server_public
+            sock.curve_publickey = keys.client.public
+            sock.curve_secretkey = keys.client.secret
+            sock.routing_id = identity
+            sock.reconnect_ivl = DEALER_RECONNECT_IVL_MS
+            sock.reconnect_ivl_max = DEALER_RECONNECT_IVL_MAX_MS
+            sock.sndhwm = sndhwm
+            sock.maxmsgsize = SOCKET_MAX_FRAME
+            sock.linger = DEALER_CLOSE_LINGER_MS
+            sock.connect(endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise ConfigError(
+                f"cannot connect to the supervisor at {endpoint!r}: {exc}. "
+                "Fix: use tcp://HOST:PORT as printed by the supervisor"
+            ) from exc
+        self._sock: zmq.asyncio.Socket | None = sock
+        self.identity = identity
+        self.endpoint = endpoint
+        self.dropped = 0  # malformed frames dropped by recv
+        self.send_failures = 0  # messages refused by send because the queue was full
+
+    async def send(self, msg: Message) -> bool:
+        """Queue ``msg`` without blocking; False (and counted) when the queue is full.
+
+        Raises:
+            WireError: ``msg`` cannot be encoded (a bug in the caller).
+        """
+        sock = self._open()
+        data = encode(msg)
+        try:
+            await sock.send(data, flags=zmq.DONTWAIT)
+        except zmq.Again:
+            self.send_failures += 1
+            logger.debug("dealer %r: queue full, %s not sent", self.identity, msg.TYPE)
+            return False
+        return True
+
+    # A timeout parameter, not asyncio.timeout: "nothing arrived" is a normal result here.
+    async def recv(self, timeout: float | None = None) -> Message | None:  # noqa: ASYNC109
+        """The next valid message, or None after ``timeout`` seconds; bad frames are dropped."""
+        sock = self._open()
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            wait_ms = -1 if deadline is None else max(0, int((deadline - loop.time()) * 1000))
+            if not await sock.poll(wait_ms):  # POLLIN; -1 waits forever
+                return None
+            try:
+                frames = await sock.recv_multipart(flags=zmq.DONTWAIT)
+            except zmq.Again:  # another reader took it between poll and recv
+                continue
+            if len(frames) != 1:
+                self._drop(f"{len(frames)} frames, expected 1", sum(len(f) for f in frames))
+                continue
+            try:
+                return decode(frames[0])
+            except WireError as exc:
+                self._drop(str(exc), len(frames[0]))
+
+    def close(self, linger_ms: int = DEALER_CLOSE_LINGER_MS) -> None:
+        """Close the socket, waiting up to ``linger_ms`` to flush queued messages."""
+        if self._sock is not None:
+            self._sock.close(linger=linger_ms)
+            self._sock = None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _open(self) -> zmq.asyncio.Socket:
+        if self._sock is None:
+            raise RuntimeError("Dealer is closed")
+        return self._sock
+
+    def _drop(self, reason: str, size: int) -> None:
+        self.dropped += 1
+        logger.warning(
+            "dealer %r: dropped a frame from the supervisor (%d bytes): %s",
+            self.identity,
+            size,
+            reason,
+        )

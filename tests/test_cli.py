@@ -1,0 +1,116 @@
+"""The command line as a user meets it: errors that name the problem and the fix."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from dtlaunch import __version__
+from dtlaunch.cli import app
+from tests.jobs import SCRIPTS, hostfile, run, summary
+
+runner = CliRunner()
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"dtlaunch {__version__}"
+
+
+def test_bad_hostfile_reports_every_problem_with_file_line_col(tmp_path):
+    bad = tmp_path / "hosts.txt"
+    bad.write_text("node1 slots=0\n# fine\nnode2 slots=two\nnode1\nnode3 gpus=4\n")
+    result = run(["run", "-H", str(bad), "train.py"], env={})
+    assert result.returncode == 2
+    err = result.stderr
+    for where in (f"{bad}:1:13", f"{bad}:3:13", f"{bad}:4:1", f"{bad}:5:7"):
+        assert where in err, err
+    assert "expected" in err
+    assert not list(tmp_path.glob("runs"))  # nothing was started
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--workers", "0"], "--workers must be at least 1"),
+        (["--mode", "ps"], "add --servers"),
+        (["--policy", "magic"], "--policy magic"),
+        (["--env", "NOEQUALS"], "expected KEY=VALUE"),
+        (["--output", "bogus"], "--output"),
+        (["--orphan-timeout", "1"], "--orphan-timeout must be longer"),
+    ],
+)
+def test_bad_options_are_refused_before_anything_starts(tmp_path, args, message):
+    result = runner.invoke(app, ["run", "--run-dir", str(tmp_path / "run"), *args, "train.py"])
+    assert result.exit_code == 2
+    assert message in result.stderr.replace("\n", " ")
+    assert not (tmp_path / "run").exists()
+
+
+def test_too_few_slots_is_a_clear_error(tmp_path):
+    result = runner.invoke(
+        app, ["run", "-H", "a:1,b:1", "--workers", "3", "--run-dir", str(tmp_path / "r"), "t.py"]
+    )
+    assert result.exit_code == 2
+    assert "3" in result.stderr and "slot" in result.stderr
+
+
+@pytest.mark.integration
+def test_inline_hosts_run_a_job_over_ssh(sshd, tmp_path):
+    inline = ",".join(f"{a}:1" for a in sshd.addresses[:2])
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run(
+        [
+            "run",
+            "-H",
+            inline,
+            "--workers",
+            "2",
+            "--run-dir",
+            str(tmp_path / "run"),
+            str(SCRIPTS / "flaky.py"),
+            str(out),
+            "none",
+            "9",
+            "0",
+        ],
+        env=sshd.env(),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "[worker1@127.0.0.2] rank 1 done" in result.stdout
+    assert summary(tmp_path / "run")["hosts"] == sshd.addresses[:2]
+
+
+@pytest.mark.integration
+def test_check_passes_good_hosts_and_fails_a_bad_one_with_a_fix(sshd, tmp_path):
+    good = hostfile(sshd, tmp_path / "good")
+    result = run(["check", "-H", str(good)], env=sshd.env())
+    assert result.returncode == 0, result.stdout + result.stderr
+    for addr in sshd.addresses:
+        assert addr in result.stdout
+    bad = hostfile(sshd, tmp_path / "bad", [*sshd.addresses[:2], "127.0.0.3:1"])  # port 1: refused
+    result = run(["check", "-H", str(bad)], env=sshd.env())
+    assert result.returncode == 1
+    assert "127.0.0.3:1" in result.stdout
+    assert "FAIL" in result.stdout
+    assert "1 of 3 host(s) failed" in result.stderr
+
+
+@pytest.mark.integration
+def test_stop_of_an_ended_job_says_so(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    run_dir = tmp_path / "run"
+    done = run(
+        ["run", "--run-dir", str(run_dir), str(SCRIPTS / "flaky.py"), str(out), "none", "9", "0"],
+        env={},
+    )
+    assert done.returncode == 0
+    result = run(["stop", str(run_dir)], env={})
+    assert result.returncode == 1
+    assert "already ended" in result.stderr
+    result = run(["stop", str(tmp_path)], env={})
+    assert result.returncode == 1
+    assert "not a dtlaunch run directory" in result.stderr

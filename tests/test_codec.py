@@ -1,0 +1,367 @@
+"""The msgpack codec: round trips, strict validation, fuzzing (decode raises only WireError)."""
+
+from __future__ import annotations
+
+import json
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dtlaunch.errors import WireError
+from dtlaunch.wire.codec import MAX_MESSAGE_BYTES, decode, encode, from_dict, to_dict
+from dtlaunch.wire.messages import (
+    MESSAGE_TYPES,
+    PROTOCOL_VERSION,
+    Ack,
+    AgentBootstrap,
+    AgentHeartbeat,
+    Bye,
+    Exited,
+    Hello,
+    Kill,
+    Output,
+    Ping,
+    ProcReport,
+    Rehello,
+    Shutdown,
+    Spawn,
+    Spawned,
+    SpawnFailed,
+    StopJob,
+    Welcome,
+)
+
+FUZZ = settings(max_examples=300, deadline=None, database=None)
+
+REPORT = ProcReport(
+    proc_id="worker-3", role="worker", rank=3, attempt=1, pid=4242, state="running",
+    rss_bytes=123_456_789, cpu_percent=87.5,
+)
+SAMPLES = [
+    AgentBootstrap(
+        run_id="r-1", host="node1", endpoint="tcp://10.0.0.1:45123",
+        server_public="s" * 40, client_public="c" * 40, client_secret="x" * 40,
+        state_dir="/tmp/dtl/r-1/node1", heartbeat_interval=1.0, dead_after=3,
+        orphan_timeout=30.0, kill_grace=5.0,
+    ),
+    Hello(
+        role="agent", run_id="r-1", host="node1", pid=100, version="0.1.0",
+        procs=[REPORT, ProcReport(proc_id="server-0", role="server", rank=0, attempt=0,
+                                  pid=101, state="stopped")],
+        free_ports=[29500, 29501], host_addr="10.0.0.2",
+    ),
+    Hello(role="worker", run_id="r-1", host="node1", pid=7, version="0.1.0", rank=3),
+    AgentHeartbeat(seq=17, procs=[REPORT]),
+    Spawned(proc_id="worker-3", attempt=1, pid=4242),
+    SpawnFailed(proc_id="worker-3", attempt=0, error="cwd /nope does not exist"),
+    Output(proc_id="worker-3", attempt=0, stream="stderr", data=b"\xff\x00bin\nary\r\n"),
+    Exited(proc_id="worker-3", attempt=0, pid=4242, exit_code=None, signal=9, runtime_s=12.5,
+           stderr_tail=["Traceback", "Killed"], oom_killed=True),
+    Exited(proc_id="server-0", attempt=2, pid=9, exit_code=1, signal=None, runtime_s=0,
+           requested=True),
+    Bye(reason="orphan timeout"),
+    StopJob(),
+    Ping(seq=0),
+    Welcome(run_id="r-1", heartbeat_interval=0.5),
+    Rehello(),
+    Spawn(proc_id="worker-3", role="worker", rank=3, attempt=1,
+          argv=["python", "train.py", "--lr", "0.1"], env={"RANK": "3", "ü": "✓"},
+          cwd="/home/u/job"),
+    Kill(proc_id="worker-3", attempt=1, grace_s=5.0),
+    Shutdown(grace_s=2.5, reason="job done"),
+    Ack(ok=False, detail="no such run"),
+]
+# A valid frame's fields, for building wrong variants of it.
+PING = {"t": "ping", "v": PROTOCOL_VERSION, "seq": 1}
+
+
+def pack(obj) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def hello_fields(**changes):
+    fields = {"t": "hello", "v": PROTOCOL_VERSION, "role": "agent", "run_id": "r", "host": "h",
+              "pid": 1, "version": "0.1.0"}
+    fields.update(changes)
+    return {k: v for k, v in fields.items() if v is not ...}
+
+
+def refused(obj, *fragments: str) -> str:
+    with pytest.raises(WireError) as info:
+        decode(obj if isinstance(obj, bytes) else pack(obj))
+    text = str(info.value)
+    for fragment in fragments:
+        assert fragment in text
+    return text
+
+
+# ---------------------------------------------------------------- round trips
+
+
+def test_samples_cover_every_message_type():
+    assert {type(m) for m in SAMPLES} == set(MESSAGE_TYPES)
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
+def test_encode_decode_round_trip(msg):
+    data = encode(msg)
+    assert decode(data) == msg
+    raw = msgpack.unpackb(data)
+    assert raw["t"] == msg.TYPE
+    assert raw["v"] == PROTOCOL_VERSION
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
+def test_to_dict_is_json_and_round_trips(msg):
+    line = json.dumps(to_dict(msg))
+    assert "\n" not in line
+    assert from_dict(type(msg), json.loads(line)) == msg
+
+
+def test_nested_records_are_plain_maps():
+    raw = msgpack.unpackb(encode(AgentHeartbeat(seq=1, procs=[REPORT])))
+    assert raw["procs"][0] == {
+        "proc_id": "worker-3", "role": "worker", "rank": 3, "attempt": 1, "pid": 4242,
+        "state": "running", "rss_bytes": 123_456_789, "cpu_percent": 87.5,
+    }
+
+
+def test_int_is_accepted_for_float_and_becomes_float():
+    msg = decode(pack({"t": "welcome", "v": PROTOCOL_VERSION, "run_id": "r",
+                       "heartbeat_interval": 2}))
+    assert msg == Welcome(run_id="r", heartbeat_interval=2.0)
+    assert type(msg.heartbeat_interval) is float
+
+
+def test_defaults_are_applied():
+    msg = decode(pack(hello_fields()))
+    assert msg == Hello(role="agent", run_id="r", host="h", pid=1, version="0.1.0")
+    assert msg.rank == -1
+    assert msg.procs == []
+    assert msg.free_ports == []
+    assert msg.host_addr == ""
+
+
+def test_from_dict_checks_tags_when_present():
+    fields = to_dict(Ping(seq=3))
+    assert from_dict(Ping, {"seq": 3}) == Ping(seq=3)
+    with pytest.raises(WireError, match="does not match"):
+        from_dict(Bye, fields)
+    with pytest.raises(WireError, match=r"protocol version 99 .* speaks 1"):
+        from_dict(Ping, {**fields, "v": 99})
+    with pytest.raises(WireError, match="not valid base64"):
+        from_dict(Output, {"proc_id": "w", "attempt": 0, "stream": "stdout", "data": "%%%"})
+    with pytest.raises(WireError, match="expected a mapping"):
+        from_dict(Ping, [("seq", 1)])  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------- strict validation
+
+
+def test_wrong_version_names_both_versions():
+    text = refused({**PING, "v": PROTOCOL_VERSION + 1}, f"version {PROTOCOL_VERSION + 1}",
+                   f"speaks {PROTOCOL_VERSION}")
+    assert "same dtlaunch version" in text
+    # A newer peer's unknown message type is reported as the version problem it is.
+    refused({"t": "from_the_future", "v": 7}, "version 7")
+
+
+@pytest.mark.parametrize(
+    ("frame", "fragment"),
+    [
+        ({"v": 1, "seq": 1}, "type tag"),
+        ({"t": 5, "v": 1}, "type tag"),
+        ({"t": "nope", "v": 1}, "unknown message type 'nope'"),
+        ({"t": "ping", "seq": 1}, "protocol version"),
+        ({"t": "ping", "v": True, "seq": 1}, "protocol version"),
+        ({**PING, "extra": 1}, "unknown field(s) 'extra'"),
+        ({"t": "ping", "v": 1}, "missing required field(s) seq"),
+        ({**PING, "seq": True}, "ping.seq: expected int, got bool"),
+        ({**PING, "seq": 1.0}, "ping.seq: expected int, got float"),
+        ({**PING, "seq": "1"}, "ping.seq: expected int, got str"),
+        ({**PING, "seq": None}, "ping.seq: expected int, got null"),
+        ({**PING, "seq": -1}, "ping.seq: -1 is out of range"),
+        ({"t": "ack", "v": 1, "ok": 1}, "ack.ok: expected bool, got int"),
+        ({"t": "bye", "v": 1, "reason": b"bytes"}, "bye.reason: expected str, got bytes"),
+        ({"t": "output", "v": 1, "proc_id": "w", "attempt": 0, "stream": "stdout",
+          "data": "text"}, "output.data: expected bytes, got str"),
+        ({"t": "output", "v": 1, "proc_id": "w", "attempt": 0, "stream": "stdin",
+          "data": b""}, "'stdin' is not one of stdout, stderr"),
+        ({"t": "welcome", "v": 1, "run_id": "r", "heartbeat_interval": True}, "got bool"),
+        ({"t": "welcome", "v": 1, "run_id": "r", "heartbeat_interval": 0}, "must be > 0"),
+        ({"t": "kill", "v": 1, "proc_id": "w", "attempt": 0, "grace_s": -1.0}, "must be >= 0"),
+        ({"t": "spawned", "v": 1, "proc_id": "w", "attempt": 0, "pid": 0}, "pid: 0 is out"),
+        ({"t": "spawned", "v": 1, "proc_id": "w", "attempt": -1, "pid": 5}, "attempt: -1"),
+        (hello_fields(role="worker", rank=-2), "hello.rank: -2 is out of range"),
+        (hello_fields(role="root"), "hello.role: 'root' is not one of agent, worker"),
+        (hello_fields(free_ports=[80, 70000]), "hello.free_ports[1]: 70000 is not a TCP port"),
+        (hello_fields(free_ports=[80, True]), "hello.free_ports[1]: expected int, got bool"),
+        (hello_fields(free_ports=(1,)), None),  # msgpack arrays are lists; checked below
+        (hello_fields(procs=[{"proc_id": "a"}]), "hello.procs[0]: missing required field(s)"),
+        (hello_fields(procs=[{"x": 1}]), "hello.procs[0]: unknown field(s) 'x'"),
+        (hello_fields(procs=[[1, 2]]), "hello.procs[0]: expected a map, got list"),
+        (hello_fields(procs="none"), "hello.procs: expected a list, got str"),
+        (hello_fields(host=None), "hello.host: expected str, got null"),
+        (hello_fields(pid=...), "missing required field(s) pid"),
+        ({"t": "spawn", "v": 1, "proc_id": "w", "role": "agent", "rank": 0, "attempt": 0,
+          "argv": [], "env": {}, "cwd": "/"}, "spawn.role: 'agent' is not one of worker, server"),
+        ({"t": "spawn", "v": 1, "proc_id": "w", "role": "worker", "rank": 0, "attempt": 0,
+          "argv": ["a", 1], "env": {}, "cwd": "/"}, "spawn.argv[1]: expected str, got int"),
+        ({"t": "spawn", "v": 1, "proc_id": "w", "role": "worker", "rank": 0, "attempt": 0,
+          "argv": [], "env": {"K": 1}, "cwd": "/"}, "spawn.env['K']: expected str, got int"),
+        ({"t": "spawn", "v": 1, "proc_id": "w", "role": "worker", "rank": 0, "attempt": 0,
+          "argv": [], "env": {b"K": "v"}, "cwd": "/"}, "spawn.env: key b'K' is not a string"),
+        ({"t": "exited", "v": 1, "proc_id": "w", "attempt": 0, "pid": 3, "exit_code": "1",
+          "signal": None, "runtime_s": 1.0}, "exited.exit_code: expected int | None, got str"),
+        ({"t": "exited", "v": 1, "proc_id": "w", "attempt": 0, "pid": 3, "exit_code": None,
+          "signal": 0, "runtime_s": 1.0}, "exited.signal: 0 is out of range"),
+        ({"t": "exited", "v": 1, "proc_id": "w", "attempt": 0, "pid": 3, "exit_code": 0,
+          "signal": None, "runtime_s": float("nan")}, "is not a finite number"),
+        ({"t": "exited", "v": 1, "proc_id": "w", "attempt": 0, "pid": 3, "exit_code": 0,
+          "signal": None, "runtime_s": float("inf")}, "is not a finite number"),
+    ],
+)
+def test_bad_fields_are_refused_with_a_path(frame, fragment):
+    if fragment is None:
+        # A tuple packs as an array and decodes as a list: fine, not an error.
+        assert decode(pack(frame)).free_ports == [1]
+        return
+    refused(frame, fragment)
+
+
+def test_record_state_and_role_are_enumerated():
+    report = {"proc_id": "w-0", "role": "worker", "rank": 0, "attempt": 0, "pid": 1,
+              "state": "running"}
+    assert decode(pack(hello_fields(procs=[report]))).procs[0].state == "running"
+    refused(hello_fields(procs=[{**report, "state": "dead"}]), "hello.procs[0].state: 'dead'")
+    refused(hello_fields(procs=[{**report, "role": "agent"}]), "hello.procs[0].role: 'agent'")
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        (b"", "not valid msgpack"),
+        (b"\xc1", "not valid msgpack"),
+        (pack(PING) + b"\x00", "not valid msgpack"),  # trailing bytes
+        (pack(PING)[:-1], "not valid msgpack"),  # truncated
+        (pack([1, 2]), "msgpack list, expected a map"),
+        (pack("ping"), "msgpack str, expected a map"),
+        (pack(None), "msgpack NoneType, expected a map"),
+        (pack({1: "x"}), "not valid msgpack"),  # strict_map_key: int keys refused
+        (b"\x81\xa1t\xa2\xff\xfe", "not valid msgpack"),  # invalid UTF-8 in a str
+        (pack({**PING, "seq": msgpack.ExtType(5, b"x")}), "ext type 5 is not allowed"),
+        (b"\x83\xa1t\xa4ping\xa1v\x01\xa3seq\xd6\xff\x00\x00\x00\x01", "ping.seq: expected int"),
+        (b"\x91" * 5000 + b"\x01", "not valid msgpack"),  # absurd nesting
+    ],
+)
+def test_garbage_is_refused(data, fragment):
+    refused(data, fragment)
+
+
+def test_oversized_frame_is_refused_before_unpacking():
+    limit_ok = pack({"t": "bye", "v": 1, "reason": "x" * 100})
+    assert decode(limit_ok) == Bye(reason="x" * 100)
+    # Valid msgpack, so only the size check can refuse it.
+    huge = pack({"t": "output", "v": 1, "proc_id": "w", "attempt": 0, "stream": "stdout",
+                 "data": b"\0" * MAX_MESSAGE_BYTES})
+    refused(huge, f"{len(huge)} bytes is over the {MAX_MESSAGE_BYTES}-byte limit")
+
+
+def test_non_bytes_input_is_a_wire_error():
+    with pytest.raises(WireError):
+        decode(12)  # type: ignore[arg-type]
+    with pytest.raises(WireError):
+        decode("text")  # type: ignore[arg-type]
+
+
+def test_encode_refuses_what_a_receiver_would_drop():
+    with pytest.raises(WireError, match=r"hello\.role: 'root'"):
+        encode(Hello(role="root", run_id="r", host="h", pid=1, version="0"))
+    with pytest.raises(WireError, match=r"spawned\.pid: expected int, got str"):
+        encode(Spawned(proc_id="w", attempt=0, pid="1"))  # type: ignore[arg-type]
+    with pytest.raises(WireError, match="smaller chunks"):
+        encode(Output(proc_id="w", attempt=0, stream="stdout", data=b"\0" * MAX_MESSAGE_BYTES))
+    with pytest.raises(WireError, match="not a registered wire message"):
+        encode(ProcReport(proc_id="w", role="worker", rank=0, attempt=0, pid=1,
+                          state="running"))  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------- fuzzing
+
+scalars = (
+    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=True) | st.text(max_size=20) | st.binary(max_size=20)
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=4),
+    max_leaves=20,
+)
+
+
+def decode_or_wire_error(data: bytes) -> None:
+    try:
+        msg = decode(data)
+    except WireError:
+        return
+    assert type(msg) in MESSAGE_TYPES
+    assert decode(encode(msg)) == msg  # whatever is accepted is a valid message
+
+
+@FUZZ
+@given(st.binary(max_size=300))
+def test_fuzz_random_bytes(data):
+    decode_or_wire_error(data)
+
+
+@FUZZ
+@given(values)
+def test_fuzz_random_msgpack_values(value):
+    decode_or_wire_error(pack(value))
+
+
+@FUZZ
+@given(
+    st.sampled_from(SAMPLES),
+    st.sampled_from(["drop", "set", "add"]),
+    st.data(),
+)
+def test_fuzz_mutated_valid_messages(msg, action, data):
+    fields = msgpack.unpackb(encode(msg))
+    key = data.draw(st.sampled_from(sorted(fields)))
+    if action == "drop":
+        del fields[key]
+    elif action == "set":
+        fields[key] = data.draw(values)
+    else:
+        fields[data.draw(st.text(max_size=8))] = data.draw(values)
+    decode_or_wire_error(pack(fields))
+
+
+@FUZZ
+@given(st.binary(max_size=2000), st.sampled_from(["stdout", "stderr"]),
+       st.integers(min_value=0, max_value=2**31))
+def test_fuzz_output_round_trip(data, stream, attempt):
+    msg = Output(proc_id="worker-0", attempt=attempt, stream=stream, data=data)
+    assert decode(encode(msg)) == msg
+    assert from_dict(Output, json.loads(json.dumps(to_dict(msg)))) == msg
+
+
+@FUZZ
+@given(
+    st.lists(st.text(max_size=30), max_size=8),
+    st.dictionaries(st.text(max_size=10), st.text(max_size=30), max_size=8),
+    st.one_of(st.none(), st.integers(min_value=-(2**31), max_value=2**31)),
+    st.floats(min_value=0, max_value=1e9, allow_nan=False),
+)
+def test_fuzz_spawn_and_exited_round_trip(argv, env, exit_code, runtime):
+    spawn = Spawn(proc_id="server-1", role="server", rank=1, attempt=0, argv=argv, env=env,
+                  cwd="/")
+    exited = Exited(proc_id="server-1", attempt=0, pid=2, exit_code=exit_code, signal=None,
+                    runtime_s=runtime, stderr_tail=argv)
+    for msg in (spawn, exited):
+        assert decode(encode(msg)) == msg
+        assert from_dict(type(msg), json.loads(json.dumps(to_dict(msg)))) == msg

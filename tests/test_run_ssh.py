@@ -1,0 +1,182 @@
+"""Real jobs over a real OpenSSH sshd on 127.0.0.1-3, three "hosts"."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from dtlaunch.wire.keys import load_run_keys
+from tests.jobs import (
+    REPO,
+    SCRIPTS,
+    alive,
+    events,
+    hostfile,
+    kind,
+    run,
+    started,
+    summary,
+    wait_for_event,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def test_torchrun_env_and_allreduce_across_three_ssh_hosts(sshd, tmp_path):
+    hosts = hostfile(
+        sshd,
+        tmp_path / "hosts",
+        [
+            f"{sshd.addresses[0]} slots=2",
+            f"{sshd.addresses[1]} slots=1",
+            f"{sshd.addresses[2]} slots=1",
+        ],
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    run_dir = tmp_path / "run"
+    result = run(
+        [
+            "run",
+            "-H",
+            str(hosts),
+            "--workers",
+            "4",
+            "--run-dir",
+            str(run_dir),
+            str(SCRIPTS / "torchrun_env.py"),
+            str(out),
+        ],
+        env=sshd.env(),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = {  # rank: (host, local_rank, local_world_size, group_rank)
+        0: ("127.0.0.1", 0, 2, 0),
+        1: ("127.0.0.1", 1, 2, 0),
+        2: ("127.0.0.2", 0, 1, 1),
+        3: ("127.0.0.3", 0, 1, 2),
+    }
+    for rank, (host, local_rank, local_world, group_rank) in expected.items():
+        report = json.loads((out / f"{rank}.json").read_text())
+        env = report["env"]
+        assert report["missing"] == []
+        assert report["allreduce"] == [1.0] * 4
+        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "4"
+        assert env["LOCAL_RANK"] == str(local_rank)
+        assert env["LOCAL_WORLD_SIZE"] == str(local_world)
+        assert env["GROUP_RANK"] == str(group_rank)
+        assert env["MASTER_ADDR"] == "127.0.0.1"
+        assert env["DTLAUNCH_KEYS"].startswith(str(Path.home() / ".cache" / "dtlaunch"))
+        assert f"[worker{rank}@{host}] rank {rank} ok" in result.stdout
+    spawns = [e for e in events(run_dir) if e["kind"] == "spawn"]
+    assert {e["rank"]: e["host"] for e in spawns} == {r: h for r, (h, *_) in expected.items()}
+    assert summary(run_dir)["status"] == "succeeded"
+    # The remote agents' own logs come back over the SSH channel.
+    for addr in sshd.addresses:
+        assert (run_dir / "logs" / f"agent-{addr}.log").stat().st_size > 0
+
+
+def test_sigkilled_worker_mid_run_is_restarted_and_the_job_completes(sshd, tmp_path):
+    hosts = hostfile(sshd, tmp_path / "hosts")
+    run_dir = tmp_path / "run"
+    args = [
+        "run",
+        "-H",
+        str(hosts),
+        "--workers",
+        "3",
+        "--run-dir",
+        str(run_dir),
+        str(REPO / "examples" / "train_allreduce.py"),
+        "--steps",
+        "80",
+        "--step-time",
+        "0.05",
+        "--checkpoint",
+        str(tmp_path / "ckpt.pt"),
+    ]
+    with started(args, env=sshd.env(), log=tmp_path / "console.log") as job:
+        running = wait_for_event(
+            run_dir, kind("running", rank=1), timeout=60, what="worker-1 running"
+        )
+        wait_until(
+            lambda: "step   20" in job.output(), timeout=60, what="training to reach step 20"
+        )
+        os.kill(running["pid"], signal.SIGKILL)
+        code = job.wait(timeout=120)
+        output = job.output()
+    assert code == 0, output
+    data = summary(run_dir)
+    assert data["status"] == "succeeded"
+    restarted = {(r["rank"], r["host"]) for r in data["restarts"]}
+    assert restarted == {
+        (0, "127.0.0.1"),
+        (1, "127.0.0.2"),
+        (2, "127.0.0.3"),
+    }  # same ranks, same hosts
+    assert data["failures"][0]["rank"] == 1 and data["failures"][0]["reason"] == "killed by SIGKILL"
+    assert "restart=1 resuming at step" in output
+    assert "done: final loss" in output
+
+
+def _secrets(run_dir: Path) -> list[bytes]:
+    keys = load_run_keys(run_dir / "keys")
+    return [keys.client.secret, keys.server.secret]
+
+
+def _cmdlines() -> list[bytes]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                out.append((entry / "cmdline").read_bytes())
+            except OSError:
+                continue
+    return out
+
+
+def test_no_secret_in_any_cmdline_and_dtlaunch_stop_cleans_every_host(sshd, tmp_path):
+    hosts = hostfile(sshd, tmp_path / "hosts")
+    out = tmp_path / "out"
+    out.mkdir()
+    run_dir = tmp_path / "run"
+    args = [
+        "run",
+        "-H",
+        str(hosts),
+        "--workers",
+        "3",
+        "--kill-grace",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        str(SCRIPTS / "sleeper.py"),
+        str(out),
+    ]
+    with started(args, env=sshd.env(), log=tmp_path / "console.log") as job:
+        wait_until(lambda: len(list(out.glob("worker-*.json"))) == 3, timeout=60, what="3 workers")
+        secrets = _secrets(run_dir)
+        assert all(len(s) == 40 for s in secrets)
+        for cmdline in _cmdlines():
+            for secret in secrets:
+                assert secret not in cmdline
+        pids = [p for f in out.glob("*.json") for p in json.loads(f.read_text())["pids"]]
+        assert len(pids) == 6 and all(alive(*p) for p in pids)
+        t0 = time.monotonic()
+        stop = run(["stop", str(run_dir)], env={})
+        assert stop.returncode == 0, stop.stderr
+        assert job.wait(timeout=15) == 1
+        wait_until(
+            lambda: not any(alive(*p) for p in pids),
+            timeout=15 - (time.monotonic() - t0),
+            what="job processes gone",
+        )
+    data = summary(run_dir)
+    assert data["status"] == "stopped"
+    assert any(e["kind"] == "command" for e in events(run_dir))
