@@ -38,7 +38,7 @@ test-slow: $(STAMP) sshd-deps
 	$(BIN)/pytest -m slow -q
 
 demo: $(STAMP)
-	$(BIN)/dtlaunch run --workers 2 examples/train_allreduce.py -- --steps 60
+	$(BIN)/dtlaunch run --workers 2 --output 0 examples/train_allreduce.py --steps 60
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
