@@ -97,9 +97,16 @@ async def run_job(spec: JobSpec, *, console: TextIO | None = None) -> JobResult:
             supervisor = _build_supervisor(
                 spec, hosts, assignments, keys, router, run, recorder, output
             )
-            with _signals_to(supervisor):
-                await supervisor.run()
             state = supervisor.state
+            try:
+                with _signals_to(supervisor):
+                    await supervisor.run()
+            except Exception as err:
+                # A bug of ours must still leave a summary; the agents stop the
+                # job by themselves after --orphan-timeout.
+                log.exception("the supervisor failed")
+                state.status = "failed"
+                state.stop_reason = f"supervisor error: {err!r}"
     finally:
         output.close()
         ctx.destroy(linger=0)

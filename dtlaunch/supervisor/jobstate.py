@@ -17,146 +17,42 @@ world cannot lose a member and go on.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from dtlaunch.supervisor.failures import ExitVerdict, classify_exit, traceback_tail
+from dtlaunch.supervisor.nodes import (
+    LIVE_PROC_STATES,
+    AgentSlot,
+    AgentState,
+    Command,
+    EmitEvent,
+    FailureRecord,
+    Finish,
+    LaunchAgent,
+    Phase,
+    ProcSlot,
+    ProcState,
+    RestartRecord,
+    SendToAgent,
+    Timing,
+)
 from dtlaunch.supervisor.placement import Assignment
-from dtlaunch.wire.messages import Exited, Kill, Message, ProcReport, Shutdown, Spawn
+from dtlaunch.wire.messages import Exited, Kill, ProcReport, Shutdown, Spawn
 
-
-class ProcState(StrEnum):
-    PENDING = "pending"  # waiting to be spawned (first start or restart)
-    STARTING = "starting"  # Spawn sent, no answer yet
-    RUNNING = "running"
-    STOPPING = "stopping"  # Kill sent; restarts when it is gone if restart_after_stop
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"  # ended because the job is stopping
-
-
-class AgentState(StrEnum):
-    LAUNCHING = "launching"
-    UP = "up"
-    UNRESPONSIVE = "unresponsive"
-    LOST = "lost"
-    GONE = "gone"  # exited on purpose
-
-
-class Phase(StrEnum):
-    STARTING = "starting"  # agents coming up
-    RUNNING = "running"
-    STOPPING = "stopping"
-    DONE = "done"
-
-
-LIVE_PROC_STATES = (ProcState.STARTING, ProcState.RUNNING, ProcState.STOPPING)
-
-
-# ------------------------------------------------------------------- commands
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LaunchAgent:
-    host: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SendToAgent:
-    host: str
-    message: Message
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EmitEvent:
-    kind: str
-    host: str = ""
-    role: str = ""
-    rank: int = -1
-    data: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Finish:
-    status: str  # succeeded | failed | stopped
-
-
-Command = LaunchAgent | SendToAgent | EmitEvent | Finish
-
-
-# ---------------------------------------------------------------- bookkeeping
-
-
-@dataclass(slots=True, kw_only=True)
-class ProcSlot:
-    assignment: Assignment
-    host: str
-    attempt: int = 0
-    state: ProcState = ProcState.PENDING
-    pid: int = 0
-    started_at: float = 0.0
-    unresponsive: bool = False
-    restart_after_stop: bool = False
-    restart_reason: str = ""
-
-    @property
-    def proc_id(self) -> str:
-        return f"{self.assignment.role}-{self.assignment.rank}"
-
-    @property
-    def role(self) -> str:
-        return self.assignment.role
-
-    @property
-    def rank(self) -> int:
-        return self.assignment.rank
-
-
-@dataclass(slots=True, kw_only=True)
-class AgentSlot:
-    host: str
-    state: AgentState = AgentState.LAUNCHING
-    launched_at: float = 0.0
-    last_seen: float = 0.0
-    free_ports: list[int] = field(default_factory=list)
-    host_addr: str = ""
-    channel_closed: bool = False
-    launches: int = 0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FailureRecord:
-    role: str
-    rank: int
-    host: str
-    exit_code: int | None
-    signal: int | None
-    error: str
-    reason: str
-    retryable: bool
-    at_s: float
-    attempt: int
-    traceback: list[str]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RestartRecord:
-    role: str
-    rank: int
-    host: str
-    reason: str
-    at_s: float
-    attempt: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Timing:
-    heartbeat_interval: float
-    dead_after: int
-    orphan_timeout: float
-    kill_grace: float
-    agent_timeout: float
+__all__ = [
+    "AgentState",
+    "Command",
+    "EmitEvent",
+    "Finish",
+    "JobState",
+    "LaunchAgent",
+    "Phase",
+    "ProcSlot",
+    "ProcState",
+    "SendToAgent",
+    "SpawnBuilder",
+    "Timing",
+]
 
 
 # A function that builds the Spawn for a process: (slot, master_addr, master_port).
@@ -404,21 +300,10 @@ class JobState:
         agent.state = AgentState.GONE
         if self.phase in (Phase.STOPPING, Phase.DONE):
             return self._maybe_finish(now)
-        self.failures.append(
-            FailureRecord(
-                role="agent",
-                rank=-1,
-                host=host,
-                exit_code=None,
-                signal=None,
-                error=error,
-                reason="agent launch failed",
-                retryable=False,
-                at_s=round(now - self.started_at, 3),
-                attempt=agent.launches - 1,
-                traceback=[],
-            )
+        verdict = ExitVerdict(
+            succeeded=False, retryable=False, reason="agent launch failed", error=error
         )
+        self._add_failure("agent", -1, host, agent.launches - 1, verdict, None, None, [], now)
         out: list[Command] = [EmitEvent(kind="agent_lost", host=host, data={"reason": error})]
         return out + self._fail_job(f"cannot start the agent on {host}: {error}", now)
 
@@ -610,18 +495,42 @@ class JobState:
         stderr_tail: list[str],
         now: float,
     ) -> None:
+        self._add_failure(
+            slot.role,
+            slot.rank,
+            slot.host,
+            slot.attempt,
+            verdict,
+            exit_code,
+            signal,
+            stderr_tail,
+            now,
+        )
+
+    def _add_failure(
+        self,
+        role: str,
+        rank: int,
+        host: str,
+        attempt: int,
+        verdict: ExitVerdict,
+        exit_code: int | None,
+        signal: int | None,
+        stderr_tail: list[str],
+        now: float,
+    ) -> None:
         self.failures.append(
             FailureRecord(
-                role=slot.role,
-                rank=slot.rank,
-                host=slot.host,
+                role=role,
+                rank=rank,
+                host=host,
                 exit_code=exit_code,
                 signal=signal,
                 error=verdict.error,
                 reason=verdict.reason,
                 retryable=verdict.retryable,
                 at_s=round(now - self.started_at, 3),
-                attempt=slot.attempt,
+                attempt=attempt,
                 traceback=traceback_tail(stderr_tail),
             )
         )

@@ -1,0 +1,146 @@
+"""The node table's vocabulary: states, the commands JobState emits, and its records.
+
+Plain data only; the transitions live in ``jobstate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from dtlaunch.supervisor.placement import Assignment
+from dtlaunch.wire.messages import Message
+
+
+class ProcState(StrEnum):
+    PENDING = "pending"  # waiting to be spawned (first start or restart)
+    STARTING = "starting"  # Spawn sent, no answer yet
+    RUNNING = "running"
+    STOPPING = "stopping"  # Kill sent; restarts when it is gone if restart_after_stop
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"  # ended because the job is stopping
+
+
+class AgentState(StrEnum):
+    LAUNCHING = "launching"
+    UP = "up"
+    UNRESPONSIVE = "unresponsive"
+    LOST = "lost"
+    GONE = "gone"  # exited on purpose
+
+
+class Phase(StrEnum):
+    STARTING = "starting"  # agents coming up
+    RUNNING = "running"
+    STOPPING = "stopping"
+    DONE = "done"
+
+
+LIVE_PROC_STATES = (ProcState.STARTING, ProcState.RUNNING, ProcState.STOPPING)
+
+
+# ------------------------------------------------------------------- commands
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchAgent:
+    host: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendToAgent:
+    host: str
+    message: Message
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EmitEvent:
+    kind: str
+    host: str = ""
+    role: str = ""
+    rank: int = -1
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finish:
+    status: str  # succeeded | failed | stopped
+
+
+Command = LaunchAgent | SendToAgent | EmitEvent | Finish
+
+
+# ---------------------------------------------------------------- bookkeeping
+
+
+@dataclass(slots=True, kw_only=True)
+class ProcSlot:
+    assignment: Assignment
+    host: str
+    attempt: int = 0
+    state: ProcState = ProcState.PENDING
+    pid: int = 0
+    started_at: float = 0.0
+    unresponsive: bool = False
+    restart_after_stop: bool = False
+    restart_reason: str = ""
+
+    @property
+    def proc_id(self) -> str:
+        return f"{self.assignment.role}-{self.assignment.rank}"
+
+    @property
+    def role(self) -> str:
+        return self.assignment.role
+
+    @property
+    def rank(self) -> int:
+        return self.assignment.rank
+
+
+@dataclass(slots=True, kw_only=True)
+class AgentSlot:
+    host: str
+    state: AgentState = AgentState.LAUNCHING
+    launched_at: float = 0.0
+    last_seen: float = 0.0
+    free_ports: list[int] = field(default_factory=list)
+    host_addr: str = ""
+    channel_closed: bool = False
+    launches: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FailureRecord:
+    role: str
+    rank: int
+    host: str
+    exit_code: int | None
+    signal: int | None
+    error: str
+    reason: str
+    retryable: bool
+    at_s: float
+    attempt: int
+    traceback: list[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RestartRecord:
+    role: str
+    rank: int
+    host: str
+    reason: str
+    at_s: float
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timing:
+    heartbeat_interval: float
+    dead_after: int
+    orphan_timeout: float
+    kill_grace: float
+    agent_timeout: float

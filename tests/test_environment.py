@@ -1,0 +1,81 @@
+"""The environment given to each process: torchrun's and ps-lite's variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dtlaunch.config import JobSpec
+from dtlaunch.supervisor.environment import LaunchContext, build_spawn
+from dtlaunch.supervisor.jobstate import ProcSlot
+from dtlaunch.supervisor.placement import Assignment
+
+
+def _ctx(**spec_fields):
+    spec = JobSpec(
+        run_id="r1",
+        run_dir=Path("/tmp/r1"),
+        script="train.py",
+        script_args=("--lr", "1"),
+        **spec_fields,
+    )
+    return LaunchContext(
+        spec=spec,
+        python="/usr/bin/python3",
+        workdir="/work",
+        hosts_with_workers=2,
+        endpoints={"h1": "tcp://10.0.0.1:5555"},
+        state_dirs={"h1": "/home/u/.cache/dtlaunch/runs/r1/h1"},
+    )
+
+
+def _slot(role="worker", rank=3, attempt=2, local_world=2):
+    a = Assignment(
+        role=role, rank=rank, host="h1", local_rank=1, local_world_size=local_world, group_rank=1
+    )
+    return ProcSlot(assignment=a, host="h1", attempt=attempt)
+
+
+def test_worker_gets_torchrun_variables():
+    spawn = build_spawn(_ctx(workers=4), _slot(), "10.0.0.9", 29500)
+    env = spawn.env
+    assert spawn.argv == ["/usr/bin/python3", "-u", "train.py", "--lr", "1"]
+    assert spawn.cwd == "/work"
+    assert (spawn.proc_id, spawn.attempt) == ("worker-3", 2)
+    assert env["RANK"] == "3" and env["WORLD_SIZE"] == "4"
+    assert env["LOCAL_RANK"] == "1" and env["LOCAL_WORLD_SIZE"] == "2"
+    assert env["GROUP_RANK"] == "1" and env["GROUP_WORLD_SIZE"] == "2"
+    assert (
+        env["ROLE_NAME"] == "worker" and env["ROLE_RANK"] == "3" and env["ROLE_WORLD_SIZE"] == "4"
+    )
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.9", "29500")
+    assert env["TORCHELASTIC_RESTART_COUNT"] == "2"
+    assert env["TORCHELASTIC_MAX_RESTARTS"] == "3"
+    assert env["TORCHELASTIC_RUN_ID"] == "r1"
+    assert (
+        env["TORCHELASTIC_ERROR_FILE"]
+        == "/home/u/.cache/dtlaunch/runs/r1/h1/errors/worker-3-2.json"
+    )
+    assert env["OMP_NUM_THREADS"] == "1"
+    assert env["DTLAUNCH_SUPERVISOR"] == "tcp://10.0.0.1:5555"
+    assert not any(k.startswith("DMLC_") for k in env)
+
+
+def test_ps_mode_adds_ps_lite_variables_and_user_env_cannot_override_identity():
+    ctx = _ctx(
+        workers=4, servers=2, mode="ps", env={"RANK": "99", "OMP_NUM_THREADS": "4", "MY_VAR": "x"}
+    )
+    env = build_spawn(ctx, _slot(role="server", rank=1), "10.0.0.9", 29500).env
+    assert env["DMLC_ROLE"] == "server" and env["DMLC_SERVER_ID"] == "1"
+    assert env["DMLC_NUM_WORKER"] == "4" and env["DMLC_NUM_SERVER"] == "2"
+    assert env["WORLD_SIZE"] == "2"  # the server role's world
+    assert env["RANK"] == "1"
+    assert env["OMP_NUM_THREADS"] == "4"
+    assert env["MY_VAR"] == "x"
+
+
+def test_module_mode():
+    spec = JobSpec(run_id="r1", run_dir=Path("/tmp"), script="pkg.train", module=True)
+    ctx2 = LaunchContext(
+        spec=spec, python="py", workdir="/", hosts_with_workers=1, endpoints={}, state_dirs={}
+    )
+    assert build_spawn(ctx2, _slot(local_world=1), "a", 1).argv == ["py", "-u", "-m", "pkg.train"]
