@@ -230,7 +230,7 @@ def check(
     ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds per host.")] = 20.0,
 ) -> None:
-    """Check every host in parallel before a run: ssh, host key, python, dtlaunch, workdir, ports."""
+    """Check every host in parallel: ssh, host key, python, dtlaunch, workdir, ports."""
     _setup_logging(False)
     from dtlaunch.sshconn import SshOptions
     from dtlaunch.supervisor.preflight import check_hosts, render_checks
