@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 import zmq.asyncio
 
 import dtlaunch
+from dtlaunch.agent.oom import find_oom_counter_file
 from dtlaunch.wire.codec import to_dict
 from dtlaunch.wire.keys import create_run_keys, load_peer_keys
 from dtlaunch.wire.messages import (
@@ -37,25 +39,13 @@ from dtlaunch.wire.messages import (
     Welcome,
 )
 from dtlaunch.wire.sockets import Router
+from tests.test_agent_procs import alive, wait_dead
 
 pytestmark = pytest.mark.integration
 
 PY = sys.executable
 SLEEPER = "import time; print('up', flush=True); time.sleep(60)"
-
-
-def alive(pid):
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-async def wait_dead(pid, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while alive(pid):
-        assert time.monotonic() < deadline, f"pid {pid} still alive"
-        await asyncio.sleep(0.02)
+TIMING = dict(heartbeat_interval=0.2, dead_after=3, orphan_timeout=10.0, kill_grace=1.0)
 
 
 class Harness:
@@ -67,8 +57,7 @@ class Harness:
         self.state_dir = tmp_path / "state"
         self.agents: list[subprocess.Popen] = []
         self.seen: list = []
-        self.ctx = None
-        self.router = None
+        self.ctx = self.router = None
 
     async def start_router(self, port=0):
         self.ctx = zmq.asyncio.Context()
@@ -106,25 +95,19 @@ class Harness:
             client_public=peer.client.public.decode(),
             client_secret=peer.client.secret.decode(),
             state_dir=str(self.state_dir),
-            heartbeat_interval=0.2,
-            dead_after=3,
-            orphan_timeout=10.0,
-            kill_grace=1.0,
+            **TIMING,
         )
         fields.update(over)
         return AgentBootstrap(**fields)
 
-    def start_agent(self, boot=None, line=None) -> subprocess.Popen:
+    def start_agent(self, boot=None, line=None, stderr_gone=False) -> subprocess.Popen:
         if line is None:
             line = json.dumps(to_dict(boot or self.boot())) + "\n"
-        stderr = open(self.tmp / f"agent{len(self.agents)}.stderr", "wb")  # noqa: SIM115
-        with stderr:
-            agent = subprocess.Popen(
-                [PY, "-m", "dtlaunch.agent"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-            )
+        # stderr_gone: like an SSH channel that closed, writes to stderr fail with EPIPE.
+        log = subprocess.PIPE if stderr_gone else open(self.tmp / "agent.stderr", "ab")  # noqa: SIM115
+        argv = [PY, "-m", "dtlaunch.agent"]
+        agent = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log)
+        (agent.stderr if stderr_gone else log).close()
         self.agents.append(agent)
         agent.stdin.write(line.encode())
         agent.stdin.close()  # the agent must not need stdin after the bootstrap
@@ -154,17 +137,27 @@ class Harness:
         )
 
 
-def spawn_msg(code, proc_id="worker-0", attempt=0, env=None, cwd="/"):
+def spawn_msg(code, proc_id="worker-0", attempt=0, env=None, cwd="/", argv=None):
     role, rank = proc_id.split("-")
+    argv = argv or [PY, "-c", textwrap.dedent(code)]
+    env = env or {}
     return Spawn(
         proc_id=proc_id,
         role=role,
         rank=int(rank),
         attempt=attempt,
-        argv=[PY, "-c", textwrap.dedent(code)],
-        env=env or {},
+        argv=argv,
+        env=env,
         cwd=str(cwd),
     )
+
+
+EXIT_FIELDS = ("exit_code", "signal", "requested", "oom_killed")
+REPORT_FIELDS = ("proc_id", "pid", "attempt", "state")
+
+
+def fields(msg, *names):
+    return tuple(getattr(msg, name) for name in names)
 
 
 def test_hello_spawn_output_exited(tmp_path):
@@ -173,15 +166,9 @@ def test_hello_spawn_output_exited(tmp_path):
             agent = h.start_agent()
             peer, hello = await h.expect(Hello)
             assert peer == b"agent:hostA"
-            assert (hello.role, hello.run_id, hello.host, hello.pid, hello.version) == (
-                "agent",
-                "run-1",
-                "hostA",
-                agent.pid,
-                dtlaunch.__version__,
-            )
-            assert hello.procs == []
-            assert hello.host_addr == "127.0.0.1"
+            expected = ("agent", "run-1", "hostA", agent.pid, dtlaunch.__version__)
+            assert fields(hello, "role", "run_id", "host", "pid", "version") == expected
+            assert (hello.procs, hello.host_addr) == ([], "127.0.0.1")
             assert len(set(hello.free_ports)) == 4 and all(p > 0 for p in hello.free_ports)
             await h.router.send(peer, Welcome(run_id="run-1", heartbeat_interval=0.2))
             code = """
@@ -198,12 +185,7 @@ def test_hello_spawn_output_exited(tmp_path):
             _, exited = await h.expect(Exited)
             assert (spawned.proc_id, spawned.attempt) == ("worker-0", 0)
             assert exited.pid == spawned.pid
-            assert (exited.exit_code, exited.signal, exited.requested, exited.oom_killed) == (
-                3,
-                None,
-                False,
-                False,
-            )
+            assert fields(exited, *EXIT_FIELDS) == (3, None, False, False)
             assert exited.stderr_tail == ["boom"]
             public = h.keys.client.public.decode()
             assert h.outputs("worker-0") == f"keys {public} e1\n".encode()
@@ -230,19 +212,12 @@ def test_heartbeats_report_procs_and_kill(tmp_path):
             _, spawned = await h.expect(Spawned)
 
             def has(state):
-                return lambda m: any(
-                    p.proc_id == "worker-0"
-                    and p.pid == spawned.pid
-                    and p.attempt == 2
-                    and p.state == state
-                    for p in m.procs
-                )
+                want = ("worker-0", spawned.pid, 2, state)
+                return lambda m: want in [fields(p, *REPORT_FIELDS) for p in m.procs]
 
             _, hb = await h.expect(AgentHeartbeat, where=has("running"))
-            assert hb.procs[0].rss_bytes > 0 and (hb.procs[0].role, hb.procs[0].rank) == (
-                "worker",
-                0,
-            )
+            assert hb.procs[0].rss_bytes > 0
+            assert fields(hb.procs[0], "role", "rank") == ("worker", 0)
             os.kill(spawned.pid, signal.SIGSTOP)
             await h.expect(AgentHeartbeat, where=has("stopped"))
             os.kill(spawned.pid, signal.SIGCONT)
@@ -257,17 +232,13 @@ def test_heartbeats_report_procs_and_kill(tmp_path):
             assert alive(spawned.pid)
             await h.router.send(peer, Kill(proc_id="worker-0", attempt=2, grace_s=2.0))
             _, exited = await h.expect(Exited)
-            assert (exited.signal, exited.exit_code, exited.requested) == (
-                signal.SIGTERM,
-                None,
-                True,
-            )
+            assert fields(exited, *EXIT_FIELDS) == (None, signal.SIGTERM, True, False)
             await h.expect(AgentHeartbeat, where=lambda m: m.procs == [])
 
     asyncio.run(main())
 
 
-def test_spawn_failures_and_unexpected_messages(tmp_path):
+def test_spawn_failures_unexpected_messages_and_signals(tmp_path):
     async def main():
         async with Harness(tmp_path) as h:
             agent = h.start_agent()
@@ -275,15 +246,7 @@ def test_spawn_failures_and_unexpected_messages(tmp_path):
             await h.router.send(peer, spawn_msg("pass", cwd=tmp_path / "missing"))
             _, failed = await h.expect(SpawnFailed)
             assert "hostA" in failed.error and "does not exist" in failed.error
-            bad = Spawn(
-                proc_id="worker-1",
-                role="worker",
-                rank=1,
-                attempt=0,
-                argv=["dtl-no-such-exe"],
-                env={},
-                cwd="/",
-            )
+            bad = spawn_msg("", proc_id="worker-1", argv=["dtl-no-such-exe"])
             await h.router.send(peer, bad)
             _, failed = await h.expect(SpawnFailed)
             assert "'dtl-no-such-exe' not found" in failed.error
@@ -295,11 +258,18 @@ def test_spawn_failures_and_unexpected_messages(tmp_path):
             # Rehello brings a fresh Hello.
             await h.router.send(peer, Rehello())
             await h.expect(Hello)
-            # SIGHUP (the SSH channel going away) does not stop the agent.
+            # SIGHUP (the SSH channel going away) does not stop the agent ...
+            await h.router.send(peer, spawn_msg(SLEEPER))
+            await h.expect(Output)
             agent.send_signal(signal.SIGHUP)
             await asyncio.sleep(0.3)
             assert agent.poll() is None
-            await h.expect(AgentHeartbeat)
+            # ... SIGTERM is a Shutdown.
+            agent.terminate()
+            _, exited = await h.expect(Exited)
+            assert fields(exited, *EXIT_FIELDS) == (None, signal.SIGTERM, True, False)
+            assert (await h.expect(Bye))[1].reason == "SIGTERM"
+            assert await asyncio.to_thread(agent.wait, 5) == 0
 
     asyncio.run(main())
 
@@ -310,10 +280,7 @@ def test_shutdown_stops_everything_then_bye(tmp_path):
             agent = h.start_agent()
             peer, _ = await h.expect(Hello)
             # worker-0 ignores SIGTERM: Shutdown's grace runs out and SIGKILL follows.
-            stubborn = (
-                "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                "print('up', flush=True); time.sleep(60)"
-            )
+            stubborn = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + SLEEPER
             await h.router.send(peer, spawn_msg(stubborn, proc_id="worker-0"))
             await h.router.send(peer, spawn_msg(SLEEPER, proc_id="server-0"))
             # Both are up (their outputs may arrive in either order).
@@ -328,25 +295,8 @@ def test_shutdown_stops_everything_then_bye(tmp_path):
             assert all(e.requested for e in exits.values())
             assert await asyncio.to_thread(agent.wait, 5) == 0
             for pid in pids:
-                await wait_dead(pid)
+                wait_dead(pid)
             assert json.loads((h.state_dir / "procs.json").read_text()) == {"procs": []}
-
-    asyncio.run(main())
-
-
-def test_sigterm_to_agent_is_a_shutdown(tmp_path):
-    async def main():
-        async with Harness(tmp_path) as h:
-            agent = h.start_agent()
-            peer, _ = await h.expect(Hello)
-            await h.router.send(peer, spawn_msg(SLEEPER))
-            await h.expect(Output)
-            agent.terminate()
-            _, exited = await h.expect(Exited)
-            assert exited.requested and exited.signal == signal.SIGTERM
-            _, bye = await h.expect(Bye)
-            assert bye.reason == "SIGTERM"
-            assert await asyncio.to_thread(agent.wait, 5) == 0
 
     asyncio.run(main())
 
@@ -372,7 +322,7 @@ def test_orphan_timeout_stops_children_and_exits(tmp_path):
             assert bye.reason == "orphan timeout"
             assert await asyncio.to_thread(agent.wait, 5) == 0
             assert 1.3 < time.monotonic() - started < 5
-            await wait_dead(spawned.pid)
+            wait_dead(spawned.pid)
 
     asyncio.run(main())
 
@@ -392,9 +342,45 @@ def test_reconnect_after_router_restart_says_hello_again(tmp_path):
             peer, _ = await h.expect(AgentHeartbeat)  # the agent reconnected by itself
             await h.router.send(peer, Ping(seq=1))
             _, hello = await h.expect(Hello)
-            assert [(p.proc_id, p.pid, p.state) for p in hello.procs] == [
-                ("worker-0", spawned.pid, "running")
-            ]
+            procs = [fields(p, *REPORT_FIELDS) for p in hello.procs]
+            assert procs == [("worker-0", spawned.pid, 0, "running")]
+
+    asyncio.run(main())
+
+
+def test_output_dropped_while_supervisor_gone_and_stderr_closed(tmp_path):
+    stop = tmp_path / "stop"
+    chatty = f"""
+        import os, time
+        i = 0
+        while not os.path.exists({str(stop)!r}):
+            print("line", i, flush=True)
+            i += 1
+            time.sleep(0.001)
+        time.sleep(60)
+    """
+
+    async def main():
+        async with Harness(tmp_path) as h:
+            agent = h.start_agent(stderr_gone=True)
+            peer, _ = await h.expect(Hello)
+            await h.router.send(peer, spawn_msg(chatty))
+            await h.expect(Output)
+            port = h.router.port
+            h.stop_router()
+            log_file = h.state_dir / "agent.log"
+            deadline = time.monotonic() + 20
+            while "dropping child output" not in log_file.read_text():
+                assert time.monotonic() < deadline, "output never dropped"
+                await asyncio.sleep(0.1)
+            stop.touch()
+            assert agent.poll() is None
+            await h.start_router(port)
+            peer, _ = await h.expect(AgentHeartbeat, timeout=10)
+            await h.router.send(peer, Shutdown(grace_s=1.0))
+            await h.expect(Bye, timeout=10)
+            assert await asyncio.to_thread(agent.wait, 10) == 0
+            assert re.search(r"dropped \d+ output chunks", log_file.read_text())
 
     asyncio.run(main())
 
@@ -418,12 +404,12 @@ def test_sigkilled_agent_children_die_and_successor_cleans_up(tmp_path):
             try:
                 first.kill()
                 await asyncio.to_thread(first.wait)
-                await wait_dead(spawned.pid)  # PR_SET_PDEATHSIG took the group leader
+                wait_dead(spawned.pid)  # PR_SET_PDEATHSIG took the group leader
                 assert alive(grandchild)  # its child lives on, until the next agent
                 h.start_agent()
                 _, hello = await h.expect(Hello)
                 assert hello.procs == []
-                await wait_dead(grandchild)
+                wait_dead(grandchild)
             finally:
                 if alive(grandchild):
                     os.kill(grandchild, signal.SIGKILL)
@@ -431,14 +417,14 @@ def test_sigkilled_agent_children_die_and_successor_cleans_up(tmp_path):
     asyncio.run(main())
 
 
-@pytest.mark.parametrize(
-    ("line", "problem"),
-    [
-        ("", "empty or closed"),
-        ("{not json\n", "not JSON"),
-        ('{"run_id": "r"}\n', "endpoint"),
-    ],
-)
+BAD_LINES = [
+    ("", "empty or closed"),
+    ("{not json\n", "not JSON"),
+    ('{"run_id": "r"}\n', "endpoint"),
+]
+
+
+@pytest.mark.parametrize(("line", "problem"), BAD_LINES)
 def test_bad_bootstrap_exits_2(tmp_path, line, problem):
     agent = subprocess.run(
         [PY, "-m", "dtlaunch.agent"], input=line.encode(), capture_output=True, timeout=30
@@ -453,75 +439,59 @@ def test_bad_keys_exit_2(tmp_path):
         async with Harness(tmp_path) as h:
             agent = h.start_agent(h.boot(client_secret="x" * 40))
             assert await asyncio.to_thread(agent.wait, 20) == 2
-            assert h.keys.client.secret.decode() not in (tmp_path / "agent0.stderr").read_text()
-            assert "CURVE" in (tmp_path / "agent0.stderr").read_text()
+            err = (tmp_path / "agent.stderr").read_text()
+            assert "CURVE" in err and h.keys.client.secret.decode() not in err
 
     asyncio.run(main())
 
 
-def _memory_cgroup_v1() -> Path | None:
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            base = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
-            if (base / "memory.oom_control").exists() and os.access(base, os.W_OK):
-                return base
-    return None
-
-
-def test_oom_killed_child_is_reported(tmp_path):
-    parent = _memory_cgroup_v1()
-    if parent is None:
-        pytest.skip("needs a writable cgroup v1 memory controller (root)")
-    group = parent / f"dtlaunch-test-{os.getpid()}"
-    group.mkdir()
+@pytest.fixture
+def memory_cgroup():
+    """A cgroup v1 memory group limited to 300 MiB (agents moved into it stay there)."""
+    counter = find_oom_counter_file()
+    if counter is None or counter.name != "memory.oom_control":
+        pytest.skip("needs the cgroup v1 memory controller")
+    group = counter.parent / f"dtlaunch-test-{os.getpid()}"
     try:
-        limit = str(300 * 2**20)
-        (group / "memory.limit_in_bytes").write_text(limit)
-        if (group / "memory.memsw.limit_in_bytes").exists():
-            (group / "memory.memsw.limit_in_bytes").write_text(limit)
-        hog = """
-            import sys, time
-            print("up", flush=True)
-            chunks = []
-            for _ in range(100):
-                chunks.append(bytearray(50 * 2**20))  # zero-filled: really touched
-            print("survived", flush=True)
-        """
+        group.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make a memory cgroup: {exc}")
+    for name in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):
+        if (group / name).exists():
+            (group / name).write_text(str(300 * 2**20))
+    yield group
+    deadline = time.monotonic() + 10
+    while group.exists():  # removable once its last process is gone
+        try:
+            group.rmdir()
+        except OSError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
 
-        async def main():
-            async with Harness(tmp_path) as h:
-                agent = h.start_agent()
-                (group / "cgroup.procs").write_text(str(agent.pid))  # children inherit it
-                peer, _ = await h.expect(Hello)
-                await h.router.send(peer, spawn_msg(SLEEPER, proc_id="worker-1"))
-                await h.expect(Spawned)
-                await h.router.send(peer, spawn_msg(hog))
-                _, exited = await h.expect(
-                    Exited, timeout=20, where=lambda m: m.proc_id == "worker-0"
-                )
-                assert b"survived" not in h.outputs("worker-0")
-                assert (exited.signal, exited.oom_killed, exited.requested) == (
-                    signal.SIGKILL,
-                    True,
-                    False,
-                )
-                # A later SIGKILL that is not an OOM kill is not reported as one.
-                spawned = next(m for m in h.seen if isinstance(m, Spawned))
-                os.kill(spawned.pid, signal.SIGKILL)
-                _, other = await h.expect(Exited, where=lambda m: m.proc_id == "worker-1")
-                assert (other.signal, other.oom_killed) == (signal.SIGKILL, False)
-                await h.router.send(peer, Shutdown(grace_s=1.0))
-                assert await asyncio.to_thread(agent.wait, 10) == 0
 
-        asyncio.run(main())
-    finally:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+def test_oom_killed_child_is_reported(tmp_path, memory_cgroup):
+    hog = """
+        print("up", flush=True)
+        chunks = [bytearray(50 * 2**20) for _ in range(100)]  # zero-filled: really touched
+        print("survived", flush=True)
+    """
+
+    async def main():
+        async with Harness(tmp_path) as h:
+            agent = h.start_agent()
+            (memory_cgroup / "cgroup.procs").write_text(str(agent.pid))  # children inherit it
+            peer, _ = await h.expect(Hello)
+            await h.router.send(peer, spawn_msg(SLEEPER, proc_id="worker-1"))
+            _, sleeper = await h.expect(Spawned)
+            await h.router.send(peer, spawn_msg(hog))
+            _, exited = await h.expect(Exited, timeout=20, where=lambda m: m.proc_id == "worker-0")
+            assert b"survived" not in h.outputs("worker-0")
+            assert fields(exited, *EXIT_FIELDS) == (None, signal.SIGKILL, False, True)
+            # A later SIGKILL that is not an OOM kill is not reported as one.
+            os.kill(sleeper.pid, signal.SIGKILL)
+            _, other = await h.expect(Exited, where=lambda m: m.proc_id == "worker-1")
+            assert fields(other, *EXIT_FIELDS) == (None, signal.SIGKILL, False, False)
+            await h.router.send(peer, Shutdown(grace_s=1.0))
+            assert await asyncio.to_thread(agent.wait, 10) == 0
+
+    asyncio.run(main())

@@ -121,6 +121,7 @@ class Agent:
         self._stop_reason = ""
         self._stop_grace = boot.kill_grace
         self._dropped_output = 0
+        self._queue_full = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -169,8 +170,22 @@ class Agent:
         except WireError as exc:  # a bug on our side; never worth dying for
             log.error("cannot send %s: %s", msg.TYPE, exc)
             return False
-        if not ok and not isinstance(msg, Output):
-            log.warning("supervisor queue full: %s not sent", msg.TYPE)
+        if ok:
+            self._queue_full = False
+        elif not self._queue_full:
+            # Once per outage: heartbeats would repeat it every interval.
+            self._queue_full = True
+            log.warning(
+                "supervisor unreachable and send queue full: %s and later messages "
+                "are dropped until it drains",
+                msg.TYPE,
+            )
+        if not ok and isinstance(msg, Exited):
+            log.warning(
+                "exit of %s attempt %d not delivered; the next Hello will no longer list it",
+                msg.proc_id,
+                msg.attempt,
+            )
         return ok
 
     async def _send_hello(self) -> None:
@@ -199,7 +214,7 @@ class Agent:
         if not await self._send(msg):
             if self._dropped_output == 0:
                 log.warning(
-                    "supervisor unreachable and queue full: dropping child output "
+                    "dropping child output while the supervisor is unreachable "
                     "(counted; logged once)"
                 )
             self._dropped_output += 1

@@ -403,7 +403,11 @@ class JobState:
                 f"{self.max_restarts} restarts (--max-restarts)",
                 now,
             )
-        why = f"{verdict.reason}: {verdict.error}"
+        why = (
+            verdict.error
+            if verdict.error.startswith(verdict.reason)
+            else f"{verdict.reason}: {verdict.error}"
+        )
         if self.restart_scope == "group" and slot.role == "worker":
             return out + self._restart_group(slot, why, now, dead_host=dead_host)
         out.append(self._restart(slot, why, now))

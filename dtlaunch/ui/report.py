@@ -19,22 +19,30 @@ def _exit_text(failure: dict[str, Any]) -> str:
 
 
 def failures_table(summary: dict[str, Any]) -> Table:
-    """One row per failure, the first (root cause) marked; newest traceback lines last."""
-    table = Table(title=f"dtlaunch: job {summary['run_id']} {summary['status']}", expand=False)
-    for column in ("", "host", "role", "rank", "exit", "time", "retryable", "error"):
+    """One row per failure. A failed job marks its root cause (the first failure);
+    a job that succeeded lists the failures it recovered from."""
+    failed = summary["status"] != "succeeded"
+    count = len(summary["failures"])
+    title = (
+        f"dtlaunch: job {summary['run_id']} {summary['status']}; root cause first"
+        if failed
+        else f"dtlaunch: job {summary['run_id']} recovered from {count} failure(s)"
+    )
+    table = Table(title=title, expand=False)
+    for column in ("", "host", "process", "exit", "time", "retry", "error"):
         table.add_column(column, overflow="fold")
     for failure in summary["failures"]:
         lines = failure.get("traceback") or [failure.get("error", "")]
-        error = Text("\n".join(lines[-4:]))
+        rank = failure["rank"]
+        process = failure["role"] + (str(rank) if rank >= 0 else "")
         table.add_row(
-            "root cause" if failure.get("root_cause") else "",
+            "root cause" if failed and failure.get("root_cause") else "",
             failure["host"],
-            failure["role"],
-            str(failure["rank"]),
+            process,
             _exit_text(failure),
             f"{failure['at_s']:.1f}s",
             "yes" if failure.get("retryable") else "no",
-            error,
+            Text("\n".join(lines[-4:])),
         )
     return table
 
