@@ -277,3 +277,28 @@ def test_servers_are_stopped_when_workers_finish(servers):
     out = state.exited("h0", exited("server-0", 0, sig=15, requested=True), 2.5)
     out += state.agent_bye("h0", "shutdown", 2.6)
     assert [c.status for c in out if isinstance(c, Finish)] == ["succeeded"]
+
+
+def test_a_failing_launch_waits_for_agents_still_launching_and_shuts_them_down():
+    state = make_state()
+    state.start(0.0)
+    state.agent_hello("h0", 0.1, free_ports=[5000], host_addr="", procs=[])
+    out = state.agent_launch_failed("h2", "host key not known", 0.2)
+    assert state.status == "failed"
+    assert not any(isinstance(c, Finish) for c in out)  # h1 is still launching
+    out = state.agent_hello("h1", 0.5, free_ports=[5000], host_addr="", procs=[])
+    assert [m.reason for m in sent(out, Shutdown)] == [state.stop_reason]
+    assert sent(out, Spawn) == []
+    state.agent_bye("h0", "shutdown", 0.6)
+    out = state.agent_bye("h1", "shutdown", 0.7)
+    assert [c.status for c in out if isinstance(c, Finish)] == ["failed"]
+
+
+def test_an_agent_not_yet_started_when_the_job_stops_is_abandoned():
+    state = make_state()
+    state.start(0.0)
+    state.stop("SIGINT", 0.1)
+    state.agent_launch_abandoned("h0", 0.2)
+    state.agent_launch_abandoned("h1", 0.2)
+    out = state.agent_launch_abandoned("h2", 0.2)
+    assert [c.status for c in out if isinstance(c, Finish)] == ["stopped"]

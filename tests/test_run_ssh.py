@@ -180,3 +180,56 @@ def test_no_secret_in_any_cmdline_and_dtlaunch_stop_cleans_every_host(sshd, tmp_
     data = summary(run_dir)
     assert data["status"] == "stopped"
     assert any(e["kind"] == "command" for e in events(run_dir))
+
+
+def test_unknown_host_key_stops_the_job_with_the_fix(sshd, tmp_path):
+    known = tmp_path / "known_hosts"
+    # Only two of the three hosts are known: the third must be refused, not trusted.
+    known.write_text("".join(sshd.host_key_line(a) + "\n" for a in sshd.addresses[:2]))
+    config = sshd.write_client_config(tmp_path / "ssh_config", known_hosts=known)
+    run_dir = tmp_path / "run"
+    result = run(
+        [
+            "run",
+            "-H",
+            str(hostfile(sshd, tmp_path / "hosts")),
+            "--workers",
+            "3",
+            "--run-dir",
+            str(run_dir),
+            str(SCRIPTS / "sleeper.py"),
+            str(tmp_path),
+            "5",
+        ],
+        env={"DTLAUNCH_SSH_CONFIG": str(config)},
+        timeout=60,
+    )
+    assert result.returncode == 1
+    data = summary(run_dir)
+    assert data["status"] == "failed"
+    root = data["failures"][0]
+    assert (root["host"], root["role"], root["retryable"]) == ("127.0.0.3", "agent", False)
+    assert "ssh-keyscan" in root["error"]
+    assert "127.0.0.3" in result.stderr and "ssh-keyscan" in result.stderr
+    # No worker ever started: the job fails before anything runs on the known hosts.
+    assert not [e for e in events(run_dir) if e["kind"] == "running"]
+
+
+def test_wrong_python_on_the_hosts_is_a_clear_error(sshd, tmp_path):
+    run_dir = tmp_path / "run"
+    result = run(
+        [
+            "run",
+            "-H",
+            str(hostfile(sshd, tmp_path / "hosts")),
+            "--python",
+            "/nonexistent/python3",
+            "--run-dir",
+            str(run_dir),
+            "x.py",
+        ],
+        env=sshd.env(),
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "--python" in summary(run_dir)["failures"][0]["error"]

@@ -307,6 +307,14 @@ class JobState:
         out: list[Command] = [EmitEvent(kind="agent_lost", host=host, data={"reason": error})]
         return out + self._fail_job(f"cannot start the agent on {host}: {error}", now)
 
+    def agent_launch_abandoned(self, host: str, now: float) -> list[Command]:
+        """The job began stopping before this agent was started: it never will be."""
+        agent = self.agents.get(host)
+        if agent is None or agent.state is not AgentState.LAUNCHING:
+            return []
+        agent.state = AgentState.GONE
+        return self._maybe_finish(now)
+
     def stop(self, reason: str, now: float) -> list[Command]:
         if self.phase in (Phase.STOPPING, Phase.DONE):
             return []
@@ -569,7 +577,10 @@ class JobState:
     def _maybe_finish(self, now: float) -> list[Command]:
         if self.phase is not Phase.STOPPING:
             return []
-        if any(a.state in (AgentState.UP, AgentState.UNRESPONSIVE) for a in self.agents.values()):
+        # An agent still launching may yet connect; it must hear Shutdown first.
+        # The stop deadline bounds the wait.
+        waiting = (AgentState.UP, AgentState.UNRESPONSIVE, AgentState.LAUNCHING)
+        if any(a.state in waiting for a in self.agents.values()):
             return []
         return self._finish()
 

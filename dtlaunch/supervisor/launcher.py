@@ -153,17 +153,24 @@ class SshAgentProcess:
     async def wait(self) -> AgentExit:
         try:
             result = await self._proc.wait()
+        except asyncio.CancelledError:
+            self._pump.cancel()
+            raise
         except (asyncssh.Error, OSError) as err:
+            await self._drain()
             return AgentExit(definite=False, detail=f"ssh channel lost: {err}")
-        finally:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._pump
+        await self._drain()
         if result.exit_signal:
             name = result.exit_signal[0]
             return AgentExit(definite=True, detail=f"killed by SIG{name}")
         if result.exit_status is None or result.exit_status < 0:
             return AgentExit(definite=False, detail="ssh channel closed without an exit status")
         return AgentExit(definite=True, detail=f"exit code {result.exit_status}")
+
+    async def _drain(self) -> None:
+        """Let the log pump copy what the channel still holds, but not forever."""
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(self._pump, timeout=5.0)
 
     async def terminate(self) -> None:
         # The agent runs without a pty, so closing the channel does not signal it;

@@ -26,6 +26,7 @@ from dtlaunch.supervisor.jobstate import (
     Finish,
     JobState,
     LaunchAgent,
+    Phase,
     SendToAgent,
 )
 from dtlaunch.supervisor.launcher import AgentProcess, HostInfo, Launcher
@@ -155,6 +156,9 @@ class Supervisor:
         host = self._hosts[label]
         try:
             info = await self._launcher.prepare(host)
+            if self.state.phase is not Phase.RUNNING and self.state.phase is not Phase.STARTING:
+                self._apply(self.state.agent_launch_abandoned(label, self._clock()))
+                return
             self._on_host_prepared(label, info)
             boot = self._make_bootstrap(host, info)
             proc = await self._launcher.start(host, boot, self._agent_log_path(label))
@@ -162,8 +166,6 @@ class Supervisor:
             log.error("%s", err)
             self._apply(self.state.agent_launch_failed(label, str(err), self._clock()))
             return
-        if self.state.agents[label].state is not AgentState.LAUNCHING:
-            await proc.terminate()  # the job stopped while this agent was starting
         self._agents[label] = proc
         outcome = await proc.wait()
         if self._agents.get(label) is proc:
