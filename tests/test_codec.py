@@ -15,16 +15,24 @@ from dtlaunch.wire.messages import (
     MESSAGE_TYPES,
     PROTOCOL_VERSION,
     Ack,
+    AckDone,
+    AckShards,
     AgentBootstrap,
     AgentHeartbeat,
     Bye,
+    DatasetInfo,
+    DatasetReady,
     Exited,
+    FetchShards,
     Hello,
     Kill,
+    Lease,
     Output,
     Ping,
     ProcReport,
+    RegisterDataset,
     Rehello,
+    ShardGrant,
     Shutdown,
     Spawn,
     Spawned,
@@ -39,6 +47,8 @@ REPORT = ProcReport(
     proc_id="worker-3", role="worker", rank=3, attempt=1, pid=4242, state="running",
     rss_bytes=123_456_789, cpu_percent=87.5,
 )
+DATASET = DatasetInfo(dataset_size=1000, shard_size=100, epochs=2, global_batch=64, seed=7)
+
 SAMPLES = [
     AgentBootstrap(
         run_id="r-1", host="node1", endpoint="tcp://10.0.0.1:45123",
@@ -72,6 +82,18 @@ SAMPLES = [
     Kill(proc_id="worker-3", attempt=1, grace_s=5.0),
     Shutdown(grace_s=2.5, reason="job done"),
     Ack(ok=False, detail="no such run"),
+    RegisterDataset(dataset=DATASET),
+    DatasetReady(dataset=DATASET),
+    DatasetReady(dataset=None, error="--dataset-size 10 but the worker registered 12"),
+    FetchShards(request_id=4, count=2),
+    ShardGrant(request_id=4, leases=[Lease(lease_id=9, epoch=1, shard=3, start=0, end=100)]),
+    ShardGrant(request_id=5, retry_after=0.2),
+    ShardGrant(request_id=6, finished=True),
+    AckShards(lease_ids=[9, 10], step=77),
+    AckDone(lease_ids=[9]),
+    Hello(
+        role="worker", run_id="r", host="n1", pid=7, version="0.1.0", rank=3, attempt=2, leases=[9]
+    ),
 ]
 # A valid frame's fields, for building wrong variants of it.
 PING = {"t": "ping", "v": PROTOCOL_VERSION, "seq": 1}

@@ -72,6 +72,20 @@ _INT_MIN: dict[str, int] = {
     "rss_bytes": 0,
     "signal": 1,
     "dead_after": 1,
+    # DDS
+    "lease_id": 0,
+    "epoch": 0,
+    "shard": 0,
+    "start": 0,
+    "end": 0,
+    "request_id": 0,
+    "count": 1,
+    "step": 0,
+    "dataset_size": 1,
+    "shard_size": 1,
+    "epochs": 1,
+    "global_batch": 0,
+    "seed": 0,
 }
 _FLOAT_MIN: dict[str, float] = {
     "runtime_s": 0.0,
@@ -79,6 +93,7 @@ _FLOAT_MIN: dict[str, float] = {
     "grace_s": 0.0,
     "kill_grace": 0.0,
     "orphan_timeout": 0.0,
+    "retry_after": 0.0,
 }
 _FLOAT_POSITIVE = frozenset({"heartbeat_interval"})  # 0 would make a busy loop
 _PORT_LISTS = frozenset({"free_ports"})

@@ -61,6 +61,32 @@ class ProcReport(Record):
     cpu_percent: float = 0.0  # whole process tree
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DatasetInfo(Record):
+    """A job's data set, as in ``dtlaunch.sharding.DatasetSpec``."""
+
+    dataset_size: int
+    shard_size: int
+    epochs: int
+    global_batch: int
+    seed: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lease(Record):
+    """A shard (or the remainder of one) handed to one worker.
+
+    ``start``/``end`` index the shard's records in reading order
+    (``sharding.shard_records``); a whole shard is ``0..len``.
+    """
+
+    lease_id: int
+    epoch: int
+    shard: int
+    start: int
+    end: int
+
+
 # ---------------------------------------------------------------- bootstrap
 
 
@@ -101,6 +127,8 @@ class Hello(Message):
     procs: list[ProcReport] = field(default_factory=list)  # agents: what they run now
     free_ports: list[int] = field(default_factory=list)  # agents: ports free on their host
     host_addr: str = ""  # agents: an address of their host others can reach
+    attempt: int = 0  # workers/servers: TORCHELASTIC_RESTART_COUNT of the sender
+    leases: list[int] = field(default_factory=list)  # workers: DDS leases held (on reconnect)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -235,6 +263,65 @@ class Ack(Message):
     detail: str = ""
 
 
+# ------------------------------------------------------ worker <-> supervisor (DDS)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegisterDataset(Message):
+    """A worker's ``dtlaunch.init(dataset_size=...)``; answered by DatasetReady."""
+
+    TYPE: ClassVar[str] = "register_dataset"
+    dataset: DatasetInfo
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DatasetReady(Message):
+    """The job's data set (``dataset`` None: none registered yet), or why not."""
+
+    TYPE: ClassVar[str] = "dataset_ready"
+    dataset: DatasetInfo | None
+    error: str = ""  # non-empty: the registration was refused (mismatch, bad values)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchShards(Message):
+    TYPE: ClassVar[str] = "fetch_shards"
+    request_id: int
+    count: int = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardGrant(Message):
+    """Answer to FetchShards, sent once the grant is durable in the WAL.
+
+    No leases and ``finished`` False: nothing to hand out now (others hold the
+    rest); ask again after ``retry_after`` seconds.
+    """
+
+    TYPE: ClassVar[str] = "shard_grant"
+    request_id: int
+    leases: list[Lease] = field(default_factory=list)
+    finished: bool = False  # every shard of every epoch is DONE or held by others for good
+    retry_after: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AckShards(Message):
+    """These leases' records are all applied (their last step's gradients are in)."""
+
+    TYPE: ClassVar[str] = "ack_shards"
+    lease_ids: list[int]
+    step: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AckDone(Message):
+    """The DONE records of these leases are durable."""
+
+    TYPE: ClassVar[str] = "ack_done"
+    lease_ids: list[int]
+
+
 MESSAGE_TYPES: tuple[type[Message], ...] = (
     AgentBootstrap,
     Hello,
@@ -252,4 +339,10 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     Kill,
     Shutdown,
     Ack,
+    RegisterDataset,
+    DatasetReady,
+    FetchShards,
+    ShardGrant,
+    AckShards,
+    AckDone,
 )
