@@ -67,7 +67,9 @@ def main_options(
     context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
 )
 def run(
-    script: Annotated[str, typer.Argument(help="Training script (or module with -m).")],
+    script: Annotated[
+        str | None, typer.Argument(help="Training script (or module with -m).")
+    ] = None,
     script_args: Annotated[
         list[str] | None, typer.Argument(help="Arguments passed to the script.")
     ] = None,
@@ -120,6 +122,12 @@ def run(
             help="Seconds agents keep a job running without a supervisor.",
         ),
     ] = 60.0,
+    agent_timeout: Annotated[
+        float,
+        typer.Option(
+            envvar="DTLAUNCH_AGENT_TIMEOUT", help="Seconds an agent may take to connect back."
+        ),
+    ] = 60.0,
     kill_grace: Annotated[
         float, typer.Option(envvar="DTLAUNCH_KILL_GRACE", help="SIGTERM to SIGKILL delay, seconds.")
     ] = 5.0,
@@ -157,10 +165,33 @@ def run(
         bool,
         typer.Option(help="DANGEROUS: accept any SSH host key (man-in-the-middle possible)."),
     ] = False,
+    dataset_size: Annotated[
+        int, typer.Option(envvar="DTLAUNCH_DATASET_SIZE", help="Records in the data set (DDS).")
+    ] = 0,
+    shard_size: Annotated[
+        int, typer.Option(envvar="DTLAUNCH_SHARD_SIZE", help="Records per data shard.")
+    ] = 0,
+    epochs: Annotated[
+        int, typer.Option(envvar="DTLAUNCH_EPOCHS", help="Passes over the data.")
+    ] = 1,
+    global_batch: Annotated[
+        int, typer.Option(envvar="DTLAUNCH_GLOBAL_BATCH", help="Global batch size B.")
+    ] = 0,
+    seed: Annotated[int, typer.Option(envvar="DTLAUNCH_SEED", help="Shuffling seed.")] = 0,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            help="Take over RUN_DIR whose supervisor died: replay its WAL; running agents rejoin."
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
-    """Run SCRIPT as a supervised distributed job."""
+    """Run SCRIPT as a supervised distributed job (or --resume a killed supervisor's job)."""
     _setup_logging(verbose)
+    if resume is not None:
+        _resume(resume)
+    if script is None:
+        raise _fail("no SCRIPT given; usage: dtlaunch run [OPTIONS] SCRIPT [ARGS]...")
     try:
         servers_mode = mode or ("ps" if servers > 0 else "allreduce")
         if policy.split(":", 1)[0] not in POLICIES:
@@ -183,12 +214,12 @@ def run(
             mode=servers_mode,
             policy=policy,
             max_restarts=max_restarts,
-            restart_scope=restart_scope
-            or ("group" if servers_mode == "allreduce" else "process"),
+            restart_scope=restart_scope or ("group" if servers_mode == "allreduce" else "process"),
             heartbeat_interval=heartbeat_interval,
             dead_after=dead_after,
             orphan_timeout=orphan_timeout,
             kill_grace=kill_grace,
+            agent_timeout=agent_timeout,
             env=parse_env_pairs(list(env or []), env_file),
             workdir=workdir or os.getcwd(),
             python=python or sys.executable,
@@ -196,13 +227,32 @@ def run(
             bind=bind or "",
             ssh_config=tuple(str(p.expanduser()) for p in ssh_config or []),
             verify_host_keys=not insecure_no_host_key_check,
+            dataset_size=dataset_size,
+            shard_size=shard_size,
+            epochs=epochs,
+            global_batch=global_batch,
+            seed=seed,
         ).validate()
     except DtlaunchError as err:
         raise _fail(err) from None
+    _run_to_end(spec, resume=False)
+
+
+def _resume(run_dir: Path) -> None:
+    from dtlaunch.supervisor.rundir import RunDir
+
+    try:
+        spec = RunDir.open(run_dir.absolute()).spec()
+    except DtlaunchError as err:
+        raise _fail(err) from None
+    _run_to_end(spec, resume=True)
+
+
+def _run_to_end(spec: JobSpec, *, resume: bool) -> None:
     from dtlaunch.supervisor.job import run_job  # heavy imports only when running
 
     try:
-        result = asyncio.run(run_job(spec))
+        result = asyncio.run(run_job(spec, resume=resume))
     except DtlaunchError as err:
         raise _fail(err) from None
     from dtlaunch.ui.report import failures_table, outcome_line
@@ -271,6 +321,25 @@ def stop(
     except DtlaunchError as err:
         raise _fail(err, code=1) from None
     print(f"dtlaunch: {detail}")
+
+
+wal_app = typer.Typer(help="Inspect and repair a run's data-sharding write-ahead log.")
+app.add_typer(wal_app, name="wal")
+
+
+@wal_app.command("repair")
+def wal_repair(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory whose WAL is corrupt.")],
+) -> None:
+    """Cut the WAL at its first corruption (a backup of the cut keeps every byte)."""
+    _setup_logging(False)
+    from dtlaunch.supervisor.wal import repair
+
+    try:
+        report = repair(run_dir / "wal")
+    except DtlaunchError as err:
+        raise _fail(err, code=1) from None
+    print(f"dtlaunch: {report}")
 
 
 def main() -> None:

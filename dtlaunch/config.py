@@ -17,6 +17,7 @@ from typing import Any
 
 from dtlaunch.errors import ConfigError
 from dtlaunch.hostfile import HostSpec
+from dtlaunch.sharding import DatasetSpec
 
 MODES = ("allreduce", "ps")
 RESTART_SCOPES = ("group", "process")
@@ -91,10 +92,28 @@ class JobSpec:
     ssh_config: tuple[str, ...] = ()
     verify_host_keys: bool = True
     inject: tuple[str, ...] = ()
+    # The data set, when given as run options (else a worker may register it).
+    dataset_size: int = 0
+    shard_size: int = 0
+    epochs: int = 1
+    global_batch: int = 0
+    seed: int = 0
 
     @property
     def embedded(self) -> bool:
         return not self.hosts
+
+    def dataset(self) -> DatasetSpec | None:
+        """The data set given by options, or None when the workers register it."""
+        if self.dataset_size == 0:
+            return None
+        return DatasetSpec(
+            dataset_size=self.dataset_size,
+            shard_size=self.shard_size,
+            epochs=self.epochs,
+            global_batch=self.global_batch,
+            seed=self.seed,
+        )
 
     def validate(self) -> JobSpec:
         """Check cross-field rules; returns self for chaining.
@@ -137,6 +156,15 @@ class JobSpec:
         for key in self.env:
             if not _ENV_KEY_RE.match(key):
                 raise ConfigError(f"--env: {key!r} is not a valid variable name")
+        if self.dataset_size < 0:
+            raise ConfigError(f"--dataset-size must be positive, got {self.dataset_size}")
+        if self.dataset_size and not self.shard_size:
+            raise ConfigError("--dataset-size needs --shard-size (records per shard)")
+        if self.shard_size and not self.dataset_size:
+            raise ConfigError("--shard-size needs --dataset-size (records in the data set)")
+        dataset = self.dataset()
+        if dataset is not None:
+            dataset.validate()
         return self
 
     def to_json(self) -> str:

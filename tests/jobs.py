@@ -35,16 +35,34 @@ def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def run(
     args: list[str], *, env: dict[str, str], timeout: float = 120.0, cwd: Path = REPO
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``dtlaunch ARGS`` to completion, capturing output."""
-    return subprocess.run(
-        dtlaunch_argv(*args),
+    """Run ``dtlaunch ARGS`` to completion, capturing output.
+
+    On timeout the supervisor gets SIGTERM first, so that it stops its job on
+    every host instead of leaving agents to their orphan timeout.
+    """
+    argv = dtlaunch_argv(*args)
+    with subprocess.Popen(
+        argv,
         env=job_env(env),
         cwd=cwd,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-        check=False,
-    )
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                out, err = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            raise AssertionError(
+                f"dtlaunch {' '.join(args)} timed out after {timeout}s\n{out}\n{err}"
+            ) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 class Started:

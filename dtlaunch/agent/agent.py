@@ -28,7 +28,7 @@ import zmq.asyncio
 import dtlaunch
 from dtlaunch.agent.oom import OomWatcher
 from dtlaunch.agent.procs import ChildProcess, ExitInfo, ProcessGroupRunner, SpawnSpec
-from dtlaunch.agent.proctable import kill_stale_groups
+from dtlaunch.agent.proctable import claim_agent_pid, kill_stale_groups
 from dtlaunch.errors import LaunchError, WireError
 from dtlaunch.wire.keys import KeyPair, PeerKeys, write_peer_keys
 from dtlaunch.wire.messages import (
@@ -327,11 +327,16 @@ class Agent:
             )
 
 
+AGENT_PID_FILE = "agent.pid.json"
+
+
 def prepare_state_dir(boot: AgentBootstrap) -> Path:
     """Clean up after a killed predecessor, store the peer keys; return the keys dir."""
     state_dir = Path(boot.state_dir)
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    # Before anything else: a previous agent for this state_dir may have been SIGKILLed.
+    # Before anything else: a previous agent for this state_dir may still live (its
+    # children then die by their parent-death signal) or have been SIGKILLed.
+    claim_agent_pid(state_dir / AGENT_PID_FILE)
     kill_stale_groups(state_dir / TABLE_FILE)
     keys_dir = state_dir / KEYS_DIR
     write_peer_keys(keys_dir, peer_keys_of(boot))

@@ -150,3 +150,31 @@ def kill_stale_groups(path: Path) -> list[int]:
     if path.exists():
         write_table(path, [])
     return killed
+
+
+def claim_agent_pid(path: Path) -> int | None:
+    """Record this agent as the owner of its state dir; SIGKILL a live predecessor.
+
+    A predecessor still running (the supervisor that started it died before it
+    could record it, and a resumed supervisor started a new one) would otherwise
+    reconnect under the same identity. It is identified by pid and start time,
+    never by name. Returns the pid killed, if any.
+    """
+    killed: int | None = None
+    try:
+        old = json.loads(path.read_text())
+        proc = psutil.Process(int(old["pid"]))
+        if proc.pid != os.getpid() and _same_process(proc, float(old["create_time"])):
+            proc.kill()
+            proc.wait(timeout=5)
+            killed = proc.pid
+            log.warning("killed the previous agent of this state dir (pid %d)", killed)
+    except FileNotFoundError:
+        pass
+    except (ValueError, KeyError, TypeError, psutil.Error) as err:
+        log.debug("no live predecessor agent (%s)", err)
+    me = psutil.Process()
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"pid": me.pid, "create_time": me.create_time()}))
+    os.replace(tmp, path)
+    return killed

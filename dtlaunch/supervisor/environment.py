@@ -66,6 +66,7 @@ def process_env(
         "DTLAUNCH_ROLE": a.role,
         "DTLAUNCH_RANK": str(a.rank),
         "DTLAUNCH_SUPERVISOR": ctx.endpoints.get(slot.host, ""),
+        "DTLAUNCH_HEARTBEAT_INTERVAL": str(spec.heartbeat_interval),
     }
     if a.local_world_size > 1:
         # As torchrun does: several processes on one host must not each take every core.

@@ -22,6 +22,7 @@ UNRETRYABLE_EXCEPTIONS = frozenset(
         "TabError",
         "ImportError",
         "ModuleNotFoundError",
+        "ConfigError",  # dtlaunch's own: e.g. dtlaunch.init() disagrees with the run options
     }
 )
 # An exit later than this is a failure during training, worth retrying.

@@ -16,10 +16,13 @@ from typing import Any, TextIO
 import zmq.asyncio
 
 from dtlaunch.config import JobSpec
+from dtlaunch.errors import RunDirError
 from dtlaunch.events import EventRecorder, JsonlEventLog
 from dtlaunch.hostfile import HostSpec
 from dtlaunch.sshconn import SshOptions
+from dtlaunch.supervisor.ddsservice import DdsService
 from dtlaunch.supervisor.environment import LaunchContext, build_spawn
+from dtlaunch.supervisor.history import History, load_history
 from dtlaunch.supervisor.jobstate import JobState, ProcSlot, Timing
 from dtlaunch.supervisor.launcher import HostInfo, Launcher, LocalLauncher, SshLauncher
 from dtlaunch.supervisor.output import OutputRouter
@@ -27,8 +30,8 @@ from dtlaunch.supervisor.placement import place
 from dtlaunch.supervisor.report import build_summary
 from dtlaunch.supervisor.rundir import RunDir
 from dtlaunch.supervisor.supervisor import Supervisor
-from dtlaunch.wire.keys import RunKeys, create_run_keys
-from dtlaunch.wire.messages import AgentBootstrap, Spawn
+from dtlaunch.wire.keys import RunKeys, create_run_keys, load_run_keys
+from dtlaunch.wire.messages import AgentBootstrap, Message, Spawn
 from dtlaunch.wire.sockets import Router
 
 log = logging.getLogger(__name__)
@@ -64,25 +67,49 @@ def _bind_address(spec: JobSpec) -> str:
     return "tcp://127.0.0.1:0" if spec.embedded else "tcp://0.0.0.0:0"
 
 
-async def run_job(spec: JobSpec, *, console: TextIO | None = None) -> JobResult:
+async def run_job(
+    spec: JobSpec, *, console: TextIO | None = None, resume: bool = False
+) -> JobResult:
     """Run ``spec`` to its end and return its outcome; writes the run directory.
+
+    With ``resume``, take over the run in ``spec.run_dir`` whose supervisor died:
+    replay its WAL, rebind its endpoint and let its agents and workers reconnect.
 
     Raises:
         ConfigError: when the processes do not fit the hosts.
-        RunDirError: when the run directory already holds a job.
+        RunDirError: when the run directory already holds a job (or, resuming,
+            when it has ended, is locked by a live supervisor, or is corrupt).
     """
     console = console or sys.stdout
     hosts = list(spec.hosts) or embedded_hosts(spec)
     assignments = place(hosts, workers=spec.workers, servers=spec.servers)
-    run = RunDir.create(spec)
-    keys = create_run_keys(run.keys)
+    history: History | None = None
+    if resume:
+        run = RunDir.open(spec.run_dir)
+        if run.summary_path.exists():
+            raise RunDirError(f"the job in {run.path} has already ended (see summary.json)")
+        keys = load_run_keys(run.keys)
+        history = load_history(run.events_path)
+        bind = str(run.supervisor()["endpoint"])
+    else:
+        run = RunDir.create(spec)
+        keys = create_run_keys(run.keys)
+        bind = _bind_address(spec)
     event_log = JsonlEventLog(run.events_path)
     recorder = EventRecorder([event_log])
     output = OutputRouter(run, console, spec.output)
     ctx = zmq.asyncio.Context()
     started = time.monotonic()
+    router_box: list[Router] = []
+
+    async def send(peer: bytes, msg: Message) -> None:
+        await router_box[0].send(peer, msg)
+
+    dds = DdsService(run_dir=run.path, options=spec.dataset(), send=send, recorder=recorder)
     try:
-        async with Router(ctx, keys, bind=_bind_address(spec)) as router:
+        dds.open()  # takes the WAL lock first: a second supervisor stops here
+        async with Router(ctx, keys, bind=bind) as router:
+            router_box.append(router)
             run.write_supervisor(endpoint=router.endpoint, pid=os.getpid())
             recorder.emit(
                 "job_start",
@@ -93,9 +120,10 @@ async def run_job(spec: JobSpec, *, console: TextIO | None = None) -> JobResult:
                 mode=spec.mode,
                 hosts=[h.label for h in hosts],
                 embedded=spec.embedded,
+                resumed=resume,
             )
             supervisor = _build_supervisor(
-                spec, hosts, assignments, keys, router, run, recorder, output
+                spec, hosts, assignments, keys, router, run, recorder, output, dds, history
             )
             state = supervisor.state
             try:
@@ -108,10 +136,12 @@ async def run_job(spec: JobSpec, *, console: TextIO | None = None) -> JobResult:
                 state.status = "failed"
                 state.stop_reason = f"supervisor error: {err!r}"
     finally:
+        await dds.close()
         output.close()
         ctx.destroy(linger=0)
-    jct = time.monotonic() - started
+    jct = time.monotonic() - started + (history.elapsed_s if history else 0.0)
     summary = build_summary(spec, state, jct_s=jct, reason=state.stop_reason)
+    summary.update(dds.summary_fields())
     run.write_summary(summary)
     event_log.close()
     exit_code = 0 if summary["status"] == "succeeded" else 1
@@ -129,6 +159,8 @@ def _build_supervisor(
     run: RunDir,
     recorder: EventRecorder,
     output: OutputRouter,
+    dds: DdsService,
+    history: History | None,
 ) -> Supervisor:
     python = spec.python or sys.executable
     workdir = spec.workdir or os.getcwd()
@@ -151,9 +183,23 @@ def _build_supervisor(
         state_dirs={},
     )
 
+    # A resumed supervisor has not prepared the hosts whose agents it adopts.
+    known = run.hosts()
+    for label, info in known.items():
+        launch_ctx.endpoints[label] = info["endpoint"]
+        launch_ctx.state_dirs[label] = info["state_dir"]
+
     def on_host_prepared(label: str, info: HostInfo) -> None:
         launch_ctx.endpoints[label] = f"tcp://{info.endpoint_addr}:{router.port}"
         launch_ctx.state_dirs[label] = info.state_dir
+
+    def on_agent_started(label: str) -> None:
+        # Only agents recorded here are waited for by a resumed supervisor.
+        known[label] = {
+            "endpoint": launch_ctx.endpoints[label],
+            "state_dir": launch_ctx.state_dirs[label],
+        }
+        run.write_hosts(known)
 
     def make_bootstrap(host: HostSpec, info: HostInfo) -> AgentBootstrap:
         return AgentBootstrap(
@@ -199,11 +245,15 @@ def _build_supervisor(
         hosts=by_label,
         make_bootstrap=make_bootstrap,
         on_host_prepared=on_host_prepared,
+        on_agent_started=on_agent_started,
         recorder=recorder,
         output=output,
         agent_log_path=lambda label: run.logs / f"agent-{label}.log",
         run_id=spec.run_id,
         heartbeat_interval=spec.heartbeat_interval,
+        dds=dds,
+        resume=history,
+        adopt=set(known),
     )
 
 

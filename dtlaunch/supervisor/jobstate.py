@@ -35,6 +35,7 @@ from dtlaunch.supervisor.nodes import (
     RestartRecord,
     SendToAgent,
     Timing,
+    WorkerGone,
 )
 from dtlaunch.supervisor.placement import Assignment
 from dtlaunch.wire.messages import Exited, Kill, ProcReport, Shutdown, Spawn
@@ -52,6 +53,7 @@ __all__ = [
     "SendToAgent",
     "SpawnBuilder",
     "Timing",
+    "WorkerGone",
 ]
 
 
@@ -101,6 +103,39 @@ class JobState:
             out += self._launch_agent(agent, now)
         return out
 
+    def resume(
+        self,
+        now: float,
+        *,
+        attempts: dict[str, int],
+        restarts: list[RestartRecord],
+        failures: list[FailureRecord],
+        adopt: set[str],
+    ) -> list[Command]:
+        """A supervisor restarted with --resume: the agents in ``adopt`` (those the
+        dead supervisor had started) are expected to reconnect; others are launched.
+
+        Processes keep their last attempt; those no agent reports running are
+        restarted (the next spawn bumps the attempt) once all agents are back.
+        """
+        self.started_at = now
+        self.restarts = list(restarts)
+        self.failures = list(failures)
+        for slot in self.procs.values():
+            slot.attempt = attempts.get(slot.proc_id, 0)
+            slot.bump_before_spawn = slot.proc_id in attempts
+        out: list[Command] = [EmitEvent(kind="resume", data={"attempts": attempts})]
+        for agent in self.agents.values():
+            if agent.host not in adopt:
+                out += self._launch_agent(agent, now)
+                continue
+            agent.state = AgentState.LAUNCHING
+            agent.adopting = True
+            agent.channel_closed = True  # no SSH channel to it: heartbeats decide
+            agent.launched_at = now
+            agent.last_seen = now
+        return out
+
     def agent_hello(
         self,
         host: str,
@@ -118,7 +153,8 @@ class JobState:
         was = agent.state
         agent.state = AgentState.UP
         agent.last_seen = now
-        agent.channel_closed = False
+        agent.channel_closed = agent.adopting  # an adopted agent has no SSH channel
+        agent.adopting = False
         if free_ports:
             agent.free_ports = list(free_ports)
         agent.host_addr = host_addr or agent.host_addr
@@ -208,6 +244,7 @@ class JobState:
             )
         ]
         slot.unresponsive = False
+        out += self._gone(slot)
         if slot.state is ProcState.STOPPING or msg.requested or self.phase is Phase.STOPPING:
             if slot.restart_after_stop and self.phase is Phase.RUNNING:
                 slot.restart_after_stop = False
@@ -259,7 +296,18 @@ class JobState:
         for agent in self.agents.values():
             silent = now - agent.last_seen
             if agent.state is AgentState.LAUNCHING and self.phase is not Phase.STOPPING:
-                if now - agent.launched_at > self.timing.agent_timeout:
+                if agent.adopting and now - agent.launched_at > self.timing.agent_timeout:
+                    # It did not come back after a resume: presume it dead, start anew.
+                    agent.adopting = False
+                    out.append(
+                        EmitEvent(
+                            kind="agent_lost",
+                            host=agent.host,
+                            data={"reason": "did not reconnect after the supervisor resumed"},
+                        )
+                    )
+                    out += self._launch_agent(agent, now)
+                elif now - agent.launched_at > self.timing.agent_timeout:
                     out += self._fail_job(
                         f"the agent on {agent.host} did not connect back within "
                         f"{self.timing.agent_timeout:g} s; check that {agent.host} can reach the "
@@ -337,11 +385,25 @@ class JobState:
     def _adopt_reported(self, host: str, procs: list[ProcReport], now: float) -> list[Command]:
         """Reconcile what a (re)connecting agent runs with what we believe."""
         out: list[Command] = []
-        reported = {(p.proc_id, p.attempt) for p in procs}
+        by_id = {p.proc_id: p for p in procs}
         for slot in self.procs.values():
-            if slot.host != host or slot.state not in (ProcState.RUNNING, ProcState.STARTING):
+            if slot.host != host:
                 continue
-            if (slot.proc_id, slot.attempt) not in reported and slot.state is ProcState.RUNNING:
+            report = by_id.get(slot.proc_id)
+            if slot.state is ProcState.PENDING and report is not None and slot.bump_before_spawn:
+                if report.attempt >= slot.attempt:
+                    # Still running from before the supervisor restarted: adopt it.
+                    slot.attempt = report.attempt
+                    slot.state = ProcState.RUNNING
+                    slot.pid = report.pid
+                    slot.bump_before_spawn = False
+                    out.append(
+                        self._proc_event("adopted", slot, pid=report.pid, attempt=slot.attempt)
+                    )
+                continue
+            if slot.state is not ProcState.RUNNING:
+                continue
+            if report is None or report.attempt != slot.attempt:
                 # It ended while we could not hear about it; its Exited was lost.
                 verdict = ExitVerdict(
                     succeeded=False,
@@ -349,8 +411,12 @@ class JobState:
                     reason="lost",
                     error=f"{slot.proc_id} vanished while {host} was unreachable",
                 )
+                out += self._gone(slot)
                 out += self._on_failure(slot, verdict, None, None, [], now)
         return out
+
+    def _gone(self, slot: ProcSlot) -> list[Command]:
+        return [WorkerGone(rank=slot.rank)] if slot.role == "worker" else []
 
     def _agent_lost(self, agent: AgentSlot, reason: str, now: float) -> list[Command]:
         agent.state = AgentState.LOST
@@ -364,6 +430,7 @@ class JobState:
             s for s in self.procs.values() if s.host == agent.host and s.state in LIVE_PROC_STATES
         ]
         for slot in lost:
+            out += self._gone(slot)
             if slot.state is ProcState.STOPPING and slot.restart_after_stop:
                 slot.restart_after_stop = False
                 out.append(self._restart(slot, slot.restart_reason, now))
@@ -397,6 +464,9 @@ class JobState:
                 error=verdict.error,
                 retryable=verdict.retryable,
                 attempt=slot.attempt,
+                exit_code=exit_code,
+                signal=signal,
+                traceback=traceback_tail(stderr_tail),
             )
         ]
         slot.state = ProcState.FAILED
@@ -481,6 +551,9 @@ class JobState:
             master_addr, master_port = self._master_endpoint(master, slot)
             if slot.role == "worker" and master_port == 0:
                 continue
+            if slot.bump_before_spawn:
+                slot.bump_before_spawn = False
+                out.append(self._restart(slot, "lost while the supervisor was down", now))
             slot.state = ProcState.STARTING
             spawn = self._build_spawn(slot, master_addr, master_port)
             out.append(SendToAgent(host=slot.host, message=spawn))

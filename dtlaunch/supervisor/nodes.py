@@ -69,7 +69,14 @@ class Finish:
     status: str  # succeeded | failed | stopped
 
 
-Command = LaunchAgent | SendToAgent | EmitEvent | Finish
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerGone:
+    """A worker process ended or was lost: its data shards go back to the queue."""
+
+    rank: int
+
+
+Command = LaunchAgent | SendToAgent | EmitEvent | Finish | WorkerGone
 
 
 # ---------------------------------------------------------------- bookkeeping
@@ -86,6 +93,8 @@ class ProcSlot:
     unresponsive: bool = False
     restart_after_stop: bool = False
     restart_reason: str = ""
+    # Resumed supervisor: this attempt ran before; the next spawn is a restart.
+    bump_before_spawn: bool = False
 
     @property
     def proc_id(self) -> str:
@@ -110,6 +119,7 @@ class AgentSlot:
     host_addr: str = ""
     channel_closed: bool = False
     launches: int = 0
+    adopting: bool = False  # resumed supervisor: waiting for a running agent to reconnect
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

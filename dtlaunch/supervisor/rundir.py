@@ -8,6 +8,9 @@
     <run_dir>/logs/             <role>-<rank>.log per process, agent-<host>.log per agent
     <run_dir>/keys/             CURVE key pairs (0700 folder, 0600 files)
     <run_dir>/agents/<host>/    embedded mode: the local agent's folder
+    <run_dir>/hosts.json        per host: supervisor endpoint and agent folder (for --resume)
+    <run_dir>/dataset.json      the job's data set (options or a worker's registration)
+    <run_dir>/wal/              the data-sharding write-ahead log
     <run_dir>/summary.json      written when the job ends
 """
 
@@ -117,6 +120,23 @@ class RunDir:
         except (OSError, ValueError) as err:
             raise RunDirError(f"{self.path}: no supervisor information ({err})") from err
         return data
+
+    @property
+    def hosts_path(self) -> Path:
+        return self.path / "hosts.json"
+
+    def hosts(self) -> dict[str, dict[str, str]]:
+        """Per host: the supervisor endpoint it uses and its agent's folder."""
+        try:
+            data: dict[str, dict[str, str]] = json.loads(self.hosts_path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as err:
+            raise RunDirError(f"{self.hosts_path} is unreadable: {err}") from err
+        return data
+
+    def write_hosts(self, hosts: dict[str, dict[str, str]]) -> None:
+        write_json_atomic(self.hosts_path, hosts)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json_atomic(self.summary_path, summary)

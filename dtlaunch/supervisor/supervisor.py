@@ -19,6 +19,8 @@ from dtlaunch import __version__
 from dtlaunch.errors import DtlaunchError
 from dtlaunch.events import EventRecorder
 from dtlaunch.hostfile import HostSpec
+from dtlaunch.supervisor.ddsservice import DdsService
+from dtlaunch.supervisor.history import History as ResumeInfo
 from dtlaunch.supervisor.jobstate import (
     AgentState,
     Command,
@@ -28,19 +30,24 @@ from dtlaunch.supervisor.jobstate import (
     LaunchAgent,
     Phase,
     SendToAgent,
+    WorkerGone,
 )
 from dtlaunch.supervisor.launcher import AgentProcess, HostInfo, Launcher
 from dtlaunch.supervisor.output import OutputRouter
 from dtlaunch.wire.messages import (
     Ack,
+    AckShards,
     AgentBootstrap,
     AgentHeartbeat,
     Bye,
+    DatasetReady,
     Exited,
+    FetchShards,
     Hello,
     Message,
     Output,
     Ping,
+    RegisterDataset,
     Rehello,
     Spawned,
     SpawnFailed,
@@ -52,6 +59,7 @@ from dtlaunch.wire.sockets import Router
 log = logging.getLogger(__name__)
 
 AGENT_PREFIX = b"agent:"
+WORKER_PREFIX = b"worker:"
 AGENT_EXIT_WAIT_S = 5.0
 
 # Builds an agent's bootstrap once its host is prepared.
@@ -68,19 +76,27 @@ class Supervisor:
         hosts: dict[str, HostSpec],
         make_bootstrap: BootstrapFactory,
         on_host_prepared: Callable[[str, HostInfo], None],
+        on_agent_started: Callable[[str], None],
         recorder: EventRecorder,
         output: OutputRouter,
         agent_log_path: Callable[[str], Path],
         run_id: str,
         heartbeat_interval: float,
+        dds: DdsService | None = None,
+        resume: ResumeInfo | None = None,
+        adopt: set[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._dds = dds
+        self._resume = resume
+        self._adopt = adopt or set()
         self.state = state
         self._router = router
         self._launcher = launcher
         self._hosts = hosts
         self._make_bootstrap = make_bootstrap
         self._on_host_prepared = on_host_prepared
+        self._on_agent_started = on_agent_started
         self._recorder = recorder
         self._output = output
         self._agent_log_path = agent_log_path
@@ -102,7 +118,18 @@ class Supervisor:
             self._tasks = tg
             receiver = tg.create_task(self._receive_loop(), name="receive")
             ticker = tg.create_task(self._tick_loop(), name="tick")
-            self._apply(self.state.start(self._clock()))
+            if self._resume is None:
+                self._apply(self.state.start(self._clock()))
+            else:
+                self._apply(
+                    self.state.resume(
+                        self._clock(),
+                        attempts=self._resume.attempts,
+                        restarts=self._resume.restarts,
+                        failures=self._resume.failures,
+                        adopt=self._adopt,
+                    )
+                )
             await self._done.wait()
             receiver.cancel()
             ticker.cancel()
@@ -144,6 +171,9 @@ class Supervisor:
                 task = self._spawn_task(self._launch(command.host), f"launch-{command.host}")
                 self._launch_tasks.add(task)
                 task.add_done_callback(self._launch_tasks.discard)
+            elif isinstance(command, WorkerGone):
+                if self._dds is not None:
+                    self._spawn_task(self._dds.worker_gone(command.rank), f"gone-{command.rank}")
             elif isinstance(command, Finish):
                 self._recorder.emit("job_end", status=command.status, reason=self.state.stop_reason)
                 self._done.set()
@@ -167,6 +197,7 @@ class Supervisor:
             self._apply(self.state.agent_launch_failed(label, str(err), self._clock()))
             return
         self._agents[label] = proc
+        self._on_agent_started(label)
         outcome = await proc.wait()
         if self._agents.get(label) is proc:
             del self._agents[label]
@@ -213,6 +244,8 @@ class Supervisor:
             await self._from_agent(
                 peer, peer[len(AGENT_PREFIX) :].decode("utf-8", "replace"), msg, now
             )
+        elif peer.startswith(WORKER_PREFIX) and self._dds is not None:
+            await self._from_worker(peer, msg)
         elif isinstance(msg, Hello):
             if msg.run_id != self._run_id:
                 log.warning("hello from %r for another run %s; ignored", peer, msg.run_id)
@@ -228,6 +261,32 @@ class Supervisor:
             return
         else:
             log.debug("unexpected %s from %r", type(msg).__name__, peer)
+
+    async def _from_worker(self, peer: bytes, msg: Message) -> None:
+        """Data-sharding requests; each runs as its own task so that many share
+        one WAL fsync (group commit). Queue changes happen in arrival order,
+        before each task's first await."""
+        assert self._dds is not None
+        try:
+            rank = int(peer[len(WORKER_PREFIX) :])
+        except ValueError:
+            log.warning("bad worker identity %r", peer)
+            return
+        if isinstance(msg, Hello):
+            if msg.run_id != self._run_id:
+                log.warning("worker %d belongs to run %s; ignored", rank, msg.run_id)
+                return
+            await self._router.send(
+                peer, Welcome(run_id=self._run_id, heartbeat_interval=self._interval)
+            )
+            self._spawn_task(
+                self._dds.worker_hello(rank, msg.attempt, list(msg.leases)), f"hello-{rank}"
+            )
+        elif isinstance(msg, DatasetReady):
+            # A worker's query for the job's data set (it gave none to init()).
+            await self._dds.send_dataset(peer)
+        elif isinstance(msg, (RegisterDataset, FetchShards, AckShards)):
+            self._spawn_task(self._dds.handle(peer, rank, msg), f"dds-{rank}")
 
     async def _from_agent(self, peer: bytes, host: str, msg: Message, now: float) -> None:
         if host not in self.state.agents:

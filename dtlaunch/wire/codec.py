@@ -219,9 +219,7 @@ def _compile_record_check(cls: type[Any], json_form: bool) -> _Check:
     hints = typing.get_type_hints(cls)
     specs: list[tuple[str, _Check, bool]] = []
     for f in dataclasses.fields(cls):
-        required = (
-            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        )
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         specs.append((f.name, _field_check(cls, f.name, hints[f.name], json_form), required))
     known = frozenset(name for name, _, _ in specs)
 

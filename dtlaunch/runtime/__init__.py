@@ -1,0 +1,15 @@
+"""The SDK inside training processes: ``dtlaunch.init()`` and the ``Job`` it returns.
+
+* ``context`` — ``init`` and ``Job``: identity, batches, ``step``, ``close``.
+* ``data`` — leases cut into batches; which leases a ``step()`` acks.
+* ``client`` — the supervisor connection (one background thread, asyncio, ZeroMQ).
+* ``standalone`` — leases without a supervisor, for plain ``python train.py``.
+* ``torch`` — ``DDSBatchSampler`` for ``torch.utils.data.DataLoader`` (needs torch;
+  import ``dtlaunch.runtime.torch`` yourself).
+"""
+
+from __future__ import annotations
+
+from dtlaunch.runtime.context import Job, init
+
+__all__ = ["Job", "init"]

@@ -1,0 +1,480 @@
+"""A worker's connection to the supervisor's DDS: one daemon thread, one asyncio loop.
+
+All socket I/O happens in that thread, on a wire ``Dealer``; the training thread
+talks to it only through thread-safe queues and ``call_soon_threadsafe``, so
+``step()`` never waits on the network and ``next_lease()`` waits only when the
+prefetched leases have run out.
+
+Protocol, as the worker sees it:
+
+* ``Hello`` first (with the leases it holds), then ``Ping`` every heartbeat
+  interval so the supervisor knows it is alive.
+* ``Rehello`` from the supervisor (it restarted and does not know us): send
+  ``Hello`` again with the held leases, then re-send whatever is unanswered
+  (dataset request, shard request, unconfirmed acks). Several Rehellos answer the
+  messages sent before our Hello, and the link keeps order, so Rehellos that
+  arrive while that Hello awaits its ``Welcome`` are ignored.
+* Dataset: ``RegisterDataset`` when the script gave one, else the query
+  ``DatasetReady(dataset=None)``; both are answered by ``DatasetReady``.
+* Shards: ``FetchShards`` keeps ``prefetch`` shards' worth of records queued
+  ahead of the training thread. A grant is authoritative whenever it arrives,
+  even for a request given up on; leases are deduplicated by ``lease_id``. A
+  request unanswered after a timeout is sent again with a new ``request_id``.
+* A lease is held from its grant until the supervisor confirms it DONE
+  (``AckDone``); unconfirmed ``AckShards`` are re-sent after a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import math
+import os
+import queue
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import zmq.asyncio
+
+from dtlaunch import __version__
+from dtlaunch.errors import ConfigError, DtlaunchError
+from dtlaunch.runtime.data import dataset_spec, lease_fits
+from dtlaunch.sharding import DatasetSpec
+from dtlaunch.wire.keys import PeerKeys
+from dtlaunch.wire.messages import (
+    AckDone,
+    AckShards,
+    DatasetInfo,
+    DatasetReady,
+    FetchShards,
+    Hello,
+    Lease,
+    Message,
+    Ping,
+    RegisterDataset,
+    Rehello,
+    ShardGrant,
+    Welcome,
+)
+from dtlaunch.wire.sockets import Dealer
+
+__all__ = ["NO_DATASET", "Connection", "SupervisorClient"]
+
+logger = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT_INTERVALS = 3  # heartbeat intervals without an answer before re-sending
+MIN_REQUEST_TIMEOUT_S = 1.0
+MIN_RETRY_S = 0.05  # an empty grant with retry_after 0 must not become a busy loop
+WAIT_WARNING_S = 30.0  # log while the training thread waits this long for shards
+THREAD_JOIN_MARGIN_S = 5.0
+
+NO_DATASET = (
+    "the job has no data set: pass dataset_size= and shard_size= to dtlaunch.init(), "
+    "or --dataset-size and --shard-size to dtlaunch run"
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Connection:
+    """Who this worker is and where its supervisor listens."""
+
+    endpoint: str
+    keys: PeerKeys
+    run_id: str
+    rank: int
+    attempt: int
+    heartbeat_interval: float
+
+
+class _End:
+    """Queued after the last lease: the supervisor said finished."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    error: BaseException
+
+
+_Item = Lease | _End | _Failed
+
+
+class SupervisorClient:
+    """A ``LeaseSource`` backed by the supervisor; see the module docstring."""
+
+    def __init__(self, conn: Connection, *, prefetch: int) -> None:
+        self._conn = conn
+        self._prefetch = prefetch
+        self._identity = b"worker:%d" % conn.rank
+        # Shared with the training thread.
+        self._items: queue.Queue[_Item] = queue.Queue()
+        self._queued_lock = threading.Lock()
+        self._queued_records = 0
+        self._dataset_future: concurrent.futures.Future[DatasetSpec] = (
+            concurrent.futures.Future()
+        )
+        self._ended = False  # training thread: END or a failure was taken
+        self._closed = False
+        # Loop-thread state from here on.
+        self._loop = asyncio.new_event_loop()
+        self._wake = asyncio.Event()
+        self._dealer: Dealer | None = None
+        self._interval = conn.heartbeat_interval
+        self._need_hello = True
+        self._hello_at: float | None = None  # last Hello not yet answered by Welcome
+        self._ping_seq = 0
+        self._next_ping = 0.0
+        self._dataset_request: Message | None = None
+        self._dataset_sent_at = -math.inf
+        self._spec: DatasetSpec | None = None
+        self._held: set[int] = set()
+        self._seen: set[int] = set()
+        self._next_request_id = 1
+        self._outstanding: tuple[int, float] | None = None  # (request_id, sent at)
+        self._retry_at = 0.0
+        self._finished = False
+        self._consumer_waiting = False
+        self._pending_acks: dict[int, tuple[int, float]] = {}  # lease -> (step, sent at)
+        self._close_deadline: float | None = None
+        self._thread = threading.Thread(
+            target=self._thread_main, name=f"dtlaunch-runtime-{conn.rank}", daemon=True
+        )
+        self._thread.start()
+
+    # ------------------------------------------------------- training thread
+
+    def negotiate(self, request: DatasetInfo | None, timeout: float) -> DatasetSpec:
+        """The job's data set: register ``request``, or ask for it when None.
+
+        Raises:
+            ConfigError: the supervisor refused (mismatch), has no data set, or did
+                not answer within ``timeout`` seconds.
+        """
+        msg: Message = (
+            DatasetReady(dataset=None) if request is None else RegisterDataset(dataset=request)
+        )
+        self._call(self._request_dataset, msg)
+        try:
+            return self._dataset_future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise ConfigError(
+                f"the supervisor at {self._conn.endpoint} did not answer within {timeout:.0f}s. "
+                "Fix: check that dtlaunch run is running and that DTLAUNCH_SUPERVISOR and "
+                "DTLAUNCH_KEYS are the ones it set"
+            ) from None
+
+    def start_fetching(self) -> None:
+        """Begin prefetching shards (after ``negotiate``, once the script accepted them)."""
+        self._call(self._begin_fetching, self._dataset_future.result(0))
+
+    def next_lease(self) -> Lease | None:
+        if self._ended:
+            return None
+        try:
+            item = self._items.get_nowait()
+        except queue.Empty:
+            self._call(self._set_consumer_waiting)
+            item = self._wait_for_item()
+        if isinstance(item, _End):
+            self._ended = True
+            return None
+        if isinstance(item, _Failed):
+            self._ended = True
+            if isinstance(item.error, DtlaunchError):
+                raise item.error
+            raise RuntimeError(f"the connection to the supervisor failed: {item.error!r}")
+        with self._queued_lock:
+            self._queued_records -= item.end - item.start
+        self._call(self._lease_taken)
+        return item
+
+    def ack(self, lease_ids: Sequence[int], step: int) -> None:
+        self._call(self._add_acks, list(lease_ids), step)
+
+    def close(self, timeout: float) -> None:
+        """Wait up to ``timeout`` s for acks to be confirmed, then close the socket."""
+        if self._closed:
+            return
+        self._closed = True
+        self._call(self._begin_close, timeout)
+        self._thread.join(timeout + THREAD_JOIN_MARGIN_S)
+        if self._thread.is_alive():
+            logger.warning("the dtlaunch runtime thread did not stop; leaving it (daemon)")
+
+    def _call(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: the thread ended (failed or closed)
+            logger.debug("runtime thread gone; %s dropped", fn.__name__)
+
+    def _wait_for_item(self) -> _Item:
+        waited = 0.0
+        while True:
+            try:
+                return self._items.get(timeout=WAIT_WARNING_S)
+            except queue.Empty:
+                waited += WAIT_WARNING_S
+                if not self._thread.is_alive():
+                    return _Failed(RuntimeError("the dtlaunch runtime thread ended"))
+                logger.warning(
+                    "rank %d has waited %.0fs for data shards from the supervisor at %s",
+                    self._conn.rank,
+                    waited,
+                    self._conn.endpoint,
+                )
+
+    # ----------------------------------------- loop thread: training-thread calls
+
+    def _request_dataset(self, msg: Message) -> None:
+        self._dataset_request = msg
+        self._dataset_sent_at = -math.inf
+        self._wake.set()
+
+    def _begin_fetching(self, spec: DatasetSpec) -> None:
+        self._spec = spec
+        self._wake.set()
+
+    def _set_consumer_waiting(self) -> None:
+        self._consumer_waiting = True
+        self._wake.set()
+
+    def _lease_taken(self) -> None:
+        self._consumer_waiting = False
+        self._wake.set()
+
+    def _add_acks(self, lease_ids: list[int], step: int) -> None:
+        for lease_id in lease_ids:
+            self._pending_acks[lease_id] = (step, -math.inf)
+        self._wake.set()
+
+    def _begin_close(self, timeout: float) -> None:
+        self._close_deadline = self._loop.time() + timeout
+        self._wake.set()
+
+    # ------------------------------------------------------------ loop thread
+
+    def _thread_main(self) -> None:
+        try:
+            self._loop.run_until_complete(self._main())
+        finally:
+            self._loop.close()
+
+    async def _main(self) -> None:
+        ctx = zmq.asyncio.Context()
+        try:
+            self._dealer = Dealer(ctx, self._conn.endpoint, self._conn.keys, self._identity)
+            tasks = [
+                asyncio.create_task(self._receive_loop(self._dealer)),
+                asyncio.create_task(self._control_loop()),
+            ]
+            try:
+                # The control loop returns when closed; the receive loop only by failing.
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            for task in done:
+                task.result()  # re-raise a failure
+        except DtlaunchError as exc:
+            logger.error("dtlaunch runtime: %s", exc)
+            self._fail(exc)
+        except Exception as exc:
+            logger.exception("dtlaunch runtime: the supervisor connection failed")
+            self._fail(exc)
+        finally:
+            if self._dealer is not None:
+                self._dealer.close()
+            ctx.term()
+
+    def _fail(self, error: BaseException) -> None:
+        if not self._dataset_future.done():
+            self._dataset_future.set_exception(error)
+        self._items.put(_Failed(error))
+
+    async def _control_loop(self) -> None:
+        while True:
+            now = self._loop.time()
+            if self._close_deadline is not None:
+                if not self._pending_acks:
+                    return
+                if now >= self._close_deadline:
+                    logger.warning(
+                        "the supervisor did not confirm %d finished lease(s) in time; "
+                        "it will hand them out again",
+                        len(self._pending_acks),
+                    )
+                    return
+            await self._pump(now)
+            delay = max(0.0, self._next_deadline() - self._loop.time())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+            self._wake.clear()
+
+    @property
+    def _timeout(self) -> float:
+        return max(MIN_REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_INTERVALS * self._interval)
+
+    def _next_deadline(self) -> float:
+        deadlines = [self._next_ping]
+        if self._dataset_request is not None:
+            deadlines.append(self._dataset_sent_at + self._timeout)
+        if self._outstanding is not None:
+            deadlines.append(self._outstanding[1] + self._timeout)
+        elif self._spec is not None and not self._finished and self._retry_at > self._loop.time():
+            deadlines.append(self._retry_at)  # a past retry time would spin this loop
+        if self._pending_acks:
+            deadlines.append(min(sent for _, sent in self._pending_acks.values()) + self._timeout)
+        if self._close_deadline is not None:
+            deadlines.append(self._close_deadline)
+        return min(deadlines)
+
+    async def _send(self, msg: Message) -> None:
+        assert self._dealer is not None
+        if not await self._dealer.send(msg):
+            logger.debug("%s not queued (send queue full); retried later", msg.TYPE)
+
+    async def _pump(self, now: float) -> None:
+        """Send whatever is due; every decision is made from state, never blocks."""
+        if self._need_hello:
+            self._need_hello = False
+            self._hello_at = now
+            # The link keeps order: what we re-send now arrives after the Hello.
+            self._dataset_sent_at = -math.inf
+            self._outstanding = None
+            self._pending_acks = {
+                lease_id: (step, -math.inf) for lease_id, (step, _) in self._pending_acks.items()
+            }
+            await self._send(
+                Hello(
+                    role="worker",
+                    run_id=self._conn.run_id,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    version=__version__,
+                    rank=self._conn.rank,
+                    attempt=self._conn.attempt,
+                    leases=sorted(self._held),
+                )
+            )
+        if now >= self._next_ping:
+            self._ping_seq += 1
+            self._next_ping = now + self._interval
+            await self._send(Ping(seq=self._ping_seq))
+        if self._dataset_request is not None and now - self._dataset_sent_at >= self._timeout:
+            self._dataset_sent_at = now
+            await self._send(self._dataset_request)
+        await self._pump_fetch(now)
+        await self._pump_acks(now)
+
+    async def _pump_fetch(self, now: float) -> None:
+        spec = self._spec
+        if spec is None or self._finished or self._close_deadline is not None:
+            return
+        if self._outstanding is not None:
+            request_id, sent_at = self._outstanding
+            if now - sent_at < self._timeout:
+                return
+            logger.info("no answer to shard request %d; asking again", request_id)
+            self._outstanding = None
+        if now < self._retry_at:
+            return
+        target = self._prefetch * spec.shard_size
+        if self._consumer_waiting:
+            target = max(target, spec.shard_size)
+        with self._queued_lock:
+            wanted = target - self._queued_records
+        if wanted <= 0:
+            return
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        self._outstanding = (request_id, now)
+        count = math.ceil(wanted / spec.shard_size)
+        await self._send(FetchShards(request_id=request_id, count=count))
+
+    async def _pump_acks(self, now: float) -> None:
+        by_step: dict[int, list[int]] = {}
+        for lease_id, (step, sent_at) in list(self._pending_acks.items()):
+            if now - sent_at >= self._timeout:
+                by_step.setdefault(step, []).append(lease_id)
+                self._pending_acks[lease_id] = (step, now)
+        for step, lease_ids in sorted(by_step.items()):
+            await self._send(AckShards(lease_ids=sorted(lease_ids), step=step))
+
+    async def _receive_loop(self, dealer: Dealer) -> None:
+        while True:
+            msg = await dealer.recv()
+            if msg is None:
+                continue
+            try:
+                self._on_message(msg, self._loop.time())
+            except Exception:  # one odd message must not end the connection
+                logger.exception("error handling %s from the supervisor", msg.TYPE)
+            self._wake.set()
+
+    def _on_message(self, msg: Message, now: float) -> None:
+        if isinstance(msg, ShardGrant):
+            self._on_grant(msg, now)
+        elif isinstance(msg, AckDone):
+            for lease_id in msg.lease_ids:
+                self._pending_acks.pop(lease_id, None)
+                self._held.discard(lease_id)
+        elif isinstance(msg, Welcome):
+            self._hello_at = None
+            self._interval = msg.heartbeat_interval
+        elif isinstance(msg, Rehello):
+            if self._hello_at is not None and now - self._hello_at < self._timeout:
+                return  # answers a message sent before our latest Hello
+            logger.info(
+                "the supervisor asks for a new Hello (it restarted); holding leases %s",
+                sorted(self._held),
+            )
+            self._need_hello = True
+        elif isinstance(msg, DatasetReady):
+            self._on_dataset(msg)
+        elif not isinstance(msg, Ping):
+            logger.debug("ignoring %s from the supervisor", msg.TYPE)
+
+    def _on_dataset(self, msg: DatasetReady) -> None:
+        if self._dataset_request is None or self._dataset_future.done():
+            return  # an answer to a request re-sent after the first answer
+        self._dataset_request = None
+        try:
+            if msg.error:
+                raise ConfigError(msg.error)
+            if msg.dataset is None:
+                raise ConfigError(NO_DATASET)
+            spec = dataset_spec(msg.dataset).validate()
+        except ConfigError as err:
+            self._dataset_future.set_exception(err)
+            return
+        self._dataset_future.set_result(spec)
+
+    def _on_grant(self, msg: ShardGrant, now: float) -> None:
+        if self._outstanding is not None and self._outstanding[0] == msg.request_id:
+            self._outstanding = None
+        spec = self._spec
+        if spec is None:
+            logger.warning("shard grant before the data set is known; ignored")
+            return
+        for lease in msg.leases:
+            if lease.lease_id in self._seen:
+                continue  # a grant we already had (answers to re-sent requests)
+            self._seen.add(lease.lease_id)
+            if not lease_fits(spec, lease):
+                logger.error("lease %r does not fit the data set %s; ignored", lease, spec)
+                continue
+            self._held.add(lease.lease_id)
+            with self._queued_lock:
+                self._queued_records += lease.end - lease.start
+            self._items.put(lease)
+        if msg.finished:
+            if not self._finished:
+                self._finished = True
+                self._items.put(_End())
+        elif not msg.leases:
+            self._retry_at = now + max(MIN_RETRY_S, msg.retry_after)

@@ -1,0 +1,323 @@
+"""``dtlaunch.init()`` and the ``Job`` a training script drives.
+
+::
+
+    job = dtlaunch.init(dataset_size=50_000, shard_size=1_000, epochs=3, global_batch=256)
+    for idx in job.batches():      # record indices, job.local_batch_size at a time
+        ...train on idx...
+        job.step()                 # gradients applied: leases finished so far are acked
+    job.close()
+
+Under ``dtlaunch run`` (``DTLAUNCH_SUPERVISOR`` set) the records come from the
+supervisor's Stateful DDS; without it the script runs standalone over the whole
+data set, for debugging with plain ``python train.py``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from dtlaunch.errors import ConfigError
+from dtlaunch.runtime.client import Connection, SupervisorClient
+from dtlaunch.runtime.data import BatchStream, LeaseSource, dataset_info, local_batch_size
+from dtlaunch.runtime.standalone import StandaloneSource
+from dtlaunch.sharding import DatasetSpec
+from dtlaunch.wire.keys import load_peer_keys
+
+__all__ = ["Job", "init"]
+
+logger = logging.getLogger(__name__)
+
+ENV_SUPERVISOR = "DTLAUNCH_SUPERVISOR"
+ENV_KEYS = "DTLAUNCH_KEYS"
+ENV_RUN_ID = "DTLAUNCH_RUN_ID"
+ENV_RANK = "DTLAUNCH_RANK"
+ENV_HEARTBEAT = "DTLAUNCH_HEARTBEAT_INTERVAL"
+ENV_INIT_TIMEOUT = "DTLAUNCH_INIT_TIMEOUT"
+DEFAULT_HEARTBEAT_S = 1.0
+# Long enough for a supervisor restarted with --resume to come back.
+DEFAULT_INIT_TIMEOUT_S = 300.0
+DEFAULT_CLOSE_TIMEOUT_S = 10.0
+
+_DATASET_ARGS = ("dataset_size", "shard_size", "epochs", "global_batch", "seed")
+
+
+def init(
+    dataset_size: int | None = None,
+    shard_size: int | None = None,
+    epochs: int | None = None,
+    global_batch: int | None = None,
+    seed: int | None = None,
+    *,
+    prefetch: int = 2,
+) -> Job:
+    """Connect to the job's data sharding service and return the ``Job``.
+
+    With ``dataset_size`` and ``shard_size`` the data set is registered (the
+    other values default to ``DatasetSpec``'s); without any, the job's data set
+    (from ``dtlaunch run --dataset-size ...``) is used; with only some, they are
+    checked against the job's. ``prefetch`` shards are kept ready ahead of use.
+
+    Raises:
+        ConfigError: bad values, a data set that disagrees with the job's, no
+            data set anywhere, a bad environment, or no supervisor answering.
+        KeyFileError: the run's key files are missing or unsafe.
+    """
+    given = _given_values(
+        dataset_size=dataset_size,
+        shard_size=shard_size,
+        epochs=epochs,
+        global_batch=global_batch,
+        seed=seed,
+    )
+    if type(prefetch) is not int or prefetch < 0:
+        raise ConfigError(f"prefetch must be an int of 0 or more (shards), got {prefetch!r}")
+    endpoint = os.environ.get(ENV_SUPERVISOR)
+    restart_count = _env_int(os.environ, "TORCHELASTIC_RESTART_COUNT", default=0)
+    if endpoint is None:
+        spec = _full_spec(given)
+        if spec is None:
+            raise ConfigError(
+                f"no supervisor ({ENV_SUPERVISOR} is not set), so dtlaunch.init() runs "
+                "standalone and needs the data set: pass dataset_size= and shard_size= "
+                "(and epochs=, global_batch=, seed= as needed)"
+            )
+        source = StandaloneSource(spec)
+        return Job(rank=0, world_size=1, restart_count=restart_count, dataset=spec, source=source)
+    if not endpoint:
+        raise ConfigError(f"{ENV_SUPERVISOR} is set but empty; it must be tcp://HOST:PORT")
+    conn = _connection(os.environ, endpoint, restart_count)
+    world_size = _env_int(os.environ, "WORLD_SIZE", default=None)
+    if world_size < 1 or not 0 <= conn.rank < world_size:
+        raise ConfigError(f"rank {conn.rank} does not fit WORLD_SIZE={world_size}")
+    wanted = _full_spec(given)
+    client = SupervisorClient(conn, prefetch=prefetch)
+    try:
+        timeout = _env_float(os.environ, ENV_INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT_S)
+        spec = client.negotiate(dataset_info(wanted) if wanted else None, timeout)
+        if wanted is None:
+            _check_agrees(spec, given)
+        elif spec != wanted:  # the supervisor's run options win
+            logger.warning("using the job's data set %s instead of %s", spec, wanted)
+        job = Job(
+            rank=conn.rank,
+            world_size=world_size,
+            restart_count=restart_count,
+            dataset=spec,
+            source=client,
+        )
+        client.start_fetching()
+        return job
+    except BaseException:
+        client.close(0.0)
+        raise
+
+
+class Job:
+    """A training process's view of the job: who it is, and its data."""
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        restart_count: int,
+        dataset: DatasetSpec,
+        source: LeaseSource,
+    ) -> None:
+        self._rank = rank
+        self._world_size = world_size
+        self._restart_count = restart_count
+        self._dataset = dataset
+        self._source = source
+        self._stream = BatchStream(source, dataset, local_batch_size(dataset, rank, world_size))
+        self._closed = False
+        self._pid = os.getpid()
+        atexit.register(self.close)
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def restart_count(self) -> int:
+        """How many times this rank was restarted before this process (0 at first)."""
+        return self._restart_count
+
+    @property
+    def dataset(self) -> DatasetSpec:
+        return self._dataset
+
+    @property
+    def local_batch_size(self) -> int:
+        return self._stream.batch_size
+
+    @property
+    def step_count(self) -> int:
+        """How many times ``step()`` was called."""
+        return self._stream.steps
+
+    def batches(self) -> Iterator[list[int]]:
+        """Lists of record indices, ``local_batch_size`` long (the last may be shorter).
+
+        Ends when the supervisor has nothing more for this worker and every held
+        lease is read. Calling it again continues the same stream.
+        """
+        while not self._closed:
+            batch = self._stream.next_batch()
+            if batch is None:
+                return
+            yield batch
+
+    def step(self) -> None:
+        """End of an iteration (gradients applied); never waits on the network.
+
+        Acks the leases whose last record was in a batch returned before this
+        call (after ``count_one_batch_per_step``: in the oldest batch not yet
+        covered by a step).
+        """
+        if self._closed:
+            raise RuntimeError("Job.step() after Job.close()")
+        self._stream.step()
+
+    def count_one_batch_per_step(self) -> None:
+        """Make each ``step()`` cover one batch, for consumers that read ahead.
+
+        A torch ``DataLoader`` with worker processes takes index batches well
+        before the model trains them; "returned before step()" would then ack
+        records not trained yet. Call ``step()`` once per batch in this mode.
+        """
+        self._stream.set_mode("one_per_step")
+
+    def close(self, timeout: float = DEFAULT_CLOSE_TIMEOUT_S) -> None:
+        """Send the last acks, wait up to ``timeout`` s for them, close the connection."""
+        if self._closed or os.getpid() != self._pid:  # a forked child owns nothing here
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        self._source.close(timeout)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"Job(rank={self._rank}, world_size={self._world_size}, "
+            f"local_batch_size={self.local_batch_size}, steps={self.step_count}, "
+            f"dataset={self._dataset})"
+        )
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _given_values(**values: int | None) -> dict[str, int]:
+    given: dict[str, int] = {}
+    for name, value in values.items():
+        if value is None:
+            continue
+        if type(value) is not int:
+            raise ConfigError(f"{name} must be an int, got {value!r}")
+        given[name] = value
+    return given
+
+
+def _full_spec(given: Mapping[str, int]) -> DatasetSpec | None:
+    """The data set the script gave, or None when it gave no size and shard size."""
+    if "dataset_size" not in given and "shard_size" not in given:
+        return None
+    missing = [name for name in ("dataset_size", "shard_size") if name not in given]
+    if missing:
+        raise ConfigError(
+            f"dtlaunch.init() got {', '.join(sorted(given))} but not {missing[0]}: "
+            "pass dataset_size= and shard_size= together"
+        )
+    for name, low in (("dataset_size", 1), ("shard_size", 1), ("epochs", 1)):
+        if given.get(name, low) < low:
+            raise ConfigError(f"{name} must be at least {low}, got {given[name]}")
+    if given.get("global_batch", 0) < 0:
+        raise ConfigError(f"global_batch must be 0 or more, got {given['global_batch']}")
+    if not 0 <= given.get("seed", 0) < 2**63:
+        raise ConfigError(f"seed must be in [0, 2**63), got {given['seed']}")
+    return DatasetSpec(**given).validate()
+
+
+def _check_agrees(spec: DatasetSpec, given: Mapping[str, int]) -> None:
+    """Values the script gave must match the job's data set."""
+    wrong = [
+        f"{name}={value} (the job has {getattr(spec, name)})"
+        for name, value in given.items()
+        if getattr(spec, name) != value
+    ]
+    if wrong:
+        raise ConfigError(
+            f"dtlaunch.init() got {', '.join(wrong)}; make dtlaunch.init() and the "
+            "dtlaunch run data set options agree"
+        )
+
+
+def _connection(env: Mapping[str, str], endpoint: str, attempt: int) -> Connection:
+    keys_dir = env.get(ENV_KEYS)
+    run_id = env.get(ENV_RUN_ID)
+    if not keys_dir or not run_id:
+        missing = ENV_KEYS if not keys_dir else ENV_RUN_ID
+        raise ConfigError(
+            f"{ENV_SUPERVISOR} is set but {missing} is not; run the script with dtlaunch run "
+            f"(which sets both), or unset {ENV_SUPERVISOR} to run standalone"
+        )
+    rank_var = ENV_RANK if ENV_RANK in env else "RANK"
+    heartbeat = _env_float(env, ENV_HEARTBEAT, DEFAULT_HEARTBEAT_S)
+    return Connection(
+        endpoint=endpoint,
+        keys=load_peer_keys(Path(keys_dir)),
+        run_id=run_id,
+        rank=_env_int(env, rank_var, default=None),
+        attempt=attempt,
+        heartbeat_interval=heartbeat,
+    )
+
+
+def _env_int(env: Mapping[str, str], name: str, *, default: int | None) -> int:
+    raw = env.get(name)
+    if raw is None:
+        if default is None:
+            raise ConfigError(f"{name} is not set; run the script with dtlaunch run")
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    if value < 0:
+        raise ConfigError(f"{name}={raw!r} must be 0 or more")
+    return value
+
+
+def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
+    if not value > 0:
+        raise ConfigError(f"{name}={raw!r} must be more than 0 seconds")
+    return value

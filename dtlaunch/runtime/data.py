@@ -1,0 +1,200 @@
+"""Batches of record indices cut from a stream of DDS leases, and when to ack a lease.
+
+A worker reads leases (a shard, or the remainder of one) one after another and
+cuts their records into batches of its local batch size; a batch crosses lease
+boundaries when a lease runs out mid-batch. A lease is DONE only once the step
+that trained its last record has applied its gradients, so each batch remembers
+which leases it completed, and ``step()`` acks those of the batches it covers.
+
+Which batches a ``step()`` covers:
+
+* ``returned`` (the default): every batch handed out before the call. Exact for
+  ``for idx in job.batches(): ...; job.step()``, also with gradient accumulation
+  (several batches per step).
+* ``one_per_step``: the oldest batch not yet covered. For consumers that read
+  batches ahead of training (a torch ``DataLoader`` with worker processes keeps
+  several index batches in flight), where "handed out" is not "trained"; exact
+  when ``step()`` is called once per batch.
+
+Nothing here does I/O: the lease source does (``client`` or ``standalone``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Literal, Protocol
+
+from dtlaunch.errors import ConfigError
+from dtlaunch.sharding import DatasetSpec, shard_records
+from dtlaunch.wire.messages import DatasetInfo, Lease
+
+__all__ = [
+    "AckMode",
+    "BatchStream",
+    "LeaseSource",
+    "dataset_info",
+    "dataset_spec",
+    "lease_fits",
+    "lease_records",
+    "local_batch_size",
+]
+
+logger = logging.getLogger(__name__)
+
+AckMode = Literal["returned", "one_per_step"]
+
+
+class LeaseSource(Protocol):
+    """Where leases come from and where their acks go."""
+
+    def next_lease(self) -> Lease | None:
+        """The next lease to read (blocks until there is one); None at the end of data."""
+        ...
+
+    def ack(self, lease_ids: Sequence[int], step: int) -> None:
+        """These leases' records are all applied, as of ``step``; must not block."""
+        ...
+
+    def close(self, timeout: float) -> None:
+        """Flush acks (waiting up to ``timeout`` seconds) and release resources."""
+        ...
+
+
+def local_batch_size(spec: DatasetSpec, rank: int, world_size: int) -> int:
+    """B_i = B // n + (1 if rank < B % n else 0); the shard size when B is 0.
+
+    Raises:
+        ConfigError: the global batch is smaller than the number of workers, so
+            some worker would get empty batches.
+    """
+    if spec.global_batch == 0:
+        return spec.shard_size
+    if spec.global_batch < world_size:
+        raise ConfigError(
+            f"global batch {spec.global_batch} is smaller than the {world_size} workers: "
+            "every worker needs at least one record per batch. Fix: raise global_batch "
+            "(--global-batch) to at least the number of workers, or pass 0 to use the "
+            "shard size as each worker's batch"
+        )
+    base, extra = divmod(spec.global_batch, world_size)
+    return base + (1 if rank < extra else 0)
+
+
+def dataset_info(spec: DatasetSpec) -> DatasetInfo:
+    return DatasetInfo(**asdict(spec))
+
+
+def dataset_spec(info: DatasetInfo) -> DatasetSpec:
+    return DatasetSpec(
+        dataset_size=info.dataset_size,
+        shard_size=info.shard_size,
+        epochs=info.epochs,
+        global_batch=info.global_batch,
+        seed=info.seed,
+    )
+
+
+def lease_fits(spec: DatasetSpec, lease: Lease) -> bool:
+    """Whether ``lease`` names records of ``spec`` (a bad grant is dropped, not read)."""
+    return (
+        lease.epoch < spec.epochs
+        and lease.shard < spec.num_shards
+        and 0 <= lease.start <= lease.end <= spec.shard_length(lease.shard)
+    )
+
+
+def lease_records(spec: DatasetSpec, lease: Lease) -> list[int]:
+    """The record indices of ``lease``, in reading order."""
+    return shard_records(spec, lease.epoch, lease.shard)[lease.start : lease.end]
+
+
+class BatchStream:
+    """Cuts leases into batches and decides which leases each ``step()`` acks."""
+
+    def __init__(self, source: LeaseSource, spec: DatasetSpec, batch_size: int) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch size must be at least 1, got {batch_size}")
+        self._source = source
+        self._spec = spec
+        self._batch_size = batch_size
+        self._mode: AckMode = "returned"
+        self._lease_id = -1
+        self._records: list[int] = []
+        self._pos = 0
+        self._ended = False
+        # Per handed-out batch not yet covered by a step: the leases it completed.
+        self._uncovered: deque[list[int]] = deque()
+        self._steps = 0
+        self._batches = 0
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    @property
+    def steps(self) -> int:
+        """How many times ``step()`` was called."""
+        return self._steps
+
+    @property
+    def batches_returned(self) -> int:
+        return self._batches
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    @property
+    def mode(self) -> AckMode:
+        return self._mode
+
+    def set_mode(self, mode: AckMode) -> None:
+        if mode not in ("returned", "one_per_step"):
+            raise ValueError(f"unknown ack mode {mode!r}")
+        self._mode = mode
+
+    def next_batch(self) -> list[int] | None:
+        """The next batch of up to ``batch_size`` records; None at the end of data."""
+        batch: list[int] = []
+        completed: list[int] = []
+        while len(batch) < self._batch_size:
+            exhausted = self._pos >= len(self._records)
+            if exhausted and (self._ended or not self._open_next_lease()):
+                break
+            take = min(self._batch_size - len(batch), len(self._records) - self._pos)
+            batch.extend(self._records[self._pos : self._pos + take])
+            self._pos += take
+            if self._pos == len(self._records):
+                completed.append(self._lease_id)
+        if not batch:
+            return None
+        self._uncovered.append(completed)
+        self._batches += 1
+        return batch
+
+    def step(self) -> int:
+        """One iteration's gradients are applied: ack the leases its batches finished."""
+        self._steps += 1
+        covered = len(self._uncovered) if self._mode == "returned" else min(1, len(self._uncovered))
+        lease_ids = [lid for _ in range(covered) for lid in self._uncovered.popleft()]
+        if lease_ids:
+            self._source.ack(lease_ids, self._steps)
+        return self._steps
+
+    def _open_next_lease(self) -> bool:
+        """Move to the next lease with records; False at the end of data."""
+        while True:
+            lease = self._source.next_lease()
+            if lease is None:
+                self._ended = True
+                return False
+            records = lease_records(self._spec, lease)
+            if records:
+                self._lease_id, self._records, self._pos = lease.lease_id, records, 0
+                return True
+            # No records means no gradients to wait for: it is done already.
+            logger.debug("lease %d is empty; acked at once", lease.lease_id)
+            self._source.ack([lease.lease_id], self._steps)

@@ -1,0 +1,47 @@
+"""Leases without a supervisor: ``python train.py`` reads every shard itself.
+
+Used when ``DTLAUNCH_SUPERVISOR`` is not set, so a training script written for
+dtlaunch runs as a plain single process for debugging. It hands out every
+epoch's shards whole, in the order the supervisor would (``epoch_order``), as
+rank 0 of 1. Acks have nobody to go to; they are only counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from dtlaunch.sharding import DatasetSpec, epoch_order
+from dtlaunch.wire.messages import Lease
+
+__all__ = ["StandaloneSource"]
+
+
+class StandaloneSource:
+    """A ``LeaseSource`` over the whole data set, epoch after epoch."""
+
+    def __init__(self, spec: DatasetSpec) -> None:
+        self._leases = self._all_leases(spec)
+        self.acked: list[int] = []
+
+    def next_lease(self) -> Lease | None:
+        return next(self._leases, None)
+
+    def ack(self, lease_ids: Sequence[int], step: int) -> None:
+        self.acked.extend(lease_ids)
+
+    def close(self, timeout: float) -> None:
+        return None
+
+    @staticmethod
+    def _all_leases(spec: DatasetSpec) -> Iterator[Lease]:
+        lease_id = 0
+        for epoch in range(spec.epochs):
+            for shard in epoch_order(spec, epoch):
+                yield Lease(
+                    lease_id=lease_id,
+                    epoch=epoch,
+                    shard=shard,
+                    start=0,
+                    end=spec.shard_length(shard),
+                )
+                lease_id += 1

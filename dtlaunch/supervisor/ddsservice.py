@@ -1,0 +1,254 @@
+"""The supervisor's data-sharding service: ShardQueue + write-ahead log + replies.
+
+Every reply that hands out a shard or confirms a DONE is sent only after the
+transition's record is durable in the WAL (group commit), so a supervisor killed
+at any instant and resumed loses nothing it ever told a worker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from dtlaunch.errors import ConfigError, RunDirError
+from dtlaunch.events import EventRecorder
+from dtlaunch.sharding import DatasetSpec
+from dtlaunch.supervisor.dds import ShardQueue
+from dtlaunch.supervisor.dds_records import (
+    Grant,
+    Release,
+    Transition,
+    decode_transition,
+    encode_transition,
+)
+from dtlaunch.supervisor.rundir import write_json_atomic
+from dtlaunch.supervisor.wal import GroupCommitter, Wal
+from dtlaunch.wire.messages import (
+    AckDone,
+    AckShards,
+    DatasetInfo,
+    DatasetReady,
+    FetchShards,
+    Message,
+    RegisterDataset,
+    ShardGrant,
+)
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[bytes, Message], Awaitable[None]]
+RETRY_AFTER_S = 0.2  # nothing to hand out now: ask again this much later
+SNAPSHOT_EVERY_BYTES = 8 << 20  # compaction keeps recovery bounded
+
+
+def dataset_info(spec: DatasetSpec) -> DatasetInfo:
+    return DatasetInfo(**asdict(spec))
+
+
+def dataset_spec(info: DatasetInfo) -> DatasetSpec:
+    return DatasetSpec(
+        dataset_size=info.dataset_size,
+        shard_size=info.shard_size,
+        epochs=info.epochs,
+        global_batch=info.global_batch,
+        seed=info.seed,
+    )
+
+
+class DdsService:
+    def __init__(
+        self, *, run_dir: Path, options: DatasetSpec | None, send: Send, recorder: EventRecorder
+    ) -> None:
+        self._dataset_path = run_dir / "dataset.json"
+        self._wal_dir = run_dir / "wal"
+        self._options = options
+        self._send = send
+        self._recorder = recorder
+        self.queue: ShardQueue | None = None
+        self.spec: DatasetSpec | None = None
+        self._wal: Wal | None = None
+        self._committer: GroupCommitter | None = None
+        self._rerun_records = 0  # upper bound of records trained twice
+
+    # ------------------------------------------------------------ lifecycle
+
+    def open(self) -> None:
+        """Take the WAL's lock and rebuild the queue from snapshot + records.
+
+        Raises:
+            RunDirError: another supervisor holds the WAL, or it is corrupt.
+            ConfigError: the WAL belongs to another data set.
+        """
+        stored = self._load_dataset()
+        if self._options is not None and stored is not None and stored != self._options:
+            raise ConfigError(
+                f"the run's data set {stored} differs from the options {self._options}; "
+                "drop the dataset options when resuming"
+            )
+        self.spec = stored or self._options
+        self._wal_dir.mkdir(mode=0o700, exist_ok=True)
+        wal, recovered = Wal.open(self._wal_dir)
+        self._wal = wal
+        self._committer = GroupCommitter(wal)
+        if recovered.torn_tail is not None:
+            self._recorder.emit("wal_torn_tail", detail=str(recovered.torn_tail))
+        if self.spec is None:
+            if recovered.snapshot is not None or recovered.records:
+                raise RunDirError(
+                    f"{self._wal_dir} holds shard records but the run has no dataset.json"
+                )
+            return
+        if stored is None:
+            self._store_dataset(self.spec)
+        queue = (
+            ShardQueue.restore(self.spec, recovered.snapshot)
+            if recovered.snapshot is not None
+            else ShardQueue(self.spec)
+        )
+        for payload in recovered.records:
+            queue.apply(decode_transition(payload))
+        self.queue = queue
+        if recovered.snapshot is not None or recovered.records:
+            self._recorder.emit(
+                "dds_recovered",
+                records=len(recovered.records),
+                done=queue.done_count,
+                doing=queue.doing_count,
+                total=queue.total,
+            )
+
+    async def close(self) -> None:
+        if self._committer is not None:
+            await self._committer.close()
+            self._committer = None
+        if self._wal is not None:
+            self._wal.close()
+            self._wal = None
+
+    # -------------------------------------------------------------- requests
+
+    async def handle(self, peer: bytes, rank: int, msg: Message) -> None:
+        if isinstance(msg, RegisterDataset):
+            await self._register(peer, msg)
+        elif isinstance(msg, FetchShards):
+            await self._fetch(peer, rank, msg)
+        elif isinstance(msg, AckShards):
+            await self._ack(peer, rank, msg)
+
+    async def worker_hello(self, rank: int, attempt: int, leases: list[int]) -> None:
+        """A worker (re)connected holding ``leases``: keep those, release its others."""
+        if self.queue is None:
+            return
+        await self._commit(self.queue.reclaim(rank, list(leases)), rank, "reclaim")
+
+    async def worker_gone(self, rank: int) -> None:
+        """The worker died, was killed or ended: its DOING shards go back to TODO."""
+        if self.queue is None:
+            return
+        await self._commit(self.queue.release_worker(rank), rank, "worker gone")
+
+    async def _register(self, peer: bytes, msg: RegisterDataset) -> None:
+        try:
+            wanted = dataset_spec(msg.dataset).validate()
+        except ConfigError as err:
+            await self._send(peer, DatasetReady(dataset=None, error=str(err)))
+            return
+        if self.spec is None:
+            self._store_dataset(wanted)
+            self.spec = wanted
+            self.queue = ShardQueue(wanted)
+            self._recorder.emit("dataset", source="worker", **asdict(wanted))
+        elif self.spec != wanted:
+            await self._send(
+                peer,
+                DatasetReady(
+                    dataset=dataset_info(self.spec),
+                    error=f"the job's data set is {self.spec}, but this worker registered "
+                    f"{wanted}; make dtlaunch.init() and the run options agree",
+                ),
+            )
+            return
+        await self._send(peer, DatasetReady(dataset=dataset_info(self.spec)))
+
+    async def send_dataset(self, peer: bytes) -> None:
+        info = dataset_info(self.spec) if self.spec is not None else None
+        await self._send(peer, DatasetReady(dataset=info))
+
+    async def _fetch(self, peer: bytes, rank: int, msg: FetchShards) -> None:
+        if self.queue is None:
+            await self._send(peer, ShardGrant(request_id=msg.request_id, retry_after=1.0))
+            return
+        grants = self.queue.fetch(rank, max(1, msg.count))
+        await self._commit(grants, rank, "")
+        granted = [t.lease() for t in grants if isinstance(t, Grant)]
+        finished = self.queue.finished
+        retry = 0.0 if granted or finished else RETRY_AFTER_S
+        await self._send(
+            peer,
+            ShardGrant(
+                request_id=msg.request_id, leases=granted, finished=finished, retry_after=retry
+            ),
+        )
+
+    async def _ack(self, peer: bytes, rank: int, msg: AckShards) -> None:
+        if self.queue is None:
+            return
+        done, refused = self.queue.ack(rank, list(msg.lease_ids))
+        await self._commit(done, rank, "")
+        if refused:
+            self._recorder.emit("ack_refused", role="worker", rank=rank, lease_ids=refused)
+        # Refused ids are dropped by the worker too: they are either DONE already
+        # (a repeated ack after a resume) or no longer its shards.
+        await self._send(peer, AckDone(lease_ids=list(msg.lease_ids)))
+
+    # --------------------------------------------------------------- helpers
+
+    async def _commit(self, transitions: list[Transition], rank: int, why: str) -> None:
+        if not transitions:
+            return
+        assert self._committer is not None
+        assert self._wal is not None
+        assert self.queue is not None
+        await self._committer.append_many([encode_transition(t) for t in transitions])
+        released = [t for t in transitions if isinstance(t, Release)]
+        if released:
+            assert self.spec is not None
+            # A released shard is read again from its start: its records may repeat.
+            self._rerun_records += sum(self.spec.shard_length(t.shard) for t in released)
+            if why:
+                self._recorder.emit(
+                    "shards_released", role="worker", rank=rank, reason=why, count=len(released)
+                )
+        if self._wal.bytes_since_snapshot >= SNAPSHOT_EVERY_BYTES:
+            await self._committer.snapshot(self.queue.snapshot())
+
+    def _load_dataset(self) -> DatasetSpec | None:
+        try:
+            data: dict[str, Any] = json.loads(self._dataset_path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as err:
+            raise RunDirError(f"{self._dataset_path} is unreadable: {err}") from err
+        return DatasetSpec(**data)
+
+    def _store_dataset(self, spec: DatasetSpec) -> None:
+        write_json_atomic(self._dataset_path, asdict(spec))
+
+    # -------------------------------------------------------------- summary
+
+    def summary_fields(self) -> dict[str, Any]:
+        if self.queue is None or self.spec is None:
+            return {"shards_total": 0, "shards_done": 0, "records_total": 0, "duplicate_records": 0}
+        return {
+            "shards_by_worker": {
+                str(w): n for w, n in sorted(self.queue.fetched_by_worker.items())
+            },
+            "shards_total": self.queue.total,
+            "shards_done": self.queue.done_count,
+            "records_total": self.spec.dataset_size * self.spec.epochs,
+            "duplicate_records": self._rerun_records,
+        }

@@ -1,0 +1,68 @@
+"""What a resumed supervisor learns from the event log of the run it takes over.
+
+The event log is not the source of truth for data (the DDS WAL is); it is the
+record of processes: which attempt each rank is on, the restarts and failures
+so far, and how long the job had run. A torn last line is skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dtlaunch.events import read_events
+from dtlaunch.supervisor.nodes import FailureRecord, RestartRecord
+
+
+@dataclass(slots=True, kw_only=True)
+class History:
+    attempts: dict[str, int] = field(default_factory=dict)  # proc id -> last attempt spawned
+    restarts: list[RestartRecord] = field(default_factory=list)
+    failures: list[FailureRecord] = field(default_factory=list)
+    elapsed_s: float = 0.0  # job time before this supervisor took over
+    resumes: int = 0
+
+
+def load_history(events_path: Path) -> History:
+    history = History()
+    if not events_path.exists():
+        return history
+    offset = 0.0  # each supervisor's monotonic clock starts at 0
+    for event in read_events(events_path):
+        if event.kind == "resume":
+            offset = history.elapsed_s
+            history.resumes += 1
+        at = round(offset + event.mono, 3)
+        history.elapsed_s = max(history.elapsed_s, at)
+        proc_id = f"{event.role}-{event.rank}"
+        if event.kind in ("spawn", "adopted"):
+            attempt = int(event.data.get("attempt", 0))
+            history.attempts[proc_id] = max(history.attempts.get(proc_id, 0), attempt)
+        elif event.kind == "restart":
+            history.restarts.append(
+                RestartRecord(
+                    role=event.role,
+                    rank=event.rank,
+                    host=event.host,
+                    reason=str(event.data.get("reason", "")),
+                    at_s=at,
+                    attempt=int(event.data.get("attempt", 0)),
+                )
+            )
+        elif event.kind == "failure":
+            history.failures.append(
+                FailureRecord(
+                    role=event.role,
+                    rank=event.rank,
+                    host=event.host,
+                    exit_code=event.data.get("exit_code"),
+                    signal=event.data.get("signal"),
+                    error=str(event.data.get("error", "")),
+                    reason=str(event.data.get("reason", "")),
+                    retryable=bool(event.data.get("retryable", True)),
+                    at_s=at,
+                    attempt=int(event.data.get("attempt", 0)),
+                    traceback=list(event.data.get("traceback", [])),
+                )
+            )
+    return history
