@@ -106,6 +106,8 @@ def kill_loop(tmp_path: Path, *, kills: int, n: int, seed: int) -> None:
     assert {rank for rank, _pid in _worker_pids(run_dir)} == {0, 1, 2}
     assert len(_worker_pids(run_dir)) == 3
     assert killed == kills
+    # The log was compacted along the way (snapshots), and recovery used them.
+    assert list((run_dir / "wal").glob("snap-*"))
     # Some supervisors die before they get to resume (killed while starting up).
     assert 1 <= sum(1 for e in events(run_dir) if e["kind"] == "resume") <= kills
 

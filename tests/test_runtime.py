@@ -468,6 +468,16 @@ def test_records_batches_acks_and_prefetch(tmp_path, keys):
 
 
 @pytest.mark.integration
+def test_prefetch_zero_fetches_on_demand(tmp_path, keys):
+    spec = DatasetSpec(dataset_size=50, shard_size=10, epochs=1, global_batch=5)
+    cfg = {"init": {"prefetch": 0}, "pause_after": 1, "pause": 0.5}
+    fake, run = run_job(tmp_path, keys, spec, cfg)
+    assert_succeeded(run)
+    assert sum(1 for t, _ in fake.grants if t <= run.one("pause_end")) == 1
+    assert_each_record_once_per_epoch(fake, run)
+
+
+@pytest.mark.integration
 def test_rehello_sends_hello_with_held_leases(tmp_path, keys):
     spec = DatasetSpec(dataset_size=120, shard_size=10, epochs=1, global_batch=4)
     cfg = {"init": {"prefetch": 3}, "step_sleep": 0.03}

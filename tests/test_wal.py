@@ -32,10 +32,13 @@ HEADER = 24  # segment header bytes
 
 
 class CountingFiles(RealFiles):
+    """Real files that count writes and fsyncs; fsync fails with EIO once ``fail`` is
+    set, as on a dying disk, and can be slowed down."""
+
     def __init__(self, fsync_delay: float = 0.0) -> None:
-        self.fsyncs = 0
-        self.writes = 0
+        self.fsyncs = self.writes = 0
         self.fsync_delay = fsync_delay
+        self.fail = False
 
     def write(self, handle, data):
         self.writes += 1
@@ -43,19 +46,9 @@ class CountingFiles(RealFiles):
 
     def fsync(self, handle):
         self.fsyncs += 1
-        time.sleep(self.fsync_delay)
-        super().fsync(handle)
-
-
-class FailingFiles(CountingFiles):
-    """fsync fails with EIO once ``fail`` is set, as on a dying disk."""
-
-    fail = False
-
-    def fsync(self, handle):
         if self.fail:
-            self.fsyncs += 1
             raise OSError(errno.EIO, "Input/output error")
+        time.sleep(self.fsync_delay)
         super().fsync(handle)
 
 
@@ -78,18 +71,17 @@ def record_offset(payloads: list[bytes], index: int) -> int:
 PAYLOADS = [f"transition-{i}".encode() * (1 + i % 3) for i in range(20)]
 
 
-def run_python(code: str, *args: str, **kw) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-c", code, *args],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **kw,
-    )
+def run_python(code: str, *args: str) -> subprocess.Popen[str]:
+    pipe = subprocess.PIPE
+    cmd = [sys.executable, "-c", code, *args]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=pipe, stderr=pipe, text=True)
 
 
-# ------------------------------------------------------------------- basics
+def recover(wal_dir: Path):
+    """Recover and close at once: what a restarted supervisor would find."""
+    wal, recovered = Wal.open(wal_dir)
+    wal.close()
+    return recovered
 
 
 def test_round_trip_keeps_every_record_in_order(tmp_path):
@@ -127,12 +119,8 @@ def test_segments_roll_over_and_recovery_crosses_them(tmp_path):
         assert len(data) <= 256 + 3 * 46  # rolls over once past the limit
         firsts.append(first)
     assert firsts == sorted(firsts) and firsts[0] == 1
-    _wal, recovered = Wal.open(tmp_path / "wal")
-    _wal.close()
+    recovered = recover(tmp_path / "wal")
     assert recovered.records == payloads
-
-
-# ------------------------------------------------------------- group commit
 
 
 def test_concurrent_appends_share_few_fsyncs(tmp_path):
@@ -159,8 +147,7 @@ def test_concurrent_appends_share_few_fsyncs(tmp_path):
     assert files.fsyncs <= 6, files.fsyncs
     assert files.writes <= 6
     wal.close()
-    _wal, recovered = Wal.open(tmp_path / "wal")
-    _wal.close()
+    recovered = recover(tmp_path / "wal")
     assert len(recovered.records) == 1003
     assert set(recovered.records[:1000]) == {b"rec-%d" % i for i in range(1000)}
 
@@ -214,27 +201,18 @@ def test_snapshot_through_committer_while_appends_continue(tmp_path):
 
     assert asyncio.run(main()) == list(range(31, 61))
     wal.close()
-    _wal, recovered = Wal.open(tmp_path / "wal")
-    _wal.close()
+    recovered = recover(tmp_path / "wal")
     assert recovered.snapshot == b"state-of-a"
     assert recovered.records == [b"b%d" % i for i in range(30)]
 
 
-# ---------------------------------------------------------------- durability
-
-
 SYNC_THEN_HANG = """
-import sys, time
-from pathlib import Path
-from dtlaunch.supervisor.wal import Wal
+import sys, time; from pathlib import Path; from dtlaunch.supervisor.wal import Wal
 wal, _ = Wal.open(Path(sys.argv[1]))
-for i in range(10):
-    wal.append(b"synced-%d" % i)
+for i in range(10): wal.append(b"synced-%d" % i)
 wal.sync()
-for i in range(5):
-    wal.append(b"buffered-%d" % i)
-print("ready", flush=True)
-time.sleep(60)
+for i in range(5): wal.append(b"buffered-%d" % i)
+print("ready", flush=True); time.sleep(60)
 """
 
 
@@ -258,17 +236,11 @@ def test_killed_writer_leaves_exactly_its_synced_records_and_frees_the_lock(tmp_
 
 
 TRY_OPEN = """
-import sys
-from pathlib import Path
-from dtlaunch.errors import RunDirError
+import sys; from pathlib import Path; from dtlaunch.errors import RunDirError
 from dtlaunch.supervisor.wal import Wal
-try:
-    wal, rec = Wal.open(Path(sys.argv[1]))
-except RunDirError as err:
-    print(err)
-    sys.exit(3)
-print(len(rec.records))
-wal.close()
+try: wal, rec = Wal.open(Path(sys.argv[1]))
+except RunDirError as err: print(err); sys.exit(3)
+print(len(rec.records)); wal.close()
 """
 
 
@@ -283,14 +255,13 @@ def test_lock_refuses_a_second_supervisor_process(tmp_path):
     assert f"locked by pid {os.getpid()}" in out
     with pytest.raises(RunDirError):  # another open in this process is refused too
         Wal.open(tmp_path / "wal")
+    with pytest.raises(RunDirError, match="locked by"):  # and so is repair
+        repair(tmp_path / "wal")
     wal.close()
     other = run_python(TRY_OPEN, str(tmp_path / "wal"))
     out, err = other.communicate(timeout=60)
     assert other.returncode == 0, err
     assert out.strip() == "1"
-
-
-# --------------------------------------------------------- snapshots, compaction
 
 
 def test_snapshots_compact_old_segments_and_recover_with_later_records(tmp_path):
@@ -334,14 +305,10 @@ def test_leftovers_of_an_interrupted_compaction_are_ignored_then_removed(tmp_pat
     for name, data in old.items():  # as if the deletes never reached the disk
         (wal_dir / name).write_bytes(data)
     (wal_dir / "seg-00000000000000000099.wal.tmp").write_bytes(b"half a header")
-    wal, recovered = Wal.open(wal_dir)
-    wal.close()
+    recovered = recover(wal_dir)
     assert recovered.snapshot == b"through-10" and recovered.records == [b"eleven"]
     assert [p.name for p in segments(wal_dir)] == [f"seg-{11:020d}.wal"]
     assert not list(wal_dir.glob("*.tmp"))
-
-
-# -------------------------------------------------------------- torn tails
 
 
 @pytest.mark.parametrize(
@@ -379,12 +346,8 @@ def test_torn_final_record_is_cut_and_kept_as_backup(tmp_path, damage, kept):
     assert segment.read_bytes() == damaged[:cut_at]
     assert wal.append(b"again") == kept + 1
     wal.close()
-    wal, recovered = Wal.open(wal_dir)
-    wal.close()
+    recovered = recover(wal_dir)
     assert recovered.torn_tail is None and recovered.records == [*PAYLOADS[:kept], b"again"]
-
-
-# ---------------------------------------------------------- refused damage
 
 
 def _flip(path: Path, offset: int) -> None:
@@ -393,12 +356,18 @@ def _flip(path: Path, offset: int) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_corruption_before_the_tail_is_refused_naming_file_offset_and_fix(tmp_path):
+@pytest.mark.parametrize("damage", ["payload-byte", "length-past-eof"])
+def test_corruption_before_the_tail_is_refused_naming_file_offset_and_fix(tmp_path, damage):
     wal_dir = tmp_path / "wal"
     write_log(wal_dir, PAYLOADS)
     (segment,) = segments(wal_dir)
     at = record_offset(PAYLOADS, 4)
-    _flip(segment, at + 20)  # a payload byte of seq 5
+    data = bytearray(segment.read_bytes())
+    if damage == "payload-byte":
+        data[at + 20] ^= 0x55
+    else:  # looks like a torn final record, but sound records follow it
+        data[at : at + 4] = struct.pack("<I", 10_000_000)
+    segment.write_bytes(bytes(data))
     with pytest.raises(WalCorruptError) as caught:
         Wal.open(wal_dir)
     message = str(caught.value)
@@ -408,19 +377,7 @@ def test_corruption_before_the_tail_is_refused_naming_file_offset_and_fix(tmp_pa
     # The refusal released the lock and changed nothing.
     with pytest.raises(WalCorruptError):
         Wal.open(wal_dir)
-
-
-def test_a_damaged_length_that_looks_like_a_torn_tail_is_still_refused(tmp_path):
-    wal_dir = tmp_path / "wal"
-    write_log(wal_dir, PAYLOADS)
-    (segment,) = segments(wal_dir)
-    data = bytearray(segment.read_bytes())
-    at = record_offset(PAYLOADS, 10)
-    data[at : at + 4] = struct.pack("<I", 10_000_000)  # "runs past the end of the file"
-    segment.write_bytes(bytes(data))
-    with pytest.raises(WalCorruptError) as caught:
-        Wal.open(wal_dir)
-    assert caught.value.offset == at
+    assert segment.read_bytes() == data
 
 
 def test_sequence_gap_is_refused(tmp_path):
@@ -465,9 +422,6 @@ def test_unknown_version_and_magic_are_refused(tmp_path):
         Wal.open(wal_dir)
 
 
-# ------------------------------------------------------------------- repair
-
-
 def test_repair_cuts_at_the_first_damage_keeps_a_backup_then_open_works(tmp_path):
     wal_dir = tmp_path / "wal"
     write_log(wal_dir, PAYLOADS, segment_bytes=400)
@@ -494,13 +448,6 @@ def test_repair_cuts_at_the_first_damage_keeps_a_backup_then_open_works(tmp_path
     assert repair(wal_dir).damage is None  # sound now: nothing to do
 
 
-def test_repair_refuses_while_a_supervisor_holds_the_lock(tmp_path):
-    wal, _ = Wal.open(tmp_path / "wal")
-    with pytest.raises(RunDirError, match="locked by"):
-        repair(tmp_path / "wal")
-    wal.close()
-
-
 def test_damaged_only_snapshot_is_refused_and_repair_drops_what_depends_on_it(tmp_path):
     wal_dir = tmp_path / "wal"
     wal, _ = Wal.open(wal_dir)
@@ -515,55 +462,35 @@ def test_damaged_only_snapshot_is_refused_and_repair_drops_what_depends_on_it(tm
         Wal.open(wal_dir)
     report = repair(wal_dir)
     assert report.records_dropped == 1 and (report.backup / snap.name).exists()
-    wal, recovered = Wal.open(wal_dir)
-    wal.close()
+    recovered = recover(wal_dir)
     assert recovered.snapshot is None and recovered.records == []
 
 
-# -------------------------------------------------------------- fsync errors
-
-
-def test_fsync_error_is_fatal_never_retried_and_refuses_later_appends(tmp_path):
-    files = FailingFiles()
-    wal, _ = Wal.open(tmp_path / "wal", files=files)
-    wal.append(b"durable")
-    wal.sync()
-    files.fail = True
-    attempts = files.fsyncs
-    wal.append(b"lost")
-    with pytest.raises(WalFsyncError, match="Input/output error") as caught:
-        wal.sync()
-    assert isinstance(caught.value, DtlaunchError)
-    assert files.fsyncs == attempts + 1  # exactly one try
-    with pytest.raises(WalFsyncError):
-        wal.append(b"refused")
-    with pytest.raises(WalFsyncError):
-        wal.sync()
-    with pytest.raises(WalFsyncError):
-        wal.write_snapshot(b"state")
-    assert files.fsyncs == attempts + 1
-    wal.close()  # releases the lock without raising again
-    files.fail = False
-    wal, recovered = Wal.open(tmp_path / "wal")
-    wal.close()
-    assert recovered.records[0] == b"durable"
-
-
-def test_fsync_error_reaches_every_waiting_appender(tmp_path):
-    files = FailingFiles()
+def test_fsync_error_is_fatal_reaches_every_waiter_and_is_never_retried(tmp_path):
+    files = CountingFiles()
     wal, _ = Wal.open(tmp_path / "wal", files=files)
 
     async def main():
         committer = GroupCommitter(wal)
-        await committer.append(b"ok")
+        await committer.append(b"durable")
         files.fail = True
+        attempts = files.fsyncs
         results = await asyncio.gather(
             *(committer.append(b"x%d" % i) for i in range(20)), return_exceptions=True
         )
         assert all(isinstance(r, WalFsyncError) for r in results), results
+        assert "Input/output error" in str(results[0])
+        assert isinstance(results[0], DtlaunchError)
+        assert files.fsyncs == attempts + 1  # exactly one try, shared by all 20
         with pytest.raises(WalFsyncError):
             await committer.append(b"refused")
         await committer.close()
+        for refused in (lambda: wal.append(b"x"), wal.sync, lambda: wal.write_snapshot(b"s")):
+            with pytest.raises(WalFsyncError):
+                refused()
+        assert files.fsyncs == attempts + 1
 
     asyncio.run(main())
-    wal.close()
+    wal.close()  # releases the lock without raising again
+    files.fail = False
+    assert recover(tmp_path / "wal").records[0] == b"durable"

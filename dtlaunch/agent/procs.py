@@ -32,6 +32,7 @@ from dtlaunch.agent.output import ChunkCallback, LineTail, pump
 from dtlaunch.agent.proctable import TOKEN_ENV, ChildRecord, write_table
 from dtlaunch.agent.resources import TreeSampler
 from dtlaunch.errors import LaunchError
+from dtlaunch.procwait import wait_popen
 from dtlaunch.wire.messages import ProcReport
 
 log = logging.getLogger(__name__)
@@ -187,30 +188,6 @@ def _check_spawnable(spec: SpawnSpec, env: Mapping[str, str]) -> None:
         )
 
 
-async def _wait_exit(popen: subprocess.Popen[bytes]) -> int:
-    """Wait until ``popen`` exits without a helper thread (pidfd), then reap it."""
-    loop = asyncio.get_running_loop()
-    try:
-        pidfd = os.pidfd_open(popen.pid)
-    except ProcessLookupError:
-        return popen.wait()
-    try:
-        readable: asyncio.Future[None] = loop.create_future()
-
-        def on_readable() -> None:
-            if not readable.done():
-                readable.set_result(None)
-
-        loop.add_reader(pidfd, on_readable)
-        try:
-            await readable
-        finally:
-            loop.remove_reader(pidfd)
-    finally:
-        os.close(pidfd)
-    return popen.wait()
-
-
 async def _pipe_reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.ReadTransport]:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -359,7 +336,7 @@ class ProcessGroupRunner:
             async with asyncio.TaskGroup() as pumps:
                 out_task = pumps.create_task(pump(out_reader, self._emitter(child, "stdout")))
                 err_task = pumps.create_task(pump(err_reader, self._emitter(child, "stderr")))
-                returncode = await _wait_exit(child.popen)
+                returncode = await wait_popen(child.popen)
                 # Leftover grandchildren in the group must not outlive the rank.
                 child.signal_group(signal.SIGKILL)
                 await asyncio.wait({out_task, err_task}, timeout=DRAIN_AFTER_EXIT_S)

@@ -88,6 +88,8 @@ def init(
                 "standalone and needs the data set: pass dataset_size= and shard_size= "
                 "(and epochs=, global_batch=, seed= as needed)"
             )
+        if os.environ.get("WORLD_SIZE", "1") != "1":
+            logger.warning("standalone mode reads the whole data set as rank 0 of 1")
         source = StandaloneSource(spec)
         return Job(rank=0, world_size=1, restart_count=restart_count, dataset=spec, source=source)
     if not endpoint:
@@ -95,11 +97,14 @@ def init(
     conn = _connection(os.environ, endpoint, restart_count)
     world_size = _env_int(os.environ, "WORLD_SIZE", default=None)
     if world_size < 1 or not 0 <= conn.rank < world_size:
-        raise ConfigError(f"rank {conn.rank} does not fit WORLD_SIZE={world_size}")
+        raise ConfigError(
+            f"rank {conn.rank} does not fit WORLD_SIZE={world_size}; "
+            "run the script with dtlaunch run, which sets both"
+        )
     wanted = _full_spec(given)
+    timeout = _env_float(os.environ, ENV_INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT_S)
     client = SupervisorClient(conn, prefetch=prefetch)
     try:
-        timeout = _env_float(os.environ, ENV_INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT_S)
         spec = client.negotiate(dataset_info(wanted) if wanted else None, timeout)
         if wanted is None:
             _check_agrees(spec, given)

@@ -42,7 +42,11 @@ log = logging.getLogger(__name__)
 
 Send = Callable[[bytes, Message], Awaitable[None]]
 RETRY_AFTER_S = 0.2  # nothing to hand out now: ask again this much later
-SNAPSHOT_EVERY_BYTES = 8 << 20  # compaction keeps recovery bounded
+# Compaction: snapshot once the log since the last snapshot outgrows both this
+# floor and a multiple of the snapshot's own size, so recovery stays short and
+# snapshot writes stay a small share of the I/O.
+SNAPSHOT_MIN_LOG_BYTES = 16 << 10
+SNAPSHOT_LOG_RATIO = 8
 
 
 def dataset_info(spec: DatasetSpec) -> DatasetInfo:
@@ -73,6 +77,9 @@ class DdsService:
         self._wal: Wal | None = None
         self._committer: GroupCommitter | None = None
         self._rerun_records = 0  # upper bound of records trained twice
+        self._snapshot_bytes = 0
+        self._snapshotting = False
+        self.snapshots = 0
 
     # ------------------------------------------------------------ lifecycle
 
@@ -223,8 +230,16 @@ class DdsService:
                 self._recorder.emit(
                     "shards_released", role="worker", rank=rank, reason=why, count=len(released)
                 )
-        if self._wal.bytes_since_snapshot >= SNAPSHOT_EVERY_BYTES:
-            await self._committer.snapshot(self.queue.snapshot())
+        threshold = max(SNAPSHOT_MIN_LOG_BYTES, SNAPSHOT_LOG_RATIO * self._snapshot_bytes)
+        if self._wal.bytes_since_snapshot >= threshold and not self._snapshotting:
+            self._snapshotting = True
+            try:
+                state = self.queue.snapshot()
+                self._snapshot_bytes = len(state)
+                await self._committer.snapshot(state)
+                self.snapshots += 1
+            finally:
+                self._snapshotting = False
 
     def _load_dataset(self) -> DatasetSpec | None:
         try:

@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import zmq.asyncio
 
@@ -30,6 +30,7 @@ from dtlaunch.supervisor.placement import place
 from dtlaunch.supervisor.report import build_summary
 from dtlaunch.supervisor.rundir import RunDir
 from dtlaunch.supervisor.supervisor import Supervisor
+from dtlaunch.supervisor.wal_files import WalFsyncError
 from dtlaunch.wire.keys import RunKeys, create_run_keys, load_run_keys
 from dtlaunch.wire.messages import AgentBootstrap, Message, Spawn
 from dtlaunch.wire.sockets import Router
@@ -130,24 +131,48 @@ async def run_job(
                 with _signals_to(supervisor):
                     await supervisor.run()
             except Exception as err:
+                fsync = _first(err, WalFsyncError)
+                if fsync is not None:
+                    # The disk may have lost what it acknowledged: never retry, stop
+                    # here. No summary, so the job stays resumable; the agents keep
+                    # it running for --orphan-timeout.
+                    raise RunDirError(
+                        f"writing the data-sharding log failed ({fsync}); the supervisor "
+                        f"stopped. Fix the disk, then: dtlaunch run --resume {run.path}"
+                    ) from None
                 # A bug of ours must still leave a summary; the agents stop the
                 # job by themselves after --orphan-timeout.
-                log.exception("the supervisor failed")
+                log.error("the supervisor failed", exc_info=err)
                 state.status = "failed"
-                state.stop_reason = f"supervisor error: {err!r}"
+                state.stop_reason = f"supervisor error: {_first(err, Exception)!r}"
     finally:
-        await dds.close()
+        with contextlib.suppress(WalFsyncError):
+            await dds.close()
         output.close()
         ctx.destroy(linger=0)
+        event_log.close()
     jct = time.monotonic() - started + (history.elapsed_s if history else 0.0)
     summary = build_summary(spec, state, jct_s=jct, reason=state.stop_reason)
     summary.update(dds.summary_fields())
     run.write_summary(summary)
-    event_log.close()
     exit_code = 0 if summary["status"] == "succeeded" else 1
     return JobResult(
         status=summary["status"], exit_code=exit_code, summary=summary, run_dir=run.path
     )
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def _first(err: BaseException, kind: type[_E]) -> _E | None:
+    """The first ``kind`` in ``err`` or, for a TaskGroup's group, inside it."""
+    if isinstance(err, BaseExceptionGroup):
+        for inner in err.exceptions:
+            found = _first(inner, kind)
+            if found is not None:
+                return found
+        return None
+    return err if isinstance(err, kind) else None
 
 
 def _build_supervisor(

@@ -15,6 +15,7 @@ import logging
 import os
 import shlex
 import signal
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ import asyncssh
 from dtlaunch import __version__
 from dtlaunch.errors import LaunchError, SshError
 from dtlaunch.hostfile import HostSpec
+from dtlaunch.procwait import wait_popen
 from dtlaunch.sshconn import SshOptions, connect, run_remote
 from dtlaunch.supervisor.failures import signal_name
 from dtlaunch.wire.codec import to_dict
@@ -79,29 +81,55 @@ def _bootstrap_line(boot: AgentBootstrap) -> bytes:
 
 
 class LocalAgentProcess:
-    def __init__(self, proc: asyncio.subprocess.Process, log_file: IO[bytes]) -> None:
-        self._proc = proc
+    def __init__(self, popen: subprocess.Popen[bytes], log_file: IO[bytes]) -> None:
+        self._popen = popen
         self._log_file = log_file
 
     async def wait(self) -> AgentExit:
-        code = await self._proc.wait()
-        self._log_file.close()
+        try:
+            code = await wait_popen(self._popen)
+        finally:
+            self._log_file.close()
         if code < 0:
             return AgentExit(definite=True, detail=f"killed by {signal_name(-code)}")
         return AgentExit(definite=True, detail=f"exit code {code}")
 
     async def terminate(self) -> None:
         """Last resort when an agent ignored Shutdown: SIGTERM, then SIGKILL."""
-        if self._proc.returncode is not None:
+        if self._popen.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
-            self._proc.send_signal(signal.SIGTERM)
+            self._popen.send_signal(signal.SIGTERM)
         try:
-            await asyncio.wait_for(self._proc.wait(), timeout=5.0)
+            await asyncio.wait_for(wait_popen(self._popen), timeout=5.0)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
-                self._proc.kill()
-            await self._proc.wait()
+                self._popen.kill()
+            await wait_popen(self._popen)
+
+
+def _start_local_agent(
+    python: str, log_file: IO[bytes], bootstrap: bytes
+) -> subprocess.Popen[bytes]:
+    """Fork the agent and hand it its bootstrap (a few hundred bytes: no blocking).
+
+    A plain Popen, not asyncio's subprocess transport, which would kill a still
+    running agent when collected: after a supervisor failure the agent must live
+    on (``--orphan-timeout``) so that ``--resume`` finds the job running.
+    """
+    popen = subprocess.Popen(
+        [python, "-m", "dtlaunch.agent"],
+        stdin=subprocess.PIPE,
+        stdout=log_file,
+        stderr=log_file,
+        # Its own session: a Ctrl-C at the terminal reaches only the supervisor,
+        # which then stops the job in order.
+        start_new_session=True,
+    )
+    assert popen.stdin is not None
+    with popen.stdin:
+        popen.stdin.write(bootstrap)
+    return popen
 
 
 class LocalLauncher:
@@ -118,25 +146,11 @@ class LocalLauncher:
     async def start(self, host: HostSpec, boot: AgentBootstrap, log_path: Path) -> AgentProcess:
         log_file = log_path.open("ab")
         try:
-            proc = await asyncio.create_subprocess_exec(
-                self._python,
-                "-m",
-                "dtlaunch.agent",
-                stdin=asyncio.subprocess.PIPE,
-                stdout=log_file,
-                stderr=log_file,
-                # Its own session: a Ctrl-C at the terminal reaches only the
-                # supervisor, which then stops the job in order.
-                start_new_session=True,
-            )
+            popen = _start_local_agent(self._python, log_file, _bootstrap_line(boot))
         except OSError as err:
             log_file.close()
             raise LaunchError(f"cannot start the local agent with {self._python}: {err}") from err
-        assert proc.stdin is not None
-        proc.stdin.write(_bootstrap_line(boot))
-        await proc.stdin.drain()
-        proc.stdin.close()
-        return LocalAgentProcess(proc, log_file)
+        return LocalAgentProcess(popen, log_file)
 
     async def close(self) -> None:
         return None

@@ -106,6 +106,7 @@ class Supervisor:
         self._done = asyncio.Event()
         self._agents: dict[str, AgentProcess] = {}
         self._launch_tasks: set[asyncio.Task[None]] = set()
+        self._greeted: set[int] = set()  # worker ranks that said Hello to this supervisor
         self._tasks: asyncio.TaskGroup | None = None
         self._ping_seq = 0
         self._signals = 0
@@ -276,12 +277,18 @@ class Supervisor:
             if msg.run_id != self._run_id:
                 log.warning("worker %d belongs to run %s; ignored", rank, msg.run_id)
                 return
+            self._greeted.add(rank)
             await self._router.send(
                 peer, Welcome(run_id=self._run_id, heartbeat_interval=self._interval)
             )
             self._spawn_task(
                 self._dds.worker_hello(rank, msg.attempt, list(msg.leases)), f"hello-{rank}"
             )
+        elif rank not in self._greeted:
+            # A worker we have not heard Hello from (we were resumed): it must say
+            # which leases it holds before it is served, or shards granted just
+            # before the crash, whose answer it never got, would stay its forever.
+            await self._router.send(peer, Rehello())
         elif isinstance(msg, DatasetReady):
             # A worker's query for the job's data set (it gave none to init()).
             await self._dds.send_dataset(peer)
