@@ -333,13 +333,20 @@ def wal_repair(
 ) -> None:
     """Cut the WAL at its first corruption (a backup of the cut keeps every byte)."""
     _setup_logging(False)
+    from dtlaunch.supervisor.rundir import RunDir
     from dtlaunch.supervisor.wal import repair
 
     try:
-        report = repair(run_dir / "wal")
+        run = RunDir.open(run_dir.absolute())
+        report = repair(run.path / "wal")
     except DtlaunchError as err:
         raise _fail(err, code=1) from None
     print(f"dtlaunch: {report}")
+    if report.damage is not None or report.backup is not None:
+        # Workers may hold shards the cut log no longer knows: the next resume
+        # restarts them instead of adopting them.
+        run.mark_wal_repaired(str(report))
+        print(f"dtlaunch: resume with: dtlaunch run --resume {run.path} (workers will restart)")
 
 
 def main() -> None:

@@ -155,6 +155,7 @@ async def run_job(
     summary = build_summary(spec, state, jct_s=jct, reason=state.stop_reason)
     summary.update(dds.summary_fields())
     run.write_summary(summary)
+    run.repaired_marker.unlink(missing_ok=True)
     exit_code = 0 if summary["status"] == "succeeded" else 1
     return JobResult(
         status=summary["status"], exit_code=exit_code, summary=summary, run_dir=run.path
@@ -279,6 +280,11 @@ def _build_supervisor(
         dds=dds,
         resume=history,
         adopt=set(known),
+        restart_workers=(
+            "the data-sharding log was repaired; the workers' shards are stale"
+            if history is not None and run.repaired_marker.exists()
+            else ""
+        ),
     )
 
 

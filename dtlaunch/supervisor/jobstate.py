@@ -111,6 +111,7 @@ class JobState:
         restarts: list[RestartRecord],
         failures: list[FailureRecord],
         adopt: set[str],
+        restart_workers: str = "",
     ) -> list[Command]:
         """A supervisor restarted with --resume: the agents in ``adopt`` (those the
         dead supervisor had started) are expected to reconnect; others are launched.
@@ -124,6 +125,8 @@ class JobState:
         for slot in self.procs.values():
             slot.attempt = attempts.get(slot.proc_id, 0)
             slot.bump_before_spawn = slot.proc_id in attempts
+            if slot.role == "worker":
+                slot.restart_if_found = restart_workers
         out: list[Command] = [EmitEvent(kind="resume", data={"attempts": attempts})]
         for agent in self.agents.values():
             if agent.host not in adopt:
@@ -246,7 +249,7 @@ class JobState:
         slot.unresponsive = False
         out += self._gone(slot)
         if slot.state is ProcState.STOPPING or msg.requested or self.phase is Phase.STOPPING:
-            if slot.restart_after_stop and self.phase is Phase.RUNNING:
+            if slot.restart_after_stop and self.phase in (Phase.RUNNING, Phase.STARTING):
                 slot.restart_after_stop = False
                 out.append(self._restart(slot, slot.restart_reason, now))
                 return out + self._reconcile(now)
@@ -400,6 +403,13 @@ class JobState:
                     out.append(
                         self._proc_event("adopted", slot, pid=report.pid, attempt=slot.attempt)
                     )
+                    if slot.restart_if_found:
+                        # Its state no longer matches ours: stop it, start it afresh.
+                        out.append(SendToAgent(host=host, message=self._kill_message(slot)))
+                        slot.state = ProcState.STOPPING
+                        slot.restart_after_stop = True
+                        slot.restart_reason = slot.restart_if_found
+                    slot.restart_if_found = ""
                 continue
             if slot.state is not ProcState.RUNNING:
                 continue

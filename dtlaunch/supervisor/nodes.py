@@ -95,6 +95,8 @@ class ProcSlot:
     restart_reason: str = ""
     # Resumed supervisor: this attempt ran before; the next spawn is a restart.
     bump_before_spawn: bool = False
+    # Resumed after a WAL repair: a running process is restarted, not adopted.
+    restart_if_found: str = ""
 
     @property
     def proc_id(self) -> str:

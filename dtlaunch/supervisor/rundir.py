@@ -138,5 +138,12 @@ class RunDir:
     def write_hosts(self, hosts: dict[str, dict[str, str]]) -> None:
         write_json_atomic(self.hosts_path, hosts)
 
+    @property
+    def repaired_marker(self) -> Path:
+        return self.path / "wal" / "REPAIRED"
+
+    def mark_wal_repaired(self, report: str) -> None:
+        self.repaired_marker.write_text(report + "\n")
+
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json_atomic(self.summary_path, summary)

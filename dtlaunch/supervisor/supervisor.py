@@ -85,11 +85,13 @@ class Supervisor:
         dds: DdsService | None = None,
         resume: ResumeInfo | None = None,
         adopt: set[str] | None = None,
+        restart_workers: str = "",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._dds = dds
         self._resume = resume
         self._adopt = adopt or set()
+        self._restart_workers = restart_workers
         self.state = state
         self._router = router
         self._launcher = launcher
@@ -129,6 +131,7 @@ class Supervisor:
                         restarts=self._resume.restarts,
                         failures=self._resume.failures,
                         adopt=self._adopt,
+                        restart_workers=self._restart_workers,
                     )
                 )
             await self._done.wait()
