@@ -13,7 +13,6 @@ import pytest
 
 from dtlaunch.sharding import DatasetSpec
 from dtlaunch.supervisor.dds import ShardQueue
-from dtlaunch.supervisor.dds_records import decode_transition
 from dtlaunch.supervisor.wal import Wal
 from tests.jobs import SCRIPTS, Started, events, run, summary, wait_until
 from tests.test_dds_jobs import dataset_args, ledger_counts
@@ -39,8 +38,7 @@ def replay_wal(run_dir: Path, spec: DatasetSpec) -> ShardQueue:
         queue = (
             ShardQueue.restore(spec, recovered.snapshot) if recovered.snapshot else ShardQueue(spec)
         )
-        for payload in recovered.records:
-            queue.apply(decode_transition(payload))
+        queue.replay(recovered.records)
         return queue
     finally:
         wal.close()
@@ -117,6 +115,7 @@ def test_supervisor_killed_30_times_and_resumed_loses_nothing(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_supervisor_killed_300_times_and_resumed_loses_nothing(tmp_path):
     kill_loop(tmp_path, kills=300, n=200000, seed=12)
 

@@ -22,7 +22,6 @@ from dtlaunch.supervisor.dds_records import (
     Grant,
     Release,
     Transition,
-    decode_transition,
     encode_transition,
 )
 from dtlaunch.supervisor.rundir import write_json_atomic
@@ -116,8 +115,7 @@ class DdsService:
             if recovered.snapshot is not None
             else ShardQueue(self.spec)
         )
-        for payload in recovered.records:
-            queue.apply(decode_transition(payload))
+        queue.replay(recovered.records)
         self.queue = queue
         if recovered.snapshot is not None or recovered.records:
             self._recorder.emit(
