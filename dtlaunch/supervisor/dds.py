@@ -74,6 +74,10 @@ class ShardQueue:
     def __init__(self, spec: DatasetSpec) -> None:
         self.spec = spec.validate()
         self._k = spec.num_shards
+        # Shard lengths without a call per grant: all full but maybe the last.
+        self._shard_size = spec.shard_size
+        self._last_shard = spec.num_shards - 1
+        self._last_length = spec.shard_length(spec.num_shards - 1)
         self._next_lease_id = 0
         self._epochs_started = 0
         # TODO = the fresh tail of the last started epoch's order, then the released
@@ -203,9 +207,10 @@ class ShardQueue:
         try:
             for row in unpacker:
                 count += 1
-                # Records are CRC-checked and ours; this catches a foreign or buggy
-                # writer cheaply (min() also refuses anything that is not a number).
-                if type(row) is not tuple or min(row) < 0:
+                # Every field but a grant's worker is checked by equality with the
+                # queue's own state in _apply_grant/_apply_end (a wrong type or a
+                # negative never matches); the worker is checked there explicitly.
+                if type(row) is not tuple:
                     raise DdsStateError(f"shard-queue log record has a bad shape: {row!r:.80}")
                 if row[0] == grant and len(row) == 7:
                     self._apply_grant(*row[1:])
@@ -257,7 +262,9 @@ class ShardQueue:
             or epoch != head[0]
             or shard != head[1]
             or start != 0
-            or end != self.spec.shard_length(shard)
+            or end != (self._last_length if shard == self._last_shard else self._shard_size)
+            or type(worker) is not int
+            or worker < 0
         ):
             would = (
                 "has nothing to grant (TODO is empty)"
@@ -277,7 +284,11 @@ class ShardQueue:
             self._start_epoch()
             self._fresh_pos = 1
         self._doing[lease_id] = (worker, epoch, shard)
-        self._held.setdefault(worker, set()).add(lease_id)
+        held = self._held.get(worker)
+        if held is None:
+            self._held[worker] = {lease_id}
+        else:
+            held.add(lease_id)
         self._next_lease_id += 1
         self._fetched[worker] = self._fetched.get(worker, 0) + 1
 

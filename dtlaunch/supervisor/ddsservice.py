@@ -76,6 +76,7 @@ class DdsService:
         self._wal: Wal | None = None
         self._committer: GroupCommitter | None = None
         self._rerun_records = 0  # upper bound of records trained twice
+        self._serving = False  # the first answered request is an event (resume latency)
         self._snapshot_bytes = 0
         self._snapshotting = False
         self.snapshots = 0
@@ -190,6 +191,7 @@ class DdsService:
         grants = self.queue.fetch(rank, max(1, msg.count))
         await self._commit(grants, rank, "")
         granted = [t.lease() for t in grants if isinstance(t, Grant)]
+        self._first_served(rank)
         finished = self.queue.finished
         retry = 0.0 if granted or finished else RETRY_AFTER_S
         await self._send(
@@ -204,6 +206,7 @@ class DdsService:
             return
         done, refused = self.queue.ack(rank, list(msg.lease_ids))
         await self._commit(done, rank, "")
+        self._first_served(rank)
         if refused:
             self._recorder.emit("ack_refused", role="worker", rank=rank, lease_ids=refused)
         # Refused ids are dropped by the worker too: they are either DONE already
@@ -211,6 +214,11 @@ class DdsService:
         await self._send(peer, AckDone(lease_ids=list(msg.lease_ids)))
 
     # --------------------------------------------------------------- helpers
+
+    def _first_served(self, rank: int) -> None:
+        if not self._serving:
+            self._serving = True
+            self._recorder.emit("dds_serving", role="worker", rank=rank)
 
     async def _commit(self, transitions: list[Transition], rank: int, why: str) -> None:
         if not transitions:
