@@ -165,7 +165,9 @@ class Wal:
         except BaseException:
             files.unlock(lock)
             raise
-        log.info(
+        # A new run's empty log is not news; a recovery is.
+        log.log(
+            logging.INFO if state.last_seq else logging.DEBUG,
             "WAL %s recovered: snapshot through seq %d, %d records after it, last seq %d",
             directory,
             state.snapshot_seq,
