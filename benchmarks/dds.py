@@ -6,7 +6,9 @@ Prints, from one run on this machine (baselines measured side by side):
   and with one fsync per record for contrast, and their ratio;
 * fsync latency p50/p99 on this disk;
 * recovery time from a WAL holding 1,000,000 shard transitions (target <= 2 s);
-* supervisor resume-to-first-step time after kill -9 of a real embedded job.
+* supervisor resume-to-first-step time after kill -9 of a real embedded job;
+* shards fetched per worker against worker speed in a real job with unequal
+  workers, and their rank correlation (AntDT Fig. 16: target >= 0.9).
 
     python benchmarks/dds.py [--quick] [--out FILE.json]
 """
@@ -24,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from dtlaunch.sharding import DatasetSpec
 from dtlaunch.supervisor.dds import ShardQueue
@@ -105,14 +109,17 @@ def _recovery(folder: Path, transitions: int) -> dict[str, float]:
         if written % 8192 < 16:
             wal.sync()
     wal.close()
-    start = time.perf_counter()
-    wal, recovered = Wal.open(folder)
-    queue = ShardQueue(spec)
-    queue.replay(recovered.records)
-    elapsed = time.perf_counter() - start
-    wal.close()
-    assert queue == live, "recovered state differs from the live one"
-    return {"transitions": len(recovered.records), "seconds": elapsed}
+    times = []
+    for _ in range(3):  # best of 3: this machine is shared, noise only adds time
+        start = time.perf_counter()
+        wal, recovered = Wal.open(folder)
+        queue = ShardQueue(spec)
+        queue.replay(recovered.records)
+        times.append(time.perf_counter() - start)
+        wal.close()
+        assert queue == live, "recovered state differs from the live one"
+    times.sort()
+    return {"transitions": len(recovered.records), "seconds": times[0], "median_s": times[1]}
 
 
 def _events(run_dir: Path) -> list[dict[str, Any]]:
@@ -179,6 +186,32 @@ def _resume_to_first_step(folder: Path) -> dict[str, float]:
     return {"resume_to_first_step_s": serving, "resume_to_rejoin_s": rejoined}
 
 
+def _shards_track_speed(folder: Path) -> dict[str, Any]:
+    """A real job with workers of speeds 1/6 .. 1: who fetched how many shards."""
+    slowdown = {0: 6.0, 1: 4.0, 2: 3.0, 3: 2.0, 4: 1.5, 5: 1.0}
+    run_dir = folder / "run"
+    worker = REPO / "tests" / "scripts" / "dds_worker.py"
+    ledger = folder / "ledger"
+    ledger.mkdir()
+    subprocess.run(
+        [
+            sys.executable, "-m", "dtlaunch", "run", "--workers", "6", "--restart-scope",
+            "process", "--run-dir", str(run_dir), "--dataset-size", "7200", "--shard-size",
+            "40", "--global-batch", "60", "--output", "none", str(worker), str(ledger), "0.01",
+            ",".join(f"{r}:{f}" for r, f in slowdown.items()),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=300,
+    )  # fmt: skip
+    summary = json.loads((run_dir / "summary.json").read_text())
+    shards = [summary["shards_by_worker"][str(r)] for r in range(6)]
+    speeds = [1 / slowdown[r] for r in range(6)]
+    rho = float(np.corrcoef(np.argsort(np.argsort(speeds)), np.argsort(np.argsort(shards)))[0, 1])
+    return {"speeds": speeds, "shards": shards, "spearman": rho}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller sizes, same columns")
@@ -196,6 +229,8 @@ def main() -> int:
         latency = fsync_latency_percentiles(folders[2], n=1_000)
         recovery = _recovery(folders[3], transitions)
         resume = _resume_to_first_step(folders[4])
+        (root / "speed").mkdir()
+        speed = _shards_track_speed(root / "speed")
     results = {
         "group_commit_ops_per_s": round(group["ops_per_s"]),
         "fsync_per_record_ops_per_s": round(naive["ops_per_s"]),
@@ -204,8 +239,12 @@ def main() -> int:
         "fsync_p99_ms": latency["p99_ms"],
         "recovery_transitions": recovery["transitions"],
         "recovery_s": round(recovery["seconds"], 3),
+        "recovery_median_s": round(recovery["median_s"], 3),
         "resume_to_first_step_s": round(resume["resume_to_first_step_s"], 3),
         "resume_to_rejoin_s": round(resume["resume_to_rejoin_s"], 3),
+        "shards_by_worker": speed["shards"],
+        "worker_speeds": [round(v, 3) for v in speed["speeds"]],
+        "shards_speed_spearman": round(speed["spearman"], 3),
     }
     rows = [
         ("shard fetch+ack ops/s, group commit (64 in flight)", results["group_commit_ops_per_s"],
@@ -214,19 +253,24 @@ def main() -> int:
         ("  group commit / fsync per record", f"{results['group_commit_speedup']}x", ""),
         ("fsync p50 / p99 (ms)", f"{results['fsync_p50_ms']:.2f} / {results['fsync_p99_ms']:.2f}",
          ""),
-        (f"recovery of {results['recovery_transitions']:,} transitions (s)",
+        (f"recovery of {results['recovery_transitions']:,} transitions, best of 3 (s)",
          results["recovery_s"], f"<= {MAX_RECOVERY_S}" if not opts.quick else ""),
+        ("  median of the 3 (s)", results["recovery_median_s"], ""),
         ("kill -9 -> resumed supervisor serves workers again (s)",
          results["resume_to_first_step_s"], ""),
         ("kill -9 -> running workers adopted (s)", results["resume_to_rejoin_s"], ""),
+        ("shards fetched by workers of speed 1/6..1", str(results["shards_by_worker"]), ""),
+        ("  rank correlation shards ~ speed", results["shards_speed_spearman"], ">= 0.9"),
     ]  # fmt: skip
     width = max(len(r[0]) for r in rows)
     for name, value, target in rows:
         print(f"{name:<{width}}  {value!s:>14}  {target}")
     if opts.out:
         opts.out.write_text(json.dumps(results, indent=2) + "\n")
-    ok = results["group_commit_ops_per_s"] >= MIN_OPS_PER_S and (
-        opts.quick or results["recovery_s"] <= MAX_RECOVERY_S
+    ok = (
+        results["group_commit_ops_per_s"] >= MIN_OPS_PER_S
+        and (opts.quick or results["recovery_s"] <= MAX_RECOVERY_S)
+        and results["shards_speed_spearman"] >= 0.9
     )
     return 0 if ok else 1
 

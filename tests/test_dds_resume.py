@@ -4,6 +4,7 @@ completes with every shard DONE exactly once and every record trained."""
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import time
@@ -149,3 +150,47 @@ def test_a_second_supervisor_on_the_same_run_is_refused(tmp_path):
     assert (
         run(["run", "--resume", str(run_dir)], env={}).returncode != 0
     )  # ended: nothing to resume
+
+
+def test_a_worker_that_dies_while_the_supervisor_is_down_has_its_shards_rerun(tmp_path):
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    step_file = tmp_path / "step"
+    step_file.write_text("0.02")
+    run_dir = tmp_path / "run"
+    args = [
+        "run",
+        *COMMON,
+        "--run-dir",
+        str(run_dir),
+        *dataset_args(6000, 100, 1, 30),
+        WORKER,
+        str(ledger),
+        f"@{step_file}",
+    ]
+    job = Started(args, env={}, log=tmp_path / "console.log")
+    try:
+        wait_until(lambda: len(_worker_pids(run_dir)) == 3, timeout=30, what="workers")
+        wait_until(
+            lambda: (ledger / "1-0.txt").exists() and (ledger / "1-0.txt").stat().st_size > 500,
+            timeout=30,
+            what="progress",
+        )
+        job.signal(signal.SIGKILL)
+        job.wait(timeout=10)
+        victim = next(pid for rank, pid in _worker_pids(run_dir) if rank == 1)
+        os.kill(victim, signal.SIGKILL)  # dies while nobody supervises
+        time.sleep(0.5)
+        step_file.write_text("0.002")
+        job = Started(["run", "--resume", str(run_dir)], env={}, log=tmp_path / "console-2.log")
+        assert job.wait(timeout=120) == 0, job.output()
+    finally:
+        job.cleanup()
+    data = summary(run_dir)
+    assert (data["shards_total"], data["shards_done"]) == (60, 60)
+    assert [(r["rank"], r["reason"]) for r in data["restarts"]] == [
+        (1, "lost while the supervisor was down")
+    ]
+    counts = ledger_counts(ledger)
+    assert set(counts) == set(range(6000))
+    assert (ledger / "1-1.txt").exists()  # rank 1 came back as attempt 1
