@@ -349,5 +349,10 @@ def wal_repair(
         print(f"dtlaunch: resume with: dtlaunch run --resume {run.path} (workers will restart)")
 
 
+from dtlaunch.cli_views import register as _register_views  # noqa: E402
+
+_register_views(app)
+
+
 def main() -> None:
     app()

@@ -98,7 +98,12 @@ class JsonlEventLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        torn = _ends_without_newline(path)
         self._file = path.open("a", encoding="utf-8")
+        if torn:
+            # A supervisor killed mid-write left half a line: end it, so that the
+            # next event is not glued onto it and lost with it.
+            self._file.write("\n")
 
     def emit(self, event: Event) -> None:
         self._file.write(event.to_json() + "\n")
@@ -111,6 +116,15 @@ class JsonlEventLog:
                 os.fsync(self._file.fileno())
             finally:
                 self._file.close()
+
+
+def _ends_without_newline(path: Path) -> bool:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(-1, os.SEEK_END)
+            return handle.read(1) != b"\n"
+    except (FileNotFoundError, OSError):  # missing or empty
+        return False
 
 
 class EventRecorder:

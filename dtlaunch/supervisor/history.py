@@ -19,7 +19,8 @@ class History:
     attempts: dict[str, int] = field(default_factory=dict)  # proc id -> last attempt spawned
     restarts: list[RestartRecord] = field(default_factory=list)
     failures: list[FailureRecord] = field(default_factory=list)
-    elapsed_s: float = 0.0  # job time before this supervisor took over
+    elapsed_s: float = 0.0  # supervised time before this supervisor took over
+    first_wall: float = 0.0  # Unix time of the run's first event: JCT counts from here
     resumes: int = 0
 
 
@@ -29,6 +30,8 @@ def load_history(events_path: Path) -> History:
         return history
     offset = 0.0  # each supervisor's monotonic clock starts at 0
     for event in read_events(events_path):
+        if not history.first_wall:
+            history.first_wall = event.wall
         if event.kind == "resume":
             offset = history.elapsed_s
             history.resumes += 1

@@ -151,7 +151,12 @@ async def run_job(
         output.close()
         ctx.destroy(linger=0)
         event_log.close()
-    jct = time.monotonic() - started + (history.elapsed_s if history else 0.0)
+    # A resumed run's JCT is wall time from its first event: the time without a
+    # supervisor is part of the job's time too.
+    if history is not None and history.first_wall:
+        jct = time.time() - history.first_wall
+    else:
+        jct = time.monotonic() - started
     summary = build_summary(spec, state, jct_s=jct, reason=state.stop_reason)
     summary.update(dds.summary_fields())
     run.write_summary(summary)
