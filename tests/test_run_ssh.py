@@ -233,3 +233,58 @@ def test_wrong_python_on_the_hosts_is_a_clear_error(sshd, tmp_path):
     )
     assert result.returncode == 1
     assert "--python" in summary(run_dir)["failures"][0]["error"]
+
+
+def test_ps_mode_places_servers_by_quota_and_sets_ps_lite_env(sshd, tmp_path):
+    hosts = hostfile(
+        sshd,
+        tmp_path / "hosts",
+        [
+            f"{sshd.addresses[0]} slots=1 servers=1",
+            f"{sshd.addresses[1]} slots=1",
+            f"{sshd.addresses[2]} slots=1",
+        ],
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    run_dir = tmp_path / "run"
+    result = run(
+        [
+            "run",
+            "-H",
+            str(hosts),
+            "--workers",
+            "2",
+            "--servers",
+            "1",
+            "--kill-grace",
+            "2",
+            "--run-dir",
+            str(run_dir),
+            str(SCRIPTS / "ps_env.py"),
+            str(out),
+        ],
+        env=sshd.env(),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    placed = {(e["role"], e["rank"]): e["host"] for e in events(run_dir) if e["kind"] == "spawn"}
+    assert placed == {
+        ("server", 0): "127.0.0.1",
+        ("worker", 0): "127.0.0.2",
+        ("worker", 1): "127.0.0.3",
+    }
+    server = json.loads((out / "server-0.json").read_text())
+    assert (server["DMLC_ROLE"], server["DMLC_SERVER_ID"], server["ROLE_NAME"]) == (
+        "server",
+        "0",
+        "server",
+    )
+    for rank in (0, 1):
+        worker = json.loads((out / f"worker-{rank}.json").read_text())
+        assert worker["DMLC_ROLE"] == "worker" and worker["DMLC_WORKER_ID"] == str(rank)
+        assert (worker["DMLC_NUM_WORKER"], worker["DMLC_NUM_SERVER"]) == ("2", "1")
+        assert worker["DMLC_PS_ROOT_URI"] == server["DMLC_PS_ROOT_URI"]
+    data = summary(run_dir)
+    assert (data["status"], data["mode"], data["servers"]) == ("succeeded", "ps", 1)
+    # The server was stopped on purpose when the workers finished: not a failure.
+    assert data["failures"] == []
