@@ -11,11 +11,12 @@ every worker compute the same orders from the same ``DatasetSpec``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from dtlaunch.errors import ConfigError
+from dtlaunch.wire.messages import DatasetInfo
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,3 +68,19 @@ def shard_records(spec: DatasetSpec, epoch: int, shard: int) -> list[int]:
     length = spec.shard_length(shard)
     rng = np.random.default_rng([spec.seed, epoch, shard, 1])
     return [start + int(i) for i in rng.permutation(length)]
+
+
+def dataset_info(spec: DatasetSpec) -> DatasetInfo:
+    """The wire form of a data set."""
+    return DatasetInfo(**asdict(spec))
+
+
+def dataset_spec(info: DatasetInfo) -> DatasetSpec:
+    """A data set from its wire form (not validated: call ``validate()``)."""
+    return DatasetSpec(
+        dataset_size=info.dataset_size,
+        shard_size=info.shard_size,
+        epochs=info.epochs,
+        global_batch=info.global_batch,
+        seed=info.seed,
+    )

@@ -43,8 +43,8 @@ import zmq.asyncio
 
 from dtlaunch import __version__
 from dtlaunch.errors import ConfigError, DtlaunchError
-from dtlaunch.runtime.data import dataset_spec, lease_fits
-from dtlaunch.sharding import DatasetSpec
+from dtlaunch.runtime.data import lease_fits
+from dtlaunch.sharding import DatasetSpec, dataset_spec
 from dtlaunch.wire.keys import PeerKeys
 from dtlaunch.wire.messages import (
     AckDone,

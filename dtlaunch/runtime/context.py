@@ -25,9 +25,9 @@ from typing import Self
 
 from dtlaunch.errors import ConfigError
 from dtlaunch.runtime.client import Connection, SupervisorClient
-from dtlaunch.runtime.data import BatchStream, LeaseSource, dataset_info, local_batch_size
+from dtlaunch.runtime.data import BatchStream, LeaseSource, local_batch_size
 from dtlaunch.runtime.standalone import StandaloneSource
-from dtlaunch.sharding import DatasetSpec
+from dtlaunch.sharding import DatasetSpec, dataset_info
 from dtlaunch.wire.keys import load_peer_keys
 
 __all__ = ["Job", "init"]

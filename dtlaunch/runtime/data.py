@@ -24,19 +24,16 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import asdict
 from typing import Literal, Protocol
 
 from dtlaunch.errors import ConfigError
 from dtlaunch.sharding import DatasetSpec, shard_records
-from dtlaunch.wire.messages import DatasetInfo, Lease
+from dtlaunch.wire.messages import Lease
 
 __all__ = [
     "AckMode",
     "BatchStream",
     "LeaseSource",
-    "dataset_info",
-    "dataset_spec",
     "lease_fits",
     "lease_records",
     "local_batch_size",
@@ -81,20 +78,6 @@ def local_batch_size(spec: DatasetSpec, rank: int, world_size: int) -> int:
         )
     base, extra = divmod(spec.global_batch, world_size)
     return base + (1 if rank < extra else 0)
-
-
-def dataset_info(spec: DatasetSpec) -> DatasetInfo:
-    return DatasetInfo(**asdict(spec))
-
-
-def dataset_spec(info: DatasetInfo) -> DatasetSpec:
-    return DatasetSpec(
-        dataset_size=info.dataset_size,
-        shard_size=info.shard_size,
-        epochs=info.epochs,
-        global_batch=info.global_batch,
-        seed=info.seed,
-    )
 
 
 def lease_fits(spec: DatasetSpec, lease: Lease) -> bool:

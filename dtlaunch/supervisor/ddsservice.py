@@ -16,7 +16,7 @@ from typing import Any
 
 from dtlaunch.errors import ConfigError, RunDirError
 from dtlaunch.events import EventRecorder
-from dtlaunch.sharding import DatasetSpec
+from dtlaunch.sharding import DatasetSpec, dataset_info, dataset_spec
 from dtlaunch.supervisor.dds import ShardQueue
 from dtlaunch.supervisor.dds_records import (
     Grant,
@@ -29,7 +29,6 @@ from dtlaunch.supervisor.wal import GroupCommitter, Wal
 from dtlaunch.wire.messages import (
     AckDone,
     AckShards,
-    DatasetInfo,
     DatasetReady,
     FetchShards,
     Message,
@@ -46,20 +45,6 @@ RETRY_AFTER_S = 0.2  # nothing to hand out now: ask again this much later
 # snapshot writes stay a small share of the I/O.
 SNAPSHOT_MIN_LOG_BYTES = 16 << 10
 SNAPSHOT_LOG_RATIO = 8
-
-
-def dataset_info(spec: DatasetSpec) -> DatasetInfo:
-    return DatasetInfo(**asdict(spec))
-
-
-def dataset_spec(info: DatasetInfo) -> DatasetSpec:
-    return DatasetSpec(
-        dataset_size=info.dataset_size,
-        shard_size=info.shard_size,
-        epochs=info.epochs,
-        global_batch=info.global_batch,
-        seed=info.seed,
-    )
 
 
 class DdsService:
