@@ -17,6 +17,8 @@ from dtlaunch.wire.messages import (
     Ack,
     AckDone,
     AckShards,
+    AdjustBatch,
+    AdjustLR,
     AgentBootstrap,
     AgentHeartbeat,
     Bye,
@@ -37,6 +39,8 @@ from dtlaunch.wire.messages import (
     Spawn,
     Spawned,
     SpawnFailed,
+    StepReport,
+    StepReports,
     StopJob,
     Welcome,
 )
@@ -91,6 +95,13 @@ SAMPLES = [
     ShardGrant(request_id=6, finished=True),
     AckShards(lease_ids=[9, 10], step=77),
     AckDone(lease_ids=[9]),
+    StepReports(
+        reports=[
+            StepReport(step=5, batch_size=32, compute_s=0.25, comm_s=0.01, samples=32, age_s=0.1)
+        ]
+    ),
+    AdjustBatch(batch_size=24, apply_at_step=120, global_batch=96),
+    AdjustLR(factor=0.5, apply_at_step=120),
     Hello(
         role="worker", run_id="r", host="n1", pid=7, version="0.1.0", rank=3, attempt=2, leases=[9]
     ),

@@ -29,12 +29,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import math
 import os
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,11 +46,14 @@ import zmq.asyncio
 from dtlaunch import __version__
 from dtlaunch.errors import ConfigError, DtlaunchError
 from dtlaunch.runtime.data import lease_fits
+from dtlaunch.runtime.steps import TimedReport
 from dtlaunch.sharding import DatasetSpec, dataset_spec
 from dtlaunch.wire.keys import PeerKeys
 from dtlaunch.wire.messages import (
     AckDone,
     AckShards,
+    AdjustBatch,
+    AdjustLR,
     DatasetInfo,
     DatasetReady,
     FetchShards,
@@ -59,6 +64,7 @@ from dtlaunch.wire.messages import (
     RegisterDataset,
     Rehello,
     ShardGrant,
+    StepReports,
     Welcome,
 )
 from dtlaunch.wire.sockets import Dealer
@@ -139,6 +145,8 @@ class SupervisorClient:
         self._finished = False
         self._consumer_waiting = False
         self._pending_acks: dict[int, tuple[int, float]] = {}  # lease -> (step, sent at)
+        self._reports: list[TimedReport] = []  # step measurements not sent yet
+        self._actions: queue.Queue[Message] = queue.Queue()  # to the training thread
         self._close_deadline: float | None = None
         self._thread = threading.Thread(
             target=self._thread_main, name=f"dtlaunch-runtime-{conn.rank}", daemon=True
@@ -195,6 +203,17 @@ class SupervisorClient:
     def ack(self, lease_ids: Sequence[int], step: int) -> None:
         self._call(self._add_acks, list(lease_ids), step)
 
+    def report(self, reports: list[TimedReport]) -> None:
+        self._call(self._add_reports, list(reports))
+
+    def actions(self) -> list[Message]:
+        taken: list[Message] = []
+        while True:
+            try:
+                taken.append(self._actions.get_nowait())
+            except queue.Empty:
+                return taken
+
     def close(self, timeout: float) -> None:
         """Wait up to ``timeout`` s for acks to be confirmed, then close the socket."""
         if self._closed:
@@ -249,6 +268,10 @@ class SupervisorClient:
     def _add_acks(self, lease_ids: list[int], step: int) -> None:
         for lease_id in lease_ids:
             self._pending_acks[lease_id] = (step, -math.inf)
+        self._wake.set()
+
+    def _add_reports(self, reports: list[TimedReport]) -> None:
+        self._reports.extend(reports)
         self._wake.set()
 
     def _begin_close(self, timeout: float) -> None:
@@ -370,6 +393,14 @@ class SupervisorClient:
             await self._send(self._dataset_request)
         await self._pump_fetch(now)
         await self._pump_acks(now)
+        if self._reports and self._hello_at is None:
+            # Measurements are best effort: if the link is down they are dropped.
+            reports = [
+                dataclasses.replace(t.report, age_s=max(0.0, time.monotonic() - t.ended))
+                for t in self._reports
+            ]
+            self._reports = []
+            await self._send(StepReports(reports=reports))
 
     async def _pump_fetch(self, now: float) -> None:
         spec = self._spec
@@ -436,6 +467,8 @@ class SupervisorClient:
             self._need_hello = True
         elif isinstance(msg, DatasetReady):
             self._on_dataset(msg)
+        elif isinstance(msg, (AdjustBatch, AdjustLR)):
+            self._actions.put(msg)
         elif not isinstance(msg, Ping):
             logger.debug("ignoring %s from the supervisor", msg.TYPE)
 

@@ -18,17 +18,21 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import socket
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
 from dtlaunch.errors import ConfigError
+from dtlaunch.inject import parse_injections
 from dtlaunch.runtime.client import Connection, SupervisorClient
 from dtlaunch.runtime.data import BatchStream, LeaseSource, local_batch_size
 from dtlaunch.runtime.standalone import StandaloneSource
+from dtlaunch.runtime.steps import StepTimer
 from dtlaunch.sharding import DatasetSpec, dataset_info
 from dtlaunch.wire.keys import load_peer_keys
+from dtlaunch.wire.messages import AdjustBatch, AdjustLR
 
 __all__ = ["Job", "init"]
 
@@ -142,6 +146,19 @@ class Job:
         self._dataset = dataset
         self._source = source
         self._stream = BatchStream(source, dataset, local_batch_size(dataset, rank, world_size))
+        self._timer = StepTimer(
+            role=os.environ.get("DTLAUNCH_ROLE", "worker"),
+            rank=rank,
+            host=os.environ.get("DTLAUNCH_HOST", socket.gethostname()),
+            injections=parse_injections(
+                t for t in os.environ.get("DTLAUNCH_INJECT", "").split(";") if t.strip()
+            ),
+            job_start_wall=_env_float(os.environ, "DTLAUNCH_JOB_START", 0.0),
+            seed=dataset.seed,
+        )
+        self._pending_actions: list[AdjustBatch | AdjustLR] = []
+        self._lr_factor = 1.0
+        self._global_batch = dataset.global_batch
         self._closed = False
         self._pid = os.getpid()
         atexit.register(self.close)
@@ -182,6 +199,7 @@ class Job:
             batch = self._stream.next_batch()
             if batch is None:
                 return
+            self._timer.batch_taken(len(batch))
             yield batch
 
     def step(self) -> None:
@@ -193,7 +211,49 @@ class Job:
         """
         if self._closed:
             raise RuntimeError("Job.step() after Job.close()")
-        self._stream.step()
+        step = self._stream.step()
+        due = self._timer.end_step(step, self._stream.batch_size)
+        if due:
+            self._source.report(due)
+        self._apply_actions(next_step=step + 1)
+
+    def record_comm(self, seconds: float) -> None:
+        """Time this step spent communicating (allreduce, push/pull), for the Monitor."""
+        self._timer.record_comm(seconds)
+
+    @property
+    def lr_factor(self) -> float:
+        """ADJUST_LR: multiply the learning rate by this (1.0 unless the policy says)."""
+        return self._lr_factor
+
+    @property
+    def global_batch(self) -> int:
+        """The global batch B the local batches add up to (weights for averaging)."""
+        return self._global_batch
+
+    def _apply_actions(self, *, next_step: int) -> None:
+        """Take actions effective from ``next_step`` (all workers apply them at the
+        same step, so the global batch stays whole)."""
+        self._pending_actions += [
+            a for a in self._source.actions() if isinstance(a, AdjustBatch | AdjustLR)
+        ]
+        due = [a for a in self._pending_actions if a.apply_at_step <= next_step]
+        if not due:
+            return
+        self._pending_actions = [a for a in self._pending_actions if a.apply_at_step > next_step]
+        for action in sorted(due, key=lambda a: a.apply_at_step):
+            if action.apply_at_step < next_step:
+                logger.warning(
+                    "%s for step %d arrived at step %d; applied now",
+                    action.TYPE,
+                    action.apply_at_step,
+                    next_step,
+                )
+            if isinstance(action, AdjustBatch):
+                self._stream.set_batch_size(action.batch_size)
+                self._global_batch = action.global_batch
+            else:
+                self._lr_factor = action.factor
 
     def count_one_batch_per_step(self) -> None:
         """Make each ``step()`` cover one batch, for consumers that read ahead.

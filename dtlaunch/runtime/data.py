@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from typing import Literal, Protocol
 
 from dtlaunch.errors import ConfigError
+from dtlaunch.runtime.steps import TimedReport
 from dtlaunch.sharding import DatasetSpec, shard_records
-from dtlaunch.wire.messages import Lease
+from dtlaunch.wire.messages import Lease, Message
 
 __all__ = [
     "AckMode",
@@ -57,6 +58,14 @@ class LeaseSource(Protocol):
 
     def close(self, timeout: float) -> None:
         """Flush acks (waiting up to ``timeout`` seconds) and release resources."""
+        ...
+
+    def report(self, reports: list[TimedReport]) -> None:
+        """Send step measurements to the Monitor; must not block."""
+        ...
+
+    def actions(self) -> list[Message]:
+        """Actions (AdjustBatch, AdjustLR) received since the last call."""
         ...
 
 
@@ -116,6 +125,12 @@ class BatchStream:
     @property
     def batch_size(self) -> int:
         return self._batch_size
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """ADJUST_BS: batches from now on have this many records."""
+        if batch_size < 1:
+            raise ValueError(f"batch size must be at least 1, got {batch_size}")
+        self._batch_size = batch_size
 
     @property
     def steps(self) -> int:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from dtlaunch.runtime.steps import TimedReport
 from dtlaunch.sharding import DatasetSpec, epoch_order
-from dtlaunch.wire.messages import Lease
+from dtlaunch.wire.messages import Lease, Message
 
 __all__ = ["StandaloneSource"]
 
@@ -31,6 +32,12 @@ class StandaloneSource:
 
     def close(self, timeout: float) -> None:
         return None
+
+    def report(self, reports: list[TimedReport]) -> None:
+        return None  # no Monitor without a supervisor
+
+    def actions(self) -> list[Message]:
+        return []
 
     @staticmethod
     def _all_leases(spec: DatasetSpec) -> Iterator[Lease]:

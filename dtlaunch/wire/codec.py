@@ -86,6 +86,10 @@ _INT_MIN: dict[str, int] = {
     "epochs": 1,
     "global_batch": 0,
     "seed": 0,
+    # Monitor and actions
+    "batch_size": 0,
+    "samples": 0,
+    "apply_at_step": 0,
 }
 _FLOAT_MIN: dict[str, float] = {
     "runtime_s": 0.0,
@@ -94,8 +98,12 @@ _FLOAT_MIN: dict[str, float] = {
     "kill_grace": 0.0,
     "orphan_timeout": 0.0,
     "retry_after": 0.0,
+    "compute_s": 0.0,
+    "comm_s": 0.0,
+    "age_s": 0.0,
+    "injected_s": 0.0,
 }
-_FLOAT_POSITIVE = frozenset({"heartbeat_interval"})  # 0 would make a busy loop
+_FLOAT_POSITIVE = frozenset({"heartbeat_interval", "factor"})  # 0 would make a busy loop
 _PORT_LISTS = frozenset({"free_ports"})
 
 # (value, path) -> validated value; raises WireError naming ``path``.

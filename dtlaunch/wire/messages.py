@@ -87,6 +87,19 @@ class Lease(Record):
     end: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepReport(Record):
+    """One training step of a worker, for the Monitor (AntDT §II: BPT = T^w + T^m)."""
+
+    step: int
+    batch_size: int
+    compute_s: float  # time of the step outside communication (incl. injected delay)
+    comm_s: float = 0.0  # communication time the script reported (allreduce, push/pull)
+    samples: int = 0  # records actually trained (the last batch may be short)
+    age_s: float = 0.0  # how long before sending the step ended (reports are batched)
+    injected_s: float = 0.0  # straggler delay injected into this step (--inject)
+
+
 # ---------------------------------------------------------------- bootstrap
 
 
@@ -322,6 +335,40 @@ class AckDone(Message):
     lease_ids: list[int]
 
 
+# ------------------------------------------------- monitor and actions (workers)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepReports(Message):
+    """A worker's recent steps, sent every few steps."""
+
+    TYPE: ClassVar[str] = "step_reports"
+    reports: list[StepReport]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdjustBatch(Message):
+    """ADJUST_BS for one worker: its local batch size from ``apply_at_step`` on.
+
+    Every worker gets the same ``apply_at_step``, so all change in the same
+    iteration and the global batch stays the same.
+    """
+
+    TYPE: ClassVar[str] = "adjust_batch"
+    batch_size: int
+    apply_at_step: int
+    global_batch: int  # sum of the new local sizes, for the weighted gradient average
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdjustLR(Message):
+    """ADJUST_LR for one worker: a learning-rate factor from ``apply_at_step`` on."""
+
+    TYPE: ClassVar[str] = "adjust_lr"
+    factor: float
+    apply_at_step: int
+
+
 MESSAGE_TYPES: tuple[type[Message], ...] = (
     AgentBootstrap,
     Hello,
@@ -345,4 +392,7 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     ShardGrant,
     AckShards,
     AckDone,
+    StepReports,
+    AdjustBatch,
+    AdjustLR,
 )

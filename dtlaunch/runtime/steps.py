@@ -1,0 +1,99 @@
+"""Per-step measurements for the Monitor, injected delays, and pending actions.
+
+A step runs from the first batch a worker takes after its previous ``step()``
+to the next ``step()``: its batch processing time (AntDT §II). Communication
+time is what the script reports with ``job.record_comm(seconds)`` (the
+weighted-allreduce helpers do it for you); the rest is compute. Reports are
+sent every few steps, not every step.
+
+Injected stragglers (``dtlaunch run --inject``, AntDT §VII-A-4) sleep inside
+``step()``, so they count as compute time exactly like a slow node would.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+from dtlaunch.inject import InjectionSpec, injected_delay
+from dtlaunch.wire.messages import StepReport
+
+REPORT_EVERY_STEPS = 5
+REPORT_EVERY_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class TimedReport:
+    ended: float  # time.monotonic() when the step ended
+    report: StepReport  # age_s is filled in when it is sent
+
+
+class StepTimer:
+    def __init__(
+        self,
+        *,
+        role: str,
+        rank: int,
+        host: str,
+        injections: tuple[InjectionSpec, ...] = (),
+        job_start_wall: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        self._role = role
+        self._rank = rank
+        self._host = host
+        self._injections = injections
+        self._job_start = job_start_wall or time.time()
+        self._rng = random.Random(seed)  # the same seed everywhere: windows agree
+        self._started: float | None = None
+        self._comm = 0.0
+        self._samples = 0
+        self._pending: list[TimedReport] = []
+        self._last_sent = time.monotonic()
+        self.injected_total_s = 0.0
+
+    def batch_taken(self, records: int) -> None:
+        if self._started is None:
+            self._started = time.monotonic()
+        self._samples += records
+
+    def record_comm(self, seconds: float) -> None:
+        if seconds > 0:
+            self._comm += seconds
+
+    def end_step(self, step: int, batch_size: int) -> list[TimedReport]:
+        """Close the step; returns the reports due for sending (often none)."""
+        now = time.monotonic()
+        started = self._started if self._started is not None else now
+        elapsed = now - started
+        injected = 0.0
+        if self._injections:
+            injected = injected_delay(
+                self._injections,
+                role=self._role,
+                rank=self._rank,
+                host=self._host,
+                now=time.time() - self._job_start,
+                step_compute_s=max(0.0, elapsed - self._comm),
+                rng=self._rng,
+            )
+            if injected > 0:
+                time.sleep(injected)
+                self.injected_total_s += injected
+                now = time.monotonic()
+        report = StepReport(
+            step=step,
+            batch_size=batch_size,
+            compute_s=max(0.0, now - started - self._comm),
+            comm_s=self._comm,
+            samples=self._samples,
+            injected_s=injected,
+        )
+        self._pending.append(TimedReport(ended=now, report=report))
+        self._started, self._comm, self._samples = None, 0.0, 0
+        if len(self._pending) >= REPORT_EVERY_STEPS or now - self._last_sent >= REPORT_EVERY_S:
+            due, self._pending = self._pending, []
+            self._last_sent = now
+            return due
+        return []

@@ -1,0 +1,91 @@
+"""Straggler-mitigation actions a policy emits (AntDT Table II).
+
+Every action carries ``reason`` (one sentence for a person) and ``inputs`` (what
+the decision saw: windows, lambda, per-node throughput, solver output), so the
+Controller can log it as a ``decision`` event and ``replay`` can show why. Keep
+``inputs`` JSON-friendly (numbers, strings, lists, dicts).
+
+Node actions (``KillRestart``) need no synchronisation; global actions
+(``AdjustBatchSize``, ``AdjustLR``) name the step at which every worker applies
+them, so all apply in the same iteration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Action:
+    """Base of every action; ``NAME`` is the Table II name used in events."""
+
+    NAME: ClassVar[str] = ""
+    reason: str = ""
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdjustBatchSize(Action):
+    """Set each worker's local batch size (rank -> size) from ``apply_at_step`` on."""
+
+    NAME: ClassVar[str] = "ADJUST_BS"
+    sizes: dict[int, int]
+    apply_at_step: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KillRestart(Action):
+    """Kill one node and start it again; ``target_host`` None means the same host."""
+
+    NAME: ClassVar[str] = "KILL_RESTART"
+    role: str
+    rank: int
+    target_host: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdjustLR(Action):
+    """Scale each worker's learning rate (rank -> factor) from ``apply_at_step`` on."""
+
+    NAME: ClassVar[str] = "ADJUST_LR"
+    factors: dict[int, float]
+    apply_at_step: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackupWorkers(Action):
+    """Each step waits only for the first ``n - count`` workers' gradients."""
+
+    NAME: ClassVar[str] = "BACKUP_WORKERS"
+    count: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NoAction(Action):
+    """The dummy action: nothing to do this interval (still logged with its inputs)."""
+
+    NAME: ClassVar[str] = "NONE"
+
+
+def action_name(action: Action) -> str:
+    """``"ADJUST_BS" | "KILL_RESTART" | "ADJUST_LR" | "BACKUP_WORKERS" | "NONE"``.
+
+    Raises:
+        TypeError: ``action`` is not one of the action classes above.
+    """
+    if not isinstance(action, Action) or not type(action).NAME:
+        raise TypeError(f"not a dtlaunch action: {action!r}")
+    return type(action).NAME
+
+
+def action_fields(action: Action) -> dict[str, Any]:
+    """The action as a plain dict (``action`` name first) for an event payload.
+
+    Dict keys stay as they are (int ranks); JSON writers turn them into strings.
+    """
+    out: dict[str, Any] = {"action": action_name(action)}
+    for f in fields(action):
+        value = getattr(action, f.name)
+        out[f.name] = dict(value) if isinstance(value, dict) else value
+    return out

@@ -1,0 +1,299 @@
+"""The Monitor (AntDT §V-D): per-node sliding windows of step reports, I/O-free.
+
+Workers report one record per training step (the SDK sends them batched every few
+steps; the caller feeds each record here with the time it stands for). Servers
+report their per-step update time. The Monitor keeps every node's records for the
+last ``l_per`` seconds and, on ``snapshot(now)``, aggregates two windows by TIME:
+
+- short window ``[now - l_trans, now]``: mean BPT, throughput ``v_i`` (AntDT:
+  ``v_i = 1/|S| * sum B_i / T_i`` over the window's reports), used for transient
+  stragglers and batch balancing;
+- long window ``[now - l_per, now]``: mean BPT, used for persistent stragglers;
+  for servers the mean update time.
+
+BPT (batch processing time) of a step is ``compute_s + comm_s``. Besides the raw
+mean, each window carries ``mean_bpt_eq``, the *equal-share BPT*: each report's
+compute time rescaled linearly to the mean batch size of all known workers plus
+its communication time (``compute_s * B_ref / B + comm_s``). With equal batch
+sizes it equals the raw BPT; after an ADJUST_BS it still shows that a worker is
+slow (the raw BPT of a balanced straggler looks normal because it got less work),
+and it does not blame a small batch for its fixed communication cost.
+
+A node with no report inside a window is absent from that window's dict and from
+that window's global means: no data is not the same as fast or slow. Time comes in
+as arguments only (no clock here), so tests drive it with a fake clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+# A step reported as taking 0 s (coarse clock) would make B/T infinite.
+MIN_BPT_S = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class _WorkerReport:
+    t: float
+    step: int
+    batch_size: int
+    compute_s: float
+    comm_s: float
+    samples: int
+
+
+@dataclass(frozen=True, slots=True)
+class _ServerReport:
+    t: float
+    step: int
+    update_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WindowStats:
+    """One node over one time window (only nodes with >= 1 report in it)."""
+
+    reports: int
+    first_s: float  # time of the oldest report in the window
+    last_s: float  # time of the newest report in the window
+    mean_bpt: float  # workers: mean compute+comm; servers: mean update time
+    mean_bpt_eq: float  # workers: equal-share BPT (module doc); servers: = mean_bpt
+    throughput: float  # workers: v_i in samples/s (mean of B/T); servers: 0.0
+    samples: int  # samples reported in the window (0 for servers)
+
+    @property
+    def span_s(self) -> float:
+        """Time covered by the window's reports (newest minus oldest)."""
+        return self.last_s - self.first_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeInfo:
+    """What is known about a node regardless of windows."""
+
+    rank: int
+    batch_size: int  # latest reported batch size (0 for servers)
+    samples_total: int  # samples reported since it (re)joined
+    last_step: int
+    last_report_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MonitorSnapshot:
+    """Everything a policy may look at, frozen at ``now``.
+
+    ``remaining_steps`` (None: unknown), ``restart_cost_s`` (None: not measured
+    yet) and ``restart_pending`` (a KILL_RESTART is still settling) come from the
+    caller, which knows the data set and measures restarts.
+    """
+
+    now: float
+    l_trans: float
+    l_per: float
+    workers: dict[int, NodeInfo]
+    servers: dict[int, NodeInfo]
+    worker_short: dict[int, WindowStats]
+    worker_long: dict[int, WindowStats]
+    server_long: dict[int, WindowStats]
+    mean_bpt_short: float | None  # over workers in the short window
+    mean_bpt_long: float | None
+    mean_bpt_eq_short: float | None
+    mean_bpt_eq_long: float | None
+    mean_update_long: float | None  # over servers in the long window
+    spare_capacity: int
+    spare_hosts: tuple[str, ...]
+    latest_step: int  # newest step any worker reported (-1: none yet)
+    remaining_steps: int | None = None
+    restart_cost_s: float | None = None
+    restart_pending: bool = False
+
+
+class Monitor:
+    """Sliding windows of worker and server step reports; see module doc."""
+
+    def __init__(self, *, l_trans: float, l_per: float) -> None:
+        """Raises: ValueError if the windows are not ``0 < l_trans <= l_per``."""
+        if not (0 < l_trans <= l_per) or not math.isfinite(l_per):
+            raise ValueError(
+                f"windows must satisfy 0 < l_trans <= l_per, got l_trans={l_trans} l_per={l_per}"
+            )
+        self.l_trans = float(l_trans)
+        self.l_per = float(l_per)
+        self._workers: dict[int, deque[_WorkerReport]] = {}
+        self._worker_info: dict[int, NodeInfo] = {}
+        self._servers: dict[int, deque[_ServerReport]] = {}
+        self._server_info: dict[int, NodeInfo] = {}
+        self._spare_capacity = 0
+        self._spare_hosts: tuple[str, ...] = ()
+        self._latest_step = -1
+
+    # ----------------------------------------------------------------- input
+
+    def report_worker(
+        self,
+        rank: int,
+        *,
+        now: float,
+        step: int,
+        batch_size: int,
+        compute_s: float,
+        comm_s: float,
+        samples: int,
+    ) -> None:
+        """One training step of worker ``rank`` that ended at time ``now``.
+
+        Raises: ValueError for a negative or non-finite time or a batch size < 1.
+        """
+        _check_times(rank, compute_s=compute_s, comm_s=comm_s)
+        if batch_size < 1 or samples < 0:
+            raise ValueError(f"worker {rank}: batch_size must be >= 1 and samples >= 0")
+        window = self._workers.setdefault(rank, deque())
+        window.append(_WorkerReport(now, step, batch_size, compute_s, comm_s, samples))
+        self._prune(window, now)
+        old = self._worker_info.get(rank)
+        self._worker_info[rank] = NodeInfo(
+            rank=rank,
+            batch_size=batch_size,
+            samples_total=(old.samples_total if old else 0) + samples,
+            last_step=max(step, old.last_step) if old else step,
+            last_report_s=now,
+        )
+        self._latest_step = max(self._latest_step, step)
+
+    def report_server(self, rank: int, *, now: float, step: int, update_s: float) -> None:
+        """One update step of server ``rank`` that ended at time ``now``.
+
+        Raises: ValueError for a negative or non-finite update time.
+        """
+        _check_times(rank, update_s=update_s)
+        window = self._servers.setdefault(rank, deque())
+        window.append(_ServerReport(now, step, update_s))
+        self._prune(window, now)
+        old = self._server_info.get(rank)
+        self._server_info[rank] = NodeInfo(
+            rank=rank,
+            batch_size=0,
+            samples_total=0,
+            last_step=max(step, old.last_step) if old else step,
+            last_report_s=now,
+        )
+
+    def worker_gone(self, rank: int) -> None:
+        """Forget a worker (exited, killed, dropped); a restarted one starts fresh."""
+        self._workers.pop(rank, None)
+        self._worker_info.pop(rank, None)
+
+    def server_gone(self, rank: int) -> None:
+        """Forget a server; a restarted one starts with empty windows."""
+        self._servers.pop(rank, None)
+        self._server_info.pop(rank, None)
+
+    def set_spare_capacity(self, n_hosts: int, hosts: Sequence[str] = ()) -> None:
+        """How many spare hosts exist now and, when known, their labels (best first).
+
+        Raises: ValueError if ``n_hosts`` is negative.
+        """
+        if n_hosts < 0:
+            raise ValueError(f"spare capacity must be >= 0, got {n_hosts}")
+        self._spare_capacity = max(n_hosts, len(hosts))
+        self._spare_hosts = tuple(hosts)
+
+    # ---------------------------------------------------------------- output
+
+    def snapshot(
+        self,
+        now: float,
+        *,
+        remaining_steps: int | None = None,
+        restart_cost_s: float | None = None,
+        restart_pending: bool = False,
+    ) -> MonitorSnapshot:
+        """Aggregate the windows ending at ``now`` (see module doc)."""
+        for w in self._workers.values():
+            self._prune(w, now)
+        for s in self._servers.values():
+            self._prune(s, now)
+        sizes = [info.batch_size for info in self._worker_info.values()]
+        b_ref = sum(sizes) / len(sizes) if sizes else 1.0
+        short_from, long_from = now - self.l_trans, now - self.l_per
+        worker_short = _worker_stats(self._workers, short_from, now, b_ref)
+        worker_long = _worker_stats(self._workers, long_from, now, b_ref)
+        server_long: dict[int, WindowStats] = {}
+        for rank, reports in self._servers.items():
+            upd = [r for r in reports if long_from <= r.t <= now]
+            if upd:
+                mean_update = sum(r.update_s for r in upd) / len(upd)
+                server_long[rank] = WindowStats(
+                    reports=len(upd),
+                    first_s=upd[0].t,
+                    last_s=upd[-1].t,
+                    mean_bpt=mean_update,
+                    mean_bpt_eq=mean_update,
+                    throughput=0.0,
+                    samples=0,
+                )
+        return MonitorSnapshot(
+            now=now,
+            l_trans=self.l_trans,
+            l_per=self.l_per,
+            workers=dict(self._worker_info),
+            servers=dict(self._server_info),
+            worker_short=worker_short,
+            worker_long=worker_long,
+            server_long=server_long,
+            mean_bpt_short=_mean(s.mean_bpt for s in worker_short.values()),
+            mean_bpt_long=_mean(s.mean_bpt for s in worker_long.values()),
+            mean_bpt_eq_short=_mean(s.mean_bpt_eq for s in worker_short.values()),
+            mean_bpt_eq_long=_mean(s.mean_bpt_eq for s in worker_long.values()),
+            mean_update_long=_mean(s.mean_bpt for s in server_long.values()),
+            spare_capacity=self._spare_capacity,
+            spare_hosts=self._spare_hosts,
+            latest_step=self._latest_step,
+            remaining_steps=remaining_steps,
+            restart_cost_s=restart_cost_s,
+            restart_pending=restart_pending,
+        )
+
+    def _prune(self, window: deque[_WorkerReport] | deque[_ServerReport], now: float) -> None:
+        # Reports arrive in time order per node (batched, never reordered), so
+        # everything older than the long window leaves from the left.
+        limit = now - self.l_per
+        while window and window[0].t < limit:
+            window.popleft()
+
+
+def _worker_stats(
+    windows: dict[int, deque[_WorkerReport]], start: float, end: float, b_ref: float
+) -> dict[int, WindowStats]:
+    out: dict[int, WindowStats] = {}
+    for rank, reports in windows.items():
+        inside = [r for r in reports if start <= r.t <= end]
+        if not inside:
+            continue
+        bpts = [max(r.compute_s + r.comm_s, MIN_BPT_S) for r in inside]
+        eq = [max(r.compute_s * b_ref / r.batch_size + r.comm_s, MIN_BPT_S) for r in inside]
+        rates = [r.batch_size / t for r, t in zip(inside, bpts, strict=True)]
+        out[rank] = WindowStats(
+            reports=len(inside),
+            first_s=inside[0].t,
+            last_s=inside[-1].t,
+            mean_bpt=sum(bpts) / len(bpts),
+            mean_bpt_eq=sum(eq) / len(eq),
+            throughput=sum(rates) / len(rates),
+            samples=sum(r.samples for r in inside),
+        )
+    return out
+
+
+def _mean(values: Iterable[float]) -> float | None:
+    vals = list(values)
+    return sum(vals) / len(vals) if vals else None
+
+
+def _check_times(rank: int, **times: float) -> None:
+    for name, value in times.items():
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"node {rank}: {name} must be a finite number >= 0, got {value}")

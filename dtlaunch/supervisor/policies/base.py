@@ -1,0 +1,189 @@
+"""What every policy shares: the ``Policy`` protocol, defaults, parameter parsing,
+and the batch balancer behind ADJUST_BS (AntDT eq. 3).
+
+Default windows and lambda, chosen for jobs of minutes to days:
+
+- ``lambda = 1.5``: the value of AntDT's experiments; the paper advises > 1.3, and
+  below that ordinary step-time noise on shared machines raises false alarms.
+- ``l_trans = 60 s``: AntDT used 5 min for jobs of hours, but a job of a few
+  minutes would end before a 5-minute window filled. One minute still averages
+  tens of steps, and catches contention while it lasts.
+- ``l_per = 300 s``: five short windows, so a burst shorter than a few minutes
+  never makes a node look persistent, and the expensive KILL_RESTART (tens of
+  seconds) is only considered after minutes of evidence. Day-long jobs reproduce
+  the paper with ``nd:l_trans=300,l_per=600``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+from dtlaunch.errors import ConfigError
+from dtlaunch.solvers.batch import InfeasibleError, makespan, solve_batch_sizes
+from dtlaunch.supervisor.actions import Action, AdjustBatchSize
+from dtlaunch.supervisor.monitor import MonitorSnapshot
+
+DEFAULT_LAMBDA = 1.5
+DEFAULT_L_TRANS = 60.0
+DEFAULT_L_PER = 300.0
+DEFAULT_MARGIN = 0.05  # rebalance only if the makespan is > 5 % above the optimum
+DEFAULT_APPLY_AFTER = 10  # steps: > report batching + decision + broadcast latency
+
+
+class Policy(Protocol):
+    """A straggler-mitigation solution the Controller runs every interval.
+
+    ``l_trans``/``l_per`` (seconds) and ``lam`` (slowness ratio lambda) tell the
+    caller how to build the Monitor (``Monitor(l_trans=p.l_trans, l_per=p.l_per)``).
+    ``decide`` must be quick and must not do I/O; it returns at least one action
+    (``NoAction`` with its reason when there is nothing to do).
+    """
+
+    name: str
+    l_trans: float
+    l_per: float
+    lam: float
+
+    def decide(self, snap: MonitorSnapshot) -> list[Action]: ...
+
+
+class ParamReader:
+    """Typed access to a policy's ``k=v`` parameters with errors naming the fix."""
+
+    def __init__(self, policy: str, raw: dict[str, str]) -> None:
+        self.policy = policy
+        self._raw = dict(raw)
+        self._known: list[str] = []
+
+    def number(self, key: str, default: float, *, low: float, low_open: bool = False) -> float:
+        """A float >= ``low`` (> ``low`` if ``low_open``)."""
+        self._known.append(key)
+        text = self._raw.get(key)
+        if text is None:
+            return default
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        ok = math.isfinite(value) and (value > low if low_open else value >= low)
+        if not ok:
+            bound = f"> {low:g}" if low_open else f">= {low:g}"
+            raise ConfigError(f"policy {self.policy}: {key} must be a number {bound}, got {text!r}")
+        return value
+
+    def integer(self, key: str, default: int, *, low: int) -> int:
+        """An int >= ``low``."""
+        self._known.append(key)
+        text = self._raw.get(key)
+        if text is None:
+            return default
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise ConfigError(
+                f"policy {self.policy}: {key} must be an integer >= {low}, got {text!r}"
+            )
+        return value
+
+    def finish(self) -> None:
+        """Refuse parameters nobody asked for (typos must not pass silently)."""
+        unknown = sorted(set(self._raw) - set(self._known))
+        if unknown:
+            valid = ", ".join(self._known) or "(none)"
+            raise ConfigError(
+                f"policy {self.policy}: unknown parameter {', '.join(unknown)}; "
+                f"valid parameters: {valid}"
+            )
+
+
+def read_windows(params: ParamReader) -> tuple[float, float, float]:
+    """``(l_trans, l_per, lambda)`` from the parameters every built-in accepts."""
+    l_trans = params.number("l_trans", DEFAULT_L_TRANS, low=0.0, low_open=True)
+    l_per = params.number("l_per", max(DEFAULT_L_PER, l_trans), low=0.0, low_open=True)
+    lam = params.number("lambda", DEFAULT_LAMBDA, low=1.0, low_open=True)
+    if l_per < l_trans:
+        raise ConfigError(
+            f"policy {params.policy}: l_per ({l_per:g} s) must be >= l_trans ({l_trans:g} s)"
+        )
+    return l_trans, l_per, lam
+
+
+class Balancer:
+    """ADJUST_BS planning shared by ``lb-bsp`` and ``nd``, with hysteresis.
+
+    Workers with a report in the short window are balanced among themselves with
+    their current sizes' sum as the global batch (so the total never changes);
+    workers absent from the window keep their size. A plan is emitted only when
+    the current makespan exceeds the optimum by more than ``margin`` and no
+    earlier plan is still waiting for its ``apply_at_step``.
+    """
+
+    def __init__(self, *, min_batch: int, margin: float, apply_after: int) -> None:
+        self.min_batch = min_batch
+        self.margin = margin
+        self.apply_after = apply_after
+        self._pending_step: int | None = None
+
+    def propose(
+        self, snap: MonitorSnapshot, *, reason: str, inputs: dict[str, Any]
+    ) -> AdjustBatchSize | str:
+        """An ``AdjustBatchSize`` or, when none is due, the reason why not."""
+        if self._pending_step is not None and snap.latest_step < self._pending_step:
+            return f"previous ADJUST_BS applies at step {self._pending_step}"
+        ranks = sorted(r for r in snap.worker_short if r in snap.workers)
+        if len(ranks) < 2:
+            return "fewer than 2 workers reported in the short window"
+        v = [snap.worker_short[r].throughput for r in ranks]
+        current = [snap.workers[r].batch_size for r in ranks]
+        total = sum(current)
+        try:
+            sizes = solve_batch_sizes(v, total, self.min_batch)
+        except InfeasibleError as err:
+            return f"no feasible batch split: {err}"
+        now_ms, best_ms = makespan(current, v), makespan(sizes, v)
+        inputs = {
+            **inputs,
+            "throughput": dict(zip(ranks, v, strict=True)),
+            "current_sizes": dict(zip(ranks, current, strict=True)),
+            "solver_sizes": dict(zip(ranks, sizes, strict=True)),
+            "global_batch": total,
+            "min_batch": self.min_batch,
+            "makespan_current_s": now_ms,
+            "makespan_optimal_s": best_ms,
+            "margin": self.margin,
+        }
+        if sizes == current or now_ms <= best_ms * (1.0 + self.margin):
+            return (
+                f"batch sizes within {self.margin:.0%} of the optimal makespan "
+                f"({now_ms:.4g} s vs {best_ms:.4g} s)"
+            )
+        apply_at = max(snap.latest_step, 0) + self.apply_after
+        self._pending_step = apply_at
+        return AdjustBatchSize(
+            sizes=dict(zip(ranks, sizes, strict=True)),
+            apply_at_step=apply_at,
+            reason=f"{reason}; makespan {now_ms:.4g} s -> {best_ms:.4g} s",
+            inputs=inputs,
+        )
+
+
+def window_inputs(snap: MonitorSnapshot, lam: float) -> dict[str, Any]:
+    """The part of every decision's ``inputs`` that describes the windows."""
+    return {
+        "now": snap.now,
+        "l_trans": snap.l_trans,
+        "l_per": snap.l_per,
+        "lambda": lam,
+        "latest_step": snap.latest_step,
+        "bpt_short": {r: s.mean_bpt for r, s in snap.worker_short.items()},
+        "bpt_long": {r: s.mean_bpt for r, s in snap.worker_long.items()},
+        "bpt_eq_short": {r: s.mean_bpt_eq for r, s in snap.worker_short.items()},
+        "bpt_eq_long": {r: s.mean_bpt_eq for r, s in snap.worker_long.items()},
+        "mean_bpt_eq_short": snap.mean_bpt_eq_short,
+        "mean_bpt_eq_long": snap.mean_bpt_eq_long,
+        "update_long": {r: s.mean_bpt for r, s in snap.server_long.items()},
+        "mean_update_long": snap.mean_update_long,
+    }

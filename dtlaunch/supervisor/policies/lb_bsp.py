@@ -1,0 +1,48 @@
+"""``lb-bsp``: the LB-BSP baseline, batch-size balancing only (ADJUST_BS).
+
+Every interval it estimates each worker's throughput ``v_i`` over the short window
+and solves AntDT eq. 3 (``min max B_i / v_i`` with the global batch fixed). It
+emits ``AdjustBatchSize`` when the current sizes' makespan is more than
+``margin`` above the optimum; that margin, and waiting until a previous plan has
+applied, keep it from flapping between near-equal plans every interval.
+
+Parameters: ``l_trans l_per lambda`` (windows; lambda unused here),
+``margin`` (default 0.05), ``min_batch`` (default 1), ``apply_after`` (steps
+after the latest reported step, default 10).
+"""
+
+from __future__ import annotations
+
+from dtlaunch.supervisor.actions import Action, NoAction
+from dtlaunch.supervisor.monitor import MonitorSnapshot
+from dtlaunch.supervisor.policies.base import (
+    DEFAULT_APPLY_AFTER,
+    DEFAULT_MARGIN,
+    Balancer,
+    ParamReader,
+    read_windows,
+    window_inputs,
+)
+
+
+class LbBspPolicy:
+    """LB-BSP: rebalance batch sizes whenever it pays by more than ``margin``."""
+
+    name = "lb-bsp"
+
+    def __init__(self, params: dict[str, str] | None = None) -> None:
+        reader = ParamReader(self.name, params or {})
+        self.l_trans, self.l_per, self.lam = read_windows(reader)
+        self.balancer = Balancer(
+            margin=reader.number("margin", DEFAULT_MARGIN, low=0.0),
+            min_batch=reader.integer("min_batch", 1, low=1),
+            apply_after=reader.integer("apply_after", DEFAULT_APPLY_AFTER, low=1),
+        )
+        reader.finish()
+
+    def decide(self, snap: MonitorSnapshot) -> list[Action]:
+        inputs = window_inputs(snap, self.lam)
+        plan = self.balancer.propose(snap, reason="rebalance batch sizes", inputs=inputs)
+        if isinstance(plan, str):
+            return [NoAction(reason=plan, inputs=inputs)]
+        return [plan]

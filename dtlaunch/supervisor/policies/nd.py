@@ -1,0 +1,237 @@
+"""``nd``: AntDT-ND (§VI-A), for non-dedicated (shared, contended) clusters.
+
+Every interval, from one ``MonitorSnapshot``:
+
+1. Persistent stragglers (long window ``l_per``). A worker is one when its
+   equal-share BPT (see ``monitor``) is ``>= lambda x`` the mean over all workers
+   in the window; a server when its mean update time is ``>= lambda x`` the mean
+   over servers. Only nodes whose long window is *full* count: at least
+   ``min_reports`` reports spanning at least ``fill x l_per`` seconds, so a node
+   that just (re)joined is never judged on a few steps.
+   A persistent straggler is killed and restarted (``KillRestart``, on the first
+   spare host if there is one, else on its own host) only when it pays:
+
+       gain = (T_slow - T_mean) x remaining_steps  >  restart_cost_s
+
+   where ``T`` is the long-window equal-share BPT (workers) or update time
+   (servers) per step: in BSP every step waits for the slowest node, so replacing
+   it by an average one saves ``T_slow - T_mean`` per remaining step.
+   ``remaining_steps`` and the measured ``restart_cost_s`` come with the snapshot;
+   with ``remaining_steps`` unknown nothing is killed (the cautious choice), and
+   without a measured cost the ``restart_cost`` parameter stands in.
+   At most one KILL_RESTART per decision (the largest gain), none while the
+   snapshot says a restart is pending, and none for ``cooldown`` seconds after
+   the previous one.
+2. Transient stragglers (short window ``l_trans``): a worker whose short-window
+   equal-share BPT is ``>= lambda x`` the mean triggers ADJUST_BS (eq. 3, via the
+   shared ``Balancer`` with its margin hysteresis). Once sizes are unequal (an
+   earlier ADJUST_BS) the balancer also runs without a new straggler, so sizes
+   follow a straggler back when it recovers. No ADJUST_BS in a decision that kills
+   a worker: the restarted worker's sizes are planned once it reports again.
+3. Otherwise ``NoAction`` with the reasons.
+
+The mean includes the straggler itself, as in the paper; so with two workers and
+``lambda = 1.5`` one must be 3x slower than the other to count.
+
+Parameters: ``lambda l_trans l_per margin min_batch apply_after min_reports fill
+cooldown restart_cost``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dtlaunch.errors import ConfigError
+from dtlaunch.supervisor.actions import Action, AdjustBatchSize, KillRestart, NoAction
+from dtlaunch.supervisor.monitor import MonitorSnapshot, WindowStats
+from dtlaunch.supervisor.policies.base import (
+    DEFAULT_APPLY_AFTER,
+    DEFAULT_MARGIN,
+    Balancer,
+    ParamReader,
+    read_windows,
+    window_inputs,
+)
+
+DEFAULT_MIN_REPORTS = 5
+DEFAULT_FILL = 0.8  # reports are batched, so a full window spans a bit less than l_per
+DEFAULT_RESTART_COST_S = 60.0  # until the caller has measured a real restart
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Candidate:
+    role: str
+    rank: int
+    ratio: float
+    t_slow: float
+    t_mean: float
+    gain_s: float
+
+
+class NdPolicy:
+    """AntDT-ND; see module doc."""
+
+    name = "nd"
+
+    def __init__(self, params: dict[str, str] | None = None) -> None:
+        reader = ParamReader(self.name, params or {})
+        self.l_trans, self.l_per, self.lam = read_windows(reader)
+        self.balancer = Balancer(
+            margin=reader.number("margin", DEFAULT_MARGIN, low=0.0),
+            min_batch=reader.integer("min_batch", 1, low=1),
+            apply_after=reader.integer("apply_after", DEFAULT_APPLY_AFTER, low=1),
+        )
+        self.min_reports = reader.integer("min_reports", DEFAULT_MIN_REPORTS, low=1)
+        self.fill = reader.number("fill", DEFAULT_FILL, low=0.0)
+        if self.fill > 1.0:
+            raise ConfigError(f"policy nd: fill must be in [0, 1], got {self.fill:g}")
+        self.cooldown = reader.number("cooldown", self.l_per, low=0.0)
+        self.restart_cost = reader.number("restart_cost", DEFAULT_RESTART_COST_S, low=0.0)
+        reader.finish()
+        self._next_kill_at = float("-inf")
+
+    def decide(self, snap: MonitorSnapshot) -> list[Action]:
+        inputs = window_inputs(snap, self.lam)
+        notes: list[str] = []
+        actions: list[Action] = []
+        kill = self._persistent(snap, inputs, notes)
+        if kill is not None:
+            actions.append(kill)
+        if kill is None or kill.role != "worker":
+            plan = self._transient(snap, inputs, notes)
+            if plan is not None:
+                actions.append(plan)
+        if not actions:
+            actions.append(
+                NoAction(
+                    reason="; ".join(notes) or "no straggler",
+                    inputs={**inputs, "notes": notes},
+                )
+            )
+        return actions
+
+    # ------------------------------------------------------------ persistent
+
+    def _full(self, st: WindowStats) -> bool:
+        return st.reports >= self.min_reports and st.span_s >= self.fill * self.l_per
+
+    def _slow_nodes(
+        self,
+        role: str,
+        window: dict[int, WindowStats],
+        mean: float | None,
+        remaining: int,
+        notes: list[str],
+    ) -> list[_Candidate]:
+        if mean is None or len(window) < 2:
+            return []
+        found: list[_Candidate] = []
+        for rank, st in sorted(window.items()):
+            ratio = st.mean_bpt_eq / mean
+            if ratio < self.lam:
+                continue
+            if not self._full(st):
+                notes.append(
+                    f"{role} {rank} is {ratio:.2f}x the mean but its long window is not full "
+                    f"({st.reports} reports over {st.span_s:.0f} s, need {self.min_reports} "
+                    f"over {self.fill * self.l_per:.0f} s)"
+                )
+                continue
+            gain = (st.mean_bpt_eq - mean) * remaining
+            found.append(
+                _Candidate(
+                    role=role,
+                    rank=rank,
+                    ratio=ratio,
+                    t_slow=st.mean_bpt_eq,
+                    t_mean=mean,
+                    gain_s=gain,
+                )
+            )
+        return found
+
+    def _persistent(
+        self, snap: MonitorSnapshot, inputs: dict[str, Any], notes: list[str]
+    ) -> KillRestart | None:
+        remaining = snap.remaining_steps if snap.remaining_steps is not None else 0
+        found = self._slow_nodes(
+            "worker", snap.worker_long, snap.mean_bpt_eq_long, remaining, notes
+        ) + self._slow_nodes("server", snap.server_long, snap.mean_update_long, remaining, notes)
+        if not found:
+            return None
+        names = ", ".join(f"{c.role} {c.rank} ({c.ratio:.2f}x)" for c in found)
+        if snap.restart_pending:
+            notes.append(f"persistent straggler {names}; a restart is still settling")
+            return None
+        if snap.now < self._next_kill_at:
+            notes.append(
+                f"persistent straggler {names}; KILL_RESTART cooldown until "
+                f"t={self._next_kill_at:.0f} s"
+            )
+            return None
+        if snap.remaining_steps is None:
+            notes.append(f"persistent straggler {names}; remaining steps unknown, not killing")
+            return None
+        cost = snap.restart_cost_s if snap.restart_cost_s is not None else self.restart_cost
+        worth = [c for c in found if c.gain_s > cost]
+        if not worth:
+            best_gain = max(c.gain_s for c in found)
+            notes.append(
+                f"persistent straggler {names}; gain {best_gain:.1f} s over "
+                f"{snap.remaining_steps} steps does not exceed restart cost {cost:.1f} s"
+            )
+            return None
+        best = max(worth, key=lambda c: c.gain_s)
+        self._next_kill_at = snap.now + self.cooldown
+        target = snap.spare_hosts[0] if snap.spare_hosts else None
+        return KillRestart(
+            role=best.role,
+            rank=best.rank,
+            target_host=target,
+            reason=(
+                f"persistent straggler: {best.role} {best.rank} is {best.ratio:.2f}x the mean "
+                f"over {self.l_per:.0f} s (lambda {self.lam:g}); gain {best.gain_s:.1f} s > "
+                f"restart cost {cost:.1f} s; restart on "
+                + (f"spare host {target}" if target else "the same host")
+            ),
+            inputs={
+                **inputs,
+                "t_slow_s": best.t_slow,
+                "t_mean_s": best.t_mean,
+                "ratio": best.ratio,
+                "remaining_steps": snap.remaining_steps,
+                "gain_s": best.gain_s,
+                "restart_cost_s": cost,
+                "spare_hosts": list(snap.spare_hosts),
+                "candidates": [f"{c.role}:{c.rank}" for c in found],
+            },
+        )
+
+    # ------------------------------------------------------------- transient
+
+    def _transient(
+        self, snap: MonitorSnapshot, inputs: dict[str, Any], notes: list[str]
+    ) -> AdjustBatchSize | None:
+        mean = snap.mean_bpt_eq_short
+        slow: list[int] = []
+        if mean is not None and len(snap.worker_short) >= 2:
+            slow = [
+                r
+                for r, st in sorted(snap.worker_short.items())
+                if st.mean_bpt_eq >= self.lam * mean
+            ]
+        unequal = len({info.batch_size for info in snap.workers.values()}) > 1
+        if not slow and not unequal:
+            return None
+        if slow:
+            reason = f"transient straggler worker {', '.join(map(str, slow))} (lambda {self.lam:g})"
+        else:
+            reason = "batch sizes unequal after an earlier ADJUST_BS; follow current throughput"
+        plan = self.balancer.propose(
+            snap, reason=reason, inputs={**inputs, "transient": slow, "notes": list(notes)}
+        )
+        if isinstance(plan, str):
+            notes.append(f"{reason}: {plan}" if slow else plan)
+            return None
+        return plan

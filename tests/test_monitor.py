@@ -1,0 +1,114 @@
+"""Monitor: time windows, throughput, equal-share BPT, absences (fake clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dtlaunch.supervisor.monitor import Monitor
+
+
+def feed(mon, rank, *, start, end, every=1.0, compute=1.0, comm=0.0, batch=32, step0=0):
+    t, step = start, step0
+    while t <= end + 1e-9:
+        mon.report_worker(
+            rank, now=t, step=step, batch_size=batch, compute_s=compute, comm_s=comm, samples=batch
+        )
+        t += every
+        step += 1
+    return step
+
+
+def test_windows_are_by_time_and_absent_workers_are_left_out():
+    mon = Monitor(l_trans=60, l_per=300)
+    feed(mon, 0, start=0, end=200)  # reports at t = 0..200
+    feed(mon, 1, start=0, end=100, compute=3.0)  # silent after t = 100
+    snap = mon.snapshot(200)
+    assert snap.worker_short[0].reports == 61  # t in [140, 200]
+    assert snap.worker_long[0].reports == 201
+    assert 1 not in snap.worker_short  # no report in the short window
+    assert snap.worker_long[1].reports == 101
+    # Global means only over the workers present in that window.
+    assert snap.mean_bpt_short == pytest.approx(1.0)
+    assert snap.mean_bpt_long == pytest.approx(2.0)
+    assert snap.worker_short[0].span_s == pytest.approx(60)
+    # Later, the long window slides past worker 1's last report entirely.
+    feed(mon, 0, start=201, end=420, step0=201)
+    snap = mon.snapshot(420)
+    assert 1 not in snap.worker_long
+    assert 1 in snap.workers  # still known (not gone), just no data in the windows
+    assert snap.worker_long[0].first_s == pytest.approx(120)
+
+
+def test_throughput_is_mean_of_per_step_rates():
+    mon = Monitor(l_trans=60, l_per=300)
+    mon.report_worker(0, now=1, step=0, batch_size=32, compute_s=0.8, comm_s=0.2, samples=32)
+    mon.report_worker(0, now=2, step=1, batch_size=32, compute_s=1.5, comm_s=0.5, samples=32)
+    st = mon.snapshot(2).worker_short[0]
+    # AntDT: v_i = 1/|S| sum B_i / T_i = (32/1 + 32/2) / 2 = 24, not 64 / 3.
+    assert st.throughput == pytest.approx(24.0)
+    assert st.mean_bpt == pytest.approx(1.5)
+    assert st.samples == 64
+
+
+def test_equal_share_bpt_rescales_compute_not_comm():
+    mon = Monitor(l_trans=60, l_per=300)
+    mon.report_worker(0, now=1, step=0, batch_size=48, compute_s=3.0, comm_s=0.5, samples=48)
+    mon.report_worker(1, now=1, step=0, batch_size=16, compute_s=1.0, comm_s=0.5, samples=16)
+    snap = mon.snapshot(1)
+    # Reference batch = mean current batch = 32.
+    assert snap.worker_short[0].mean_bpt == pytest.approx(3.5)
+    assert snap.worker_short[1].mean_bpt == pytest.approx(1.5)
+    assert snap.worker_short[0].mean_bpt_eq == pytest.approx(3.0 * 32 / 48 + 0.5)
+    assert snap.worker_short[1].mean_bpt_eq == pytest.approx(1.0 * 32 / 16 + 0.5)
+    assert snap.mean_bpt_eq_short == pytest.approx(2.5)
+
+
+def test_servers_latest_step_spares_and_caller_fields():
+    mon = Monitor(l_trans=10, l_per=50)
+    for t in range(0, 60):
+        mon.report_server(0, now=t, step=t, update_s=0.1)
+        mon.report_server(1, now=t, step=t, update_s=0.5 if t >= 30 else 0.1)
+    mon.report_worker(2, now=59, step=77, batch_size=8, compute_s=1, comm_s=0, samples=8)
+    mon.set_spare_capacity(2, ["spare-a", "spare-b"])
+    snap = mon.snapshot(59, remaining_steps=500, restart_cost_s=12.5, restart_pending=True)
+    # Long window [9, 59]: server 1 slow for 30 of its 51 reports.
+    assert snap.server_long[1].mean_bpt == pytest.approx((21 * 0.1 + 30 * 0.5) / 51)
+    assert snap.server_long[0].mean_bpt == pytest.approx(0.1)
+    assert snap.mean_update_long == pytest.approx((0.1 + snap.server_long[1].mean_bpt) / 2)
+    assert snap.latest_step == 77
+    assert snap.spare_capacity == 2
+    assert snap.spare_hosts == ("spare-a", "spare-b")
+    assert (snap.remaining_steps, snap.restart_cost_s, snap.restart_pending) == (500, 12.5, True)
+
+
+def test_worker_gone_forgets_history():
+    mon = Monitor(l_trans=60, l_per=300)
+    feed(mon, 0, start=0, end=10, batch=16)
+    mon.worker_gone(0)
+    snap = mon.snapshot(10)
+    assert 0 not in snap.workers and 0 not in snap.worker_long
+    mon.report_worker(0, now=11, step=11, batch_size=16, compute_s=1, comm_s=0, samples=16)
+    snap = mon.snapshot(11)
+    assert snap.worker_long[0].reports == 1
+    assert snap.workers[0].samples_total == 16
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="l_trans <= l_per"):
+        Monitor(l_trans=100, l_per=50)
+    mon = Monitor(l_trans=1, l_per=2)
+    with pytest.raises(ValueError, match="compute_s"):
+        mon.report_worker(0, now=0, step=0, batch_size=1, compute_s=-1, comm_s=0, samples=1)
+    with pytest.raises(ValueError, match="batch_size"):
+        mon.report_worker(0, now=0, step=0, batch_size=0, compute_s=1, comm_s=0, samples=1)
+    with pytest.raises(ValueError, match="update_s"):
+        mon.report_server(0, now=0, step=0, update_s=float("nan"))
+    with pytest.raises(ValueError, match="spare"):
+        mon.set_spare_capacity(-1)
+
+
+def test_zero_time_step_does_not_divide_by_zero():
+    mon = Monitor(l_trans=1, l_per=2)
+    mon.report_worker(0, now=0, step=0, batch_size=4, compute_s=0.0, comm_s=0.0, samples=4)
+    st = mon.snapshot(0).worker_short[0]
+    assert st.throughput > 0 and st.mean_bpt > 0

@@ -1,0 +1,318 @@
+"""Policies: parsing, none, lb-bsp (solver output, hysteresis), nd (AntDT-ND)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from dtlaunch.errors import ConfigError
+from dtlaunch.solvers.batch import solve_batch_sizes
+from dtlaunch.supervisor.actions import (
+    AdjustBatchSize,
+    KillRestart,
+    NoAction,
+    action_fields,
+    action_name,
+)
+from dtlaunch.supervisor.monitor import Monitor
+from dtlaunch.supervisor.policies import (
+    LbBspPolicy,
+    NdPolicy,
+    NonePolicy,
+    monitor_for,
+    parse_policy,
+)
+
+
+def run(mon, bpts, *, start, end, batches=None, step0=0, comm=0.0):
+    """Every worker reports one step a second from start to end; bpts: rank -> compute s."""
+    step = step0
+    t = start
+    while t <= end + 1e-9:
+        for rank, bpt in bpts.items():
+            b = batches[rank] if batches else 32
+            mon.report_worker(
+                rank, now=t, step=step, batch_size=b, compute_s=bpt, comm_s=comm, samples=b
+            )
+        t += 1.0
+        step += 1
+    return step
+
+
+def names(actions):
+    return [action_name(a) for a in actions]
+
+
+# ------------------------------------------------------------------ parsing
+
+
+def test_parse_builtins_with_defaults_and_params():
+    p = parse_policy("none")
+    assert isinstance(p, NonePolicy) and p.name == "none"
+    assert (p.l_trans, p.l_per, p.lam) == (60.0, 300.0, 1.5)
+    nd = parse_policy("nd:lambda=1.3,l_trans=30,l_per=120,restart_cost=5")
+    assert isinstance(nd, NdPolicy)
+    assert (nd.l_trans, nd.l_per, nd.lam, nd.restart_cost) == (30.0, 120.0, 1.3, 5.0)
+    assert nd.cooldown == 120.0  # defaults to l_per
+    lb = parse_policy(" lb-bsp:margin=0.1,min_batch=4 ")
+    assert isinstance(lb, LbBspPolicy)
+    assert (lb.balancer.margin, lb.balancer.min_batch) == (0.1, 4)
+    mon = monitor_for(nd)
+    assert (mon.l_trans, mon.l_per) == (30.0, 120.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("fastest", "unknown policy 'fastest'; use one of none, lb-bsp, nd"),
+        ("nd:lamda=2", "unknown parameter lamda; valid parameters: l_trans, l_per, lambda"),
+        ("nd:lambda=abc", "lambda must be a number > 1, got 'abc'"),
+        ("nd:lambda=0.9", "lambda must be a number > 1"),
+        ("nd:l_trans=100,l_per=50", "l_per (50 s) must be >= l_trans (100 s)"),
+        ("nd:l_trans=-1", "l_trans must be a number > 0"),
+        ("nd:lambda", "'lambda' is not key=value"),
+        ("nd:lambda=2,lambda=3", "lambda given twice"),
+        ("nd:min_reports=0", "min_reports must be an integer >= 1"),
+        ("nd:fill=2", "fill must be in [0, 1]"),
+        ("lb-bsp:min_batch=1.5", "min_batch must be an integer >= 1"),
+        ("none:margin=0.1", "unknown parameter margin"),
+        ("no_such_mod_xyz:Cls", "cannot import module no_such_mod_xyz"),
+    ],
+)
+def test_parse_errors_name_the_problem(text, message):
+    with pytest.raises(ConfigError) as err:
+        parse_policy(text)
+    assert message in str(err.value)
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    (tmp_path / "my_policies_for_test.py").write_text(
+        textwrap.dedent(
+            """
+            from dtlaunch.supervisor.actions import NoAction
+
+            class Plain:
+                def __init__(self, threshold=1, label="x", verbose=False):
+                    self.threshold, self.label, self.verbose = threshold, label, verbose
+
+                def decide(self, snap):
+                    return [NoAction(reason=f"{self.label}:{self.threshold}")]
+
+            class Windowed:
+                name = "windowed"
+                l_trans = 10.0
+                l_per = 20.0
+                lam = 2.0
+
+                def decide(self, snap):
+                    return "not a list"
+
+            class NoDecide:
+                pass
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "my_policies_for_test"
+
+
+def test_module_class_is_loaded_with_converted_kwargs(user_module):
+    p = parse_policy(f"{user_module}:Plain:threshold=2.5,label=abc,verbose=true")
+    assert p.name == f"{user_module}:Plain"
+    assert (p.l_trans, p.l_per, p.lam) == (60.0, 300.0, 1.5)  # defaults filled in
+    assert p.inner.threshold == 2.5 and p.inner.label == "abc" and p.inner.verbose is True
+    out = p.decide(Monitor(l_trans=1, l_per=2).snapshot(0))
+    assert out == [NoAction(reason="abc:2.5")]
+    bare = parse_policy(f"{user_module}:Plain")
+    assert bare.inner.threshold == 1
+
+
+def test_module_class_errors(user_module):
+    w = parse_policy(f"{user_module}:Windowed")
+    assert (w.name, w.l_trans, w.l_per, w.lam) == ("windowed", 10.0, 20.0, 2.0)
+    with pytest.raises(TypeError, match="must return a list of dtlaunch actions"):
+        w.decide(Monitor(l_trans=1, l_per=2).snapshot(0))
+    with pytest.raises(ConfigError, match="has no class Missing"):
+        parse_policy(f"{user_module}:Missing")
+    with pytest.raises(ConfigError, match="no decide"):
+        parse_policy(f"{user_module}:NoDecide")
+    with pytest.raises(ConfigError, match=r"Plain\(bogus\) failed: TypeError"):
+        parse_policy(f"{user_module}:Plain:bogus=1")
+
+
+# --------------------------------------------------------------------- none
+
+
+def test_none_never_acts():
+    mon = Monitor(l_trans=60, l_per=300)
+    run(mon, {0: 1.0, 1: 5.0}, start=0, end=100)
+    [a] = NonePolicy().decide(mon.snapshot(100))
+    assert isinstance(a, NoAction) and a.inputs["bpt_short"][1] == pytest.approx(5.0)
+
+
+# ------------------------------------------------------------------- lb-bsp
+
+
+def test_lb_bsp_emits_solver_output_then_holds_off():
+    pol = LbBspPolicy()
+    mon = monitor_for(pol)
+    step = run(mon, {0: 1.0, 1: 1.0, 2: 2.0}, start=0, end=59)
+    [a] = pol.decide(mon.snapshot(59))
+    assert isinstance(a, AdjustBatchSize)
+    assert list(a.sizes.values()) == solve_batch_sizes([32.0, 32.0, 16.0], 96, 1)
+    assert a.sizes == {0: 39, 1: 38, 2: 19}  # makespan 39/32 s beats 38,38,20 (20/16 s)
+    assert a.apply_at_step == (step - 1) + 10
+    assert a.inputs["solver_sizes"] == a.sizes and a.inputs["global_batch"] == 96
+    # Before the apply step: nothing new, even though the estimates are unchanged.
+    run(mon, {0: 1.0, 1: 1.0, 2: 2.0}, start=60, end=64, step0=step)
+    [b] = pol.decide(mon.snapshot(64))
+    assert isinstance(b, NoAction) and "applies at step" in b.reason
+    # After it applied, per-step time is balanced: no flapping.
+    sizes = a.sizes
+    run(mon, {0: 39 / 32, 1: 38 / 32, 2: 19 / 16}, start=65, end=200, batches=sizes, step0=step + 5)
+    [c] = pol.decide(mon.snapshot(200))
+    assert isinstance(c, NoAction) and "within 5%" in c.reason
+
+
+def test_lb_bsp_margin_ignores_small_imbalance():
+    pol = LbBspPolicy()
+    mon = monitor_for(pol)
+    run(mon, {0: 1.0, 1: 1.04}, start=0, end=59)  # 4 % slower: below the 5 % margin
+    [a] = pol.decide(mon.snapshot(59))
+    assert isinstance(a, NoAction)
+    strict = LbBspPolicy({"margin": "0"})
+    [b] = strict.decide(mon.snapshot(59))
+    assert isinstance(b, AdjustBatchSize)
+    assert sum(b.sizes.values()) == 64
+
+
+# ----------------------------------------------------------------------- nd
+
+FOUR = {0: 1.0, 1: 1.0, 2: 1.0}
+
+
+def test_nd_transient_straggler_adjusts_batch_sizes():
+    pol = NdPolicy()
+    mon = monitor_for(pol)
+    step = run(mon, {**FOUR, 3: 1.0}, start=0, end=240)
+    run(mon, {**FOUR, 3: 3.0}, start=241, end=300, step0=step)  # slow only in the last minute
+    snap = mon.snapshot(300, remaining_steps=10_000, restart_cost_s=1.0)
+    assert snap.worker_long[3].mean_bpt_eq < 1.5 * snap.mean_bpt_eq_long  # not persistent
+    [a] = pol.decide(snap)
+    assert isinstance(a, AdjustBatchSize)
+    expected = solve_batch_sizes([snap.worker_short[r].throughput for r in range(4)], 128, 1)
+    assert list(a.sizes.values()) == expected
+    assert a.sizes[3] < 32 < a.sizes[0]
+    assert a.inputs["transient"] == [3]
+
+
+def test_nd_balanced_workers_get_no_action():
+    pol = NdPolicy()
+    mon = monitor_for(pol)
+    run(mon, {**FOUR, 3: 1.2}, start=0, end=300)
+    [a] = pol.decide(mon.snapshot(300, remaining_steps=10_000))
+    assert isinstance(a, NoAction)
+
+
+def persistent_setup(pol, *, slow=None, end=300):
+    mon = monitor_for(pol)
+    run(mon, {**FOUR, 3: 4.0, **(slow or {})}, start=0, end=end)
+    return mon
+
+
+def test_nd_persistent_worthwhile_kills_onto_spare_host():
+    pol = NdPolicy()
+    mon = persistent_setup(pol)
+    mon.set_spare_capacity(1, ["spare1"])
+    snap = mon.snapshot(300, remaining_steps=1000, restart_cost_s=30.0)
+    actions = pol.decide(snap)
+    assert names(actions) == ["KILL_RESTART"]  # no ADJUST_BS while a worker restarts
+    [k] = actions
+    assert (k.role, k.rank, k.target_host) == ("worker", 3, "spare1")
+    mean = (1 + 1 + 1 + 4) / 4
+    assert k.inputs["gain_s"] == pytest.approx((4.0 - mean) * 1000)
+    assert k.inputs["restart_cost_s"] == 30.0
+    assert action_fields(k)["action"] == "KILL_RESTART"
+
+
+def test_nd_persistent_without_spare_restarts_on_same_host():
+    pol = NdPolicy()
+    mon = persistent_setup(pol)
+    [k] = pol.decide(mon.snapshot(300, remaining_steps=1000, restart_cost_s=30.0))
+    assert isinstance(k, KillRestart) and k.target_host is None
+    assert "same host" in k.reason
+
+
+def test_nd_persistent_not_worthwhile_only_balances():
+    pol = NdPolicy()
+    mon = persistent_setup(pol)
+    # gain = (4 - 1.75) * 10 = 22.5 s < 30 s restart cost
+    actions = pol.decide(mon.snapshot(300, remaining_steps=10, restart_cost_s=30.0))
+    assert names(actions) == ["ADJUST_BS"]
+    assert "does not exceed restart cost" not in actions[0].reason  # notes go to NONE only
+    pol2 = NdPolicy({"margin": "100"})  # balancing never pays: the note is visible
+    mon2 = persistent_setup(pol2)
+    [n] = pol2.decide(mon2.snapshot(300, remaining_steps=10, restart_cost_s=30.0))
+    assert isinstance(n, NoAction) and "does not exceed restart cost 30.0 s" in n.reason
+
+
+def test_nd_does_not_kill_without_remaining_steps_or_full_window():
+    pol = NdPolicy({"margin": "100"})
+    mon = persistent_setup(pol)
+    [n] = pol.decide(mon.snapshot(300, restart_cost_s=1.0))
+    assert isinstance(n, NoAction) and "remaining steps unknown" in n.reason
+    young = persistent_setup(pol, end=100)  # only 100 s of history of 300 s
+    [n] = pol.decide(young.snapshot(100, remaining_steps=10**6, restart_cost_s=1.0))
+    assert isinstance(n, NoAction) and "long window is not full" in n.reason
+
+
+def test_nd_one_kill_per_decision_then_cooldown_and_pending():
+    pol = NdPolicy({"cooldown": "120"})
+    mon = monitor_for(pol)
+    fast = {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}
+    run(mon, {**fast, 4: 3.0, 5: 4.0}, start=0, end=300)  # workers 4 and 5 persistently slow
+    snap = mon.snapshot(300, remaining_steps=1000, restart_cost_s=1.0)
+    kills = [a for a in pol.decide(snap) if isinstance(a, KillRestart)]
+    assert [(k.rank, k.role) for k in kills] == [(5, "worker")]  # the largest gain
+    assert set(kills[0].inputs["candidates"]) == {"worker:4", "worker:5"}
+    mon.worker_gone(5)
+    run(mon, {**fast, 4: 3.0}, start=301, end=400, step0=301)
+    snap = mon.snapshot(400, remaining_steps=1000, restart_cost_s=1.0)
+    [a] = pol.decide(snap)
+    assert isinstance(a, AdjustBatchSize)  # worker 4 is still slow: balance meanwhile
+    assert "KILL_RESTART cooldown until t=420 s" in " ".join(a.inputs["notes"])
+    snap = mon.snapshot(421, remaining_steps=1000, restart_cost_s=1.0, restart_pending=True)
+    out = pol.decide(snap)
+    assert not any(isinstance(a, KillRestart) for a in out)
+    assert "a restart is still settling" in out[0].reason + " ".join(out[0].inputs["notes"])
+    snap = mon.snapshot(421, remaining_steps=1000, restart_cost_s=1.0)
+    assert [(a.role, a.rank) for a in pol.decide(snap) if isinstance(a, KillRestart)] == [
+        ("worker", 4)
+    ]
+
+
+def test_nd_server_persistent_straggler_is_killed():
+    pol = NdPolicy()
+    mon = monitor_for(pol)
+    run(mon, {0: 1.0, 1: 1.0}, start=0, end=300)
+    for t in range(301):
+        for rank, upd in {0: 0.1, 1: 0.1, 2: 1.0}.items():
+            mon.report_server(rank, now=t, step=t, update_s=upd)
+    mon.set_spare_capacity(1, ["spare9"])
+    [k] = pol.decide(mon.snapshot(300, remaining_steps=1000, restart_cost_s=30.0))
+    assert isinstance(k, KillRestart)
+    assert (k.role, k.rank, k.target_host) == ("server", 2, "spare9")
+    assert k.inputs["gain_s"] == pytest.approx((1.0 - 0.4) * 1000)
+
+
+def test_nd_follows_a_recovered_straggler_back():
+    pol = NdPolicy()
+    mon = monitor_for(pol)
+    sizes = {0: 40, 1: 40, 2: 40, 3: 8}  # an earlier ADJUST_BS shrank worker 3
+    per_sample = 1 / 32  # everyone is equally fast again
+    run(mon, {r: b * per_sample for r, b in sizes.items()}, start=0, end=60, batches=sizes)
+    [a] = pol.decide(mon.snapshot(60, remaining_steps=1000))
+    assert isinstance(a, AdjustBatchSize)
+    assert a.sizes == {0: 32, 1: 32, 2: 32, 3: 32}
