@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -15,7 +16,7 @@ from rich.logging import RichHandler
 
 from dtlaunch import __version__
 from dtlaunch.config import JobSpec, OutputSpec, new_run_id, parse_env_pairs
-from dtlaunch.errors import ConfigError, DtlaunchError
+from dtlaunch.errors import DtlaunchError
 from dtlaunch.hostfile import load_hosts
 
 app = typer.Typer(
@@ -26,8 +27,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 err_console = Console(stderr=True)
-
-POLICIES = ("none",)
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -91,8 +90,24 @@ def run(
         typer.Option(envvar="DTLAUNCH_MODE", help="ps | allreduce (default: ps when servers > 0)."),
     ] = None,
     policy: Annotated[
-        str, typer.Option(envvar="DTLAUNCH_POLICY", help="Straggler policy.")
+        str,
+        typer.Option(
+            envvar="DTLAUNCH_POLICY",
+            help="Straggler policy: none | lb-bsp | nd[:lambda=1.5,l_trans=60,l_per=300] "
+            "| module:Class[:k=v].",
+        ),
     ] = "none",
+    control_interval: Annotated[
+        float,
+        typer.Option(envvar="DTLAUNCH_CONTROL_INTERVAL", help="Seconds between policy decisions."),
+    ] = 10.0,
+    inject: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Straggler injection for experiments (repeatable), e.g. "
+            "persistent:role=worker,ranks=3,delay=4.0",
+        ),
+    ] = None,
     run_dir: Annotated[
         Path | None, typer.Option(envvar="DTLAUNCH_RUN_DIR", help="Default ./runs/<run-id>.")
     ] = None,
@@ -194,8 +209,11 @@ def run(
         raise _fail("no SCRIPT given; usage: dtlaunch run [OPTIONS] SCRIPT [ARGS]...")
     try:
         servers_mode = mode or ("ps" if servers > 0 else "allreduce")
-        if policy.split(":", 1)[0] not in POLICIES:
-            raise ConfigError(f"--policy {policy}: this version knows only {', '.join(POLICIES)}")
+        from dtlaunch.inject import parse_injections
+        from dtlaunch.supervisor.policies import parse_policy
+
+        parse_policy(policy)  # refuse a bad --policy before anything starts
+        parse_injections(inject or [])
         if insecure_no_host_key_check:
             logging.getLogger("dtlaunch").warning(
                 "SSH host keys will NOT be verified (--insecure-no-host-key-check): anyone on "
@@ -232,6 +250,9 @@ def run(
             epochs=epochs,
             global_batch=global_batch,
             seed=seed,
+            control_interval=control_interval,
+            inject=tuple(inject or ()),
+            created=time.time(),
         ).validate()
     except DtlaunchError as err:
         raise _fail(err) from None

@@ -92,6 +92,8 @@ class JobSpec:
     ssh_config: tuple[str, ...] = ()
     verify_host_keys: bool = True
     inject: tuple[str, ...] = ()
+    control_interval: float = 10.0  # seconds between two decisions of the policy
+    created: float = 0.0  # Unix time the job was created: the job-wide clock's zero
     # The data set, when given as run options (else a worker may register it).
     dataset_size: int = 0
     shard_size: int = 0
@@ -146,6 +148,8 @@ class JobSpec:
             if getattr(self, name) <= 0:
                 opt = "--" + name.replace("_", "-")
                 raise ConfigError(f"{opt} must be positive, got {getattr(self, name)}")
+        if self.control_interval <= 0:
+            raise ConfigError(f"--control-interval must be positive, got {self.control_interval}")
         if self.dead_after < 2:
             raise ConfigError(f"--dead-after must be at least 2 intervals, got {self.dead_after}")
         if self.orphan_timeout < self.heartbeat_interval * self.dead_after:

@@ -35,7 +35,7 @@ def test_bad_hostfile_reports_every_problem_with_file_line_col(tmp_path):
     [
         (["--workers", "0"], "--workers must be at least 1"),
         (["--mode", "ps"], "add --servers"),
-        (["--policy", "magic"], "--policy magic"),
+        (["--policy", "magic"], "unknown policy 'magic'"),
         (["--env", "NOEQUALS"], "expected KEY=VALUE"),
         (["--output", "bogus"], "--output"),
         (["--orphan-timeout", "1"], "--orphan-timeout must be longer"),

@@ -188,3 +188,31 @@ def test_shards_fetched_track_worker_throughput(tmp_path):
     shards = [fetched[str(r)] for r in range(6)]
     rho = np.corrcoef(np.argsort(np.argsort(speeds)), np.argsort(np.argsort(shards)))[0, 1]
     assert rho >= 0.9, (speeds, shards)
+
+
+def test_batches_that_do_not_divide_the_shards_do_not_deadlock_at_the_end(tmp_path):
+    # 7-record batches over 100-record shards: the batch holding a lease's last
+    # record must not wait for a lease that only comes once that record is acked.
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    run_dir = tmp_path / "run"
+    result = run(
+        [
+            "run",
+            "--workers",
+            "3",
+            "--restart-scope",
+            "process",
+            "--run-dir",
+            str(run_dir),
+            *dataset_args(2000, 100, 2, 21),
+            WORKER,
+            str(ledger),
+            "0.002",
+        ],
+        env={},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert set(ledger_counts(ledger).values()) == {2}
+    assert summary(run_dir)["shards_done"] == 40

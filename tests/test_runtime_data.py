@@ -24,6 +24,9 @@ class ListSource:
     def next_lease(self):
         return self.leases.popleft() if self.leases else None
 
+    def poll_lease(self, timeout):
+        return self.next_lease()
+
     def ack(self, lease_ids, step):
         self.acks.append((list(lease_ids), step))
 

@@ -45,7 +45,7 @@ import zmq.asyncio
 
 from dtlaunch import __version__
 from dtlaunch.errors import ConfigError, DtlaunchError
-from dtlaunch.runtime.data import lease_fits
+from dtlaunch.runtime.data import NOT_READY, NotReady, lease_fits
 from dtlaunch.runtime.steps import TimedReport
 from dtlaunch.sharding import DatasetSpec, dataset_spec
 from dtlaunch.wire.keys import PeerKeys
@@ -187,6 +187,23 @@ class SupervisorClient:
         except queue.Empty:
             self._call(self._set_consumer_waiting)
             item = self._wait_for_item()
+        return self._take(item)
+
+    def poll_lease(self, timeout: float) -> Lease | NotReady | None:
+        """A lease if one arrives within ``timeout`` s; ``NOT_READY`` if none did."""
+        if self._ended:
+            return None
+        try:
+            item = self._items.get_nowait()
+        except queue.Empty:
+            self._call(self._set_consumer_waiting)
+            try:
+                item = self._items.get(timeout=timeout)
+            except queue.Empty:
+                return NOT_READY
+        return self._take(item)
+
+    def _take(self, item: _Item) -> Lease | None:
         if isinstance(item, _End):
             self._ended = True
             return None

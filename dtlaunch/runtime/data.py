@@ -45,11 +45,28 @@ logger = logging.getLogger(__name__)
 AckMode = Literal["returned", "one_per_step"]
 
 
+class NotReady:
+    """No lease has arrived yet (not the end of data): see ``poll_lease``."""
+
+    def __repr__(self) -> str:
+        return "NOT_READY"
+
+
+NOT_READY = NotReady()
+# How long a batch that already holds records waits for the next lease before it
+# is handed out short (see BatchStream.next_batch).
+SHORT_BATCH_WAIT_S = 1.0
+
+
 class LeaseSource(Protocol):
     """Where leases come from and where their acks go."""
 
     def next_lease(self) -> Lease | None:
         """The next lease to read (blocks until there is one); None at the end of data."""
+        ...
+
+    def poll_lease(self, timeout: float) -> Lease | NotReady | None:
+        """Like ``next_lease`` but waits at most ``timeout`` s (then ``NOT_READY``)."""
         ...
 
     def ack(self, lease_ids: Sequence[int], step: int) -> None:
@@ -160,7 +177,13 @@ class BatchStream:
         completed: list[int] = []
         while len(batch) < self._batch_size:
             exhausted = self._pos >= len(self._records)
-            if exhausted and (self._ended or not self._open_next_lease()):
+            # A batch that holds the last record of a lease must not wait long for
+            # the next lease: that lease's ack comes only with this batch's step(),
+            # and at the end of the data the queue finishes only after that ack.
+            # So a batch that would cross into a lease that is not there yet is
+            # handed out short.
+            wait = SHORT_BATCH_WAIT_S if batch else None
+            if exhausted and (self._ended or not self._open_next_lease(wait)):
                 break
             take = min(self._batch_size - len(batch), len(self._records) - self._pos)
             batch.extend(self._records[self._pos : self._pos + take])
@@ -182,10 +205,14 @@ class BatchStream:
             self._source.ack(lease_ids, self._steps)
         return self._steps
 
-    def _open_next_lease(self) -> bool:
-        """Move to the next lease with records; False at the end of data."""
+    def _open_next_lease(self, wait: float | None = None) -> bool:
+        """Move to the next lease with records; False at the end of data, or when
+        ``wait`` is given and no lease came within it."""
         while True:
-            lease = self._source.next_lease()
+            polled = self._source.next_lease() if wait is None else self._source.poll_lease(wait)
+            if isinstance(polled, NotReady):
+                return False
+            lease = polled
             if lease is None:
                 self._ended = True
                 return False

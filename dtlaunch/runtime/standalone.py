@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from dtlaunch.runtime.data import NotReady
 from dtlaunch.runtime.steps import TimedReport
 from dtlaunch.sharding import DatasetSpec, epoch_order
 from dtlaunch.wire.messages import Lease, Message
@@ -32,6 +33,9 @@ class StandaloneSource:
 
     def close(self, timeout: float) -> None:
         return None
+
+    def poll_lease(self, timeout: float) -> Lease | NotReady | None:
+        return self.next_lease()  # every lease is always at hand
 
     def report(self, reports: list[TimedReport]) -> None:
         return None  # no Monitor without a supervisor

@@ -246,6 +246,13 @@ class DdsService:
 
     # -------------------------------------------------------------- summary
 
+    def remaining_steps(self) -> int | None:
+        """Steps of work left at the global batch (None without a data set or batch)."""
+        if self.queue is None or self.spec is None or not self.spec.global_batch:
+            return None
+        remaining = (self.queue.total - self.queue.done_count) * self.spec.shard_size
+        return remaining // self.spec.global_batch
+
     def summary_fields(self) -> dict[str, Any]:
         if self.queue is None or self.spec is None:
             return {"shards_total": 0, "shards_done": 0, "records_total": 0, "duplicate_records": 0}

@@ -67,7 +67,11 @@ def process_env(
         "DTLAUNCH_RANK": str(a.rank),
         "DTLAUNCH_SUPERVISOR": ctx.endpoints.get(slot.host, ""),
         "DTLAUNCH_HEARTBEAT_INTERVAL": str(spec.heartbeat_interval),
+        "DTLAUNCH_HOST": slot.host,
+        "DTLAUNCH_JOB_START": repr(spec.created),
     }
+    if spec.inject:
+        env["DTLAUNCH_INJECT"] = ";".join(spec.inject)
     if a.local_world_size > 1:
         # As torchrun does: several processes on one host must not each take every core.
         env["OMP_NUM_THREADS"] = "1"

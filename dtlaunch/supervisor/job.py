@@ -20,6 +20,7 @@ from dtlaunch.errors import RunDirError
 from dtlaunch.events import EventRecorder, JsonlEventLog
 from dtlaunch.hostfile import HostSpec
 from dtlaunch.sshconn import SshOptions
+from dtlaunch.supervisor.controller import Controller
 from dtlaunch.supervisor.ddsservice import DdsService
 from dtlaunch.supervisor.environment import LaunchContext, build_spawn
 from dtlaunch.supervisor.history import History, load_history
@@ -27,6 +28,7 @@ from dtlaunch.supervisor.jobstate import JobState, ProcSlot, Timing
 from dtlaunch.supervisor.launcher import HostInfo, Launcher, LocalLauncher, SshLauncher
 from dtlaunch.supervisor.output import OutputRouter
 from dtlaunch.supervisor.placement import place
+from dtlaunch.supervisor.policies import parse_policy
 from dtlaunch.supervisor.report import build_summary
 from dtlaunch.supervisor.rundir import RunDir
 from dtlaunch.supervisor.supervisor import Supervisor
@@ -158,6 +160,7 @@ async def run_job(
     else:
         jct = time.monotonic() - started
     summary = build_summary(spec, state, jct_s=jct, reason=state.stop_reason)
+    summary["actions"] = dict(supervisor.actions_taken())
     summary.update(dds.summary_fields())
     run.write_summary(summary)
     run.repaired_marker.unlink(missing_ok=True)
@@ -165,6 +168,15 @@ async def run_job(
     return JobResult(
         status=summary["status"], exit_code=exit_code, summary=summary, run_dir=run.path
     )
+
+
+def _controller(spec: JobSpec, hosts: list[HostSpec]) -> Controller | None:
+    """The policy's Controller; none for ``--policy none`` (nothing to decide)."""
+    policy = parse_policy(spec.policy)
+    if policy.name == "none":
+        return None
+    spare = [h.label for h in hosts if h.spare]
+    return Controller(policy, interval=spec.control_interval, spare_hosts=spare)
 
 
 _E = TypeVar("_E", bound=BaseException)
@@ -283,6 +295,7 @@ def _build_supervisor(
         run_id=spec.run_id,
         heartbeat_interval=spec.heartbeat_interval,
         dds=dds,
+        controller=_controller(spec, hosts),
         resume=history,
         adopt=set(known),
         restart_workers=(

@@ -366,6 +366,23 @@ class JobState:
         agent.state = AgentState.GONE
         return self._maybe_finish(now)
 
+    def kill_restart(self, role: str, rank: int, reason: str, now: float) -> list[Command]:
+        """KILL_RESTART (AntDT Table II): stop the process, start it again, same rank.
+
+        The restart follows its Exited like any restart (attempt + 1). Only a
+        running process is restarted; anything else has moved on already.
+        """
+        slot = self.procs.get(f"{role}-{rank}")
+        if slot is None or slot.state is not ProcState.RUNNING or self.phase is not Phase.RUNNING:
+            return []
+        slot.state = ProcState.STOPPING
+        slot.restart_after_stop = True
+        slot.restart_reason = f"KILL_RESTART: {reason}"
+        return [
+            SendToAgent(host=slot.host, message=self._kill_message(slot)),
+            self._proc_event("kill_restart", slot, reason=reason, attempt=slot.attempt),
+        ]
+
     def stop(self, reason: str, now: float) -> list[Command]:
         if self.phase in (Phase.STOPPING, Phase.DONE):
             return []

@@ -19,6 +19,8 @@ from dtlaunch import __version__
 from dtlaunch.errors import DtlaunchError
 from dtlaunch.events import EventRecorder
 from dtlaunch.hostfile import HostSpec
+from dtlaunch.supervisor.actions import AdjustBatchSize, AdjustLR, KillRestart, action_fields
+from dtlaunch.supervisor.controller import Controller
 from dtlaunch.supervisor.ddsservice import DdsService
 from dtlaunch.supervisor.history import History as ResumeInfo
 from dtlaunch.supervisor.jobstate import (
@@ -37,6 +39,7 @@ from dtlaunch.supervisor.output import OutputRouter
 from dtlaunch.wire.messages import (
     Ack,
     AckShards,
+    AdjustBatch,
     AgentBootstrap,
     AgentHeartbeat,
     Bye,
@@ -51,9 +54,11 @@ from dtlaunch.wire.messages import (
     Rehello,
     Spawned,
     SpawnFailed,
+    StepReports,
     StopJob,
     Welcome,
 )
+from dtlaunch.wire.messages import AdjustLR as AdjustLRMessage
 from dtlaunch.wire.sockets import Router
 
 log = logging.getLogger(__name__)
@@ -83,12 +88,14 @@ class Supervisor:
         run_id: str,
         heartbeat_interval: float,
         dds: DdsService | None = None,
+        controller: Controller | None = None,
         resume: ResumeInfo | None = None,
         adopt: set[str] | None = None,
         restart_workers: str = "",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._dds = dds
+        self._controller = controller
         self._resume = resume
         self._adopt = adopt or set()
         self._restart_workers = restart_workers
@@ -143,6 +150,10 @@ class Supervisor:
         await self._launcher.close()
         return self.state.status
 
+    def actions_taken(self) -> dict[str, int]:
+        """Controller actions by name (AntDT Table II), for the summary."""
+        return dict(self._controller.counts) if self._controller is not None else {}
+
     def request_stop(self, reason: str) -> None:
         """From a signal handler: first time stop gracefully, second time hurry."""
         self._signals += 1
@@ -176,6 +187,8 @@ class Supervisor:
                 self._launch_tasks.add(task)
                 task.add_done_callback(self._launch_tasks.discard)
             elif isinstance(command, WorkerGone):
+                if self._controller is not None:
+                    self._controller.worker_gone(command.rank)
                 if self._dds is not None:
                     self._spawn_task(self._dds.worker_gone(command.rank), f"gone-{command.rank}")
             elif isinstance(command, Finish):
@@ -233,6 +246,30 @@ class Supervisor:
                 if agent.state in (AgentState.UP, AgentState.UNRESPONSIVE):
                     await self._router.send(AGENT_PREFIX + host.encode(), Ping(seq=self._ping_seq))
             self._apply(self.state.tick(self._clock()))
+            if self._controller is not None and self.state.phase is Phase.RUNNING:
+                await self._control(self._clock())
+
+    async def _control(self, now: float) -> None:
+        """Ask the policy; record each decision with its inputs; carry it out."""
+        assert self._controller is not None
+        remaining = self._dds.remaining_steps() if self._dds is not None else None
+        for action in self._controller.decide(now, remaining_steps=remaining):
+            self._recorder.emit(
+                "decision", policy=self._controller.policy.name, **action_fields(action)
+            )
+            if isinstance(action, AdjustBatchSize):
+                total = sum(action.sizes.values())
+                for rank, size in action.sizes.items():
+                    message = AdjustBatch(
+                        batch_size=size, apply_at_step=action.apply_at_step, global_batch=total
+                    )
+                    await self._router.send(WORKER_PREFIX + str(rank).encode(), message)
+            elif isinstance(action, AdjustLR):
+                for rank, factor in action.factors.items():
+                    message_lr = AdjustLRMessage(factor=factor, apply_at_step=action.apply_at_step)
+                    await self._router.send(WORKER_PREFIX + str(rank).encode(), message_lr)
+            elif isinstance(action, KillRestart):
+                self._apply(self.state.kill_restart(action.role, action.rank, action.reason, now))
 
     async def _receive_loop(self) -> None:
         while True:
@@ -297,6 +334,16 @@ class Supervisor:
             await self._dds.send_dataset(peer)
         elif isinstance(msg, (RegisterDataset, FetchShards, AckShards)):
             self._spawn_task(self._dds.handle(peer, rank, msg), f"dds-{rank}")
+        elif isinstance(msg, StepReports) and self._controller is not None:
+            injected = self._controller.observe(rank, list(msg.reports), self._clock())
+            if injected > 0:
+                self._recorder.emit(
+                    "injected",
+                    role="worker",
+                    rank=rank,
+                    delay_s=round(injected, 4),
+                    steps=[r.step for r in msg.reports if r.injected_s > 0],
+                )
 
     async def _from_agent(self, peer: bytes, host: str, msg: Message, now: float) -> None:
         if host not in self.state.agents:

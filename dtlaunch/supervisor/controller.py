@@ -1,0 +1,61 @@
+"""The Controller (AntDT §V-E): feeds the Monitor and asks the policy every interval.
+
+I/O-free: reports and time come in, actions go out; the supervisor carries the
+actions out and records each decision, with what it saw, as an event.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from dtlaunch.supervisor.actions import Action, KillRestart, NoAction, action_name
+from dtlaunch.supervisor.policies import monitor_for
+from dtlaunch.supervisor.policies.base import Policy
+from dtlaunch.wire.messages import StepReport
+
+
+class Controller:
+    def __init__(self, policy: Policy, *, interval: float, spare_hosts: list[str]) -> None:
+        self.policy = policy
+        self.interval = interval
+        self.monitor = monitor_for(policy)
+        self.monitor.set_spare_capacity(len(spare_hosts), hosts=spare_hosts)
+        self.counts: Counter[str] = Counter()
+        self._next_decision = 0.0
+        self._restarting: set[tuple[str, int]] = set()
+
+    def observe(self, rank: int, reports: list[StepReport], now: float) -> float:
+        """Feed a worker's step reports; returns the straggler delay they contain."""
+        injected = 0.0
+        for report in sorted(reports, key=lambda r: r.step):
+            self.monitor.report_worker(
+                rank,
+                now=max(0.0, now - report.age_s),
+                step=report.step,
+                batch_size=max(1, report.batch_size),
+                compute_s=report.compute_s,
+                comm_s=report.comm_s,
+                samples=report.samples,
+            )
+            injected += report.injected_s
+        return injected
+
+    def worker_gone(self, rank: int) -> None:
+        """A worker ended: its windows start empty, its restart (if ours) is over."""
+        self.monitor.worker_gone(rank)
+        self._restarting.discard(("worker", rank))
+
+    def decide(self, now: float, *, remaining_steps: int | None) -> list[Action]:
+        """The policy's actions when a decision is due, else nothing."""
+        if now < self._next_decision:
+            return []
+        self._next_decision = now + self.interval
+        snap = self.monitor.snapshot(
+            now, remaining_steps=remaining_steps, restart_pending=bool(self._restarting)
+        )
+        actions = [a for a in self.policy.decide(snap) if not isinstance(a, NoAction)]
+        for action in actions:
+            self.counts[action_name(action)] += 1
+            if isinstance(action, KillRestart):
+                self._restarting.add((action.role, action.rank))
+        return actions
