@@ -22,7 +22,7 @@ import socket
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from dtlaunch.errors import ConfigError
 from dtlaunch.inject import parse_injections
@@ -216,6 +216,18 @@ class Job:
         if due:
             self._source.report(due)
         self._apply_actions(next_step=step + 1)
+
+    def allreduce_gradients(self, model: Any, samples: int | None = None) -> None:
+        """Average ``model``'s gradients over the workers, each weighted by its
+        share of this step's samples, so the update is the global-batch mean
+        gradient even with unequal batches (AntDT ADJUST_BS). Needs torch and an
+        initialised ``torch.distributed`` process group. ``samples`` defaults to
+        the records this worker took since its last ``step()``.
+        """
+        from dtlaunch.runtime.collective import allreduce_gradients  # torch is optional
+
+        taken = self._timer.samples_in_step if samples is None else samples
+        self.record_comm(allreduce_gradients(model, taken))
 
     def record_comm(self, seconds: float) -> None:
         """Time this step spent communicating (allreduce, push/pull), for the Monitor."""

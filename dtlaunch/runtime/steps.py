@@ -58,6 +58,11 @@ class StepTimer:
             self._started = time.monotonic()
         self._samples += records
 
+    @property
+    def samples_in_step(self) -> int:
+        """Records taken since the last ``end_step``."""
+        return self._samples
+
     def record_comm(self, seconds: float) -> None:
         if seconds > 0:
             self._comm += seconds

@@ -1,0 +1,47 @@
+"""Gradient averaging for allreduce jobs whose workers have unequal batches.
+
+After ADJUST_BS (or with a short last batch) workers train different numbers of
+samples per step. A plain mean of their gradients would then overweight the
+small batches; weighting each worker's mean gradient by its share of the step's
+samples, ``n_i / sum(n)``, gives exactly the gradient of the whole global batch:
+``sum_i (n_i / N) * (1 / n_i) * sum_{x in batch_i} g(x) = (1 / N) * sum_x g(x)``.
+torch is an optional dependency; only torch helpers import this module.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def allreduce_gradients(
+    model: torch.nn.Module, samples: int, *, group: dist.ProcessGroup | None = None
+) -> float:
+    """Replace every ``p.grad`` with the global-batch mean gradient; returns the
+    seconds spent communicating.
+
+    Each worker's ``p.grad`` must be the mean over its own ``samples`` (the usual
+    ``reduction="mean"`` loss). A parameter without a gradient on this worker
+    counts as zeros, so every worker reduces the same tensors in the same order.
+    """
+    start = time.monotonic()
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    total = torch.tensor([float(samples)], dtype=torch.float64)
+    dist.all_reduce(total, group=group)
+    weight = samples / total.item() if total.item() > 0 else 0.0
+    flat = torch.cat([g.reshape(-1) for g in grads]) * weight
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for g in grads:
+        count = g.numel()
+        g.copy_(flat[offset : offset + count].view_as(g))
+        offset += count
+    return time.monotonic() - start

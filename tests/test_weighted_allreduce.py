@@ -1,0 +1,54 @@
+"""job.allreduce_gradients: with unequal batches the averaged gradient equals the
+full-batch mean gradient of one process (AntDT ADJUST_BS keeps the update exact)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from tests.jobs import SCRIPTS, run
+
+pytestmark = pytest.mark.integration
+
+
+def test_weighted_average_equals_the_full_batch_gradient(tmp_path):
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from weighted_grad import data, model
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    result = run(
+        [
+            "run",
+            "--workers",
+            "3",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--dataset-size",
+            "30",
+            "--shard-size",
+            "10",
+            str(SCRIPTS / "weighted_grad.py"),
+            str(tmp_path),
+        ],
+        env={},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    x, y = data()
+    reference = model()
+    torch.nn.functional.mse_loss(reference(x), y).backward()
+    expected = [p.grad for p in reference.parameters()]
+    for rank in range(3):
+        got = torch.load(tmp_path / f"{rank}.pt", weights_only=True)
+        for g, e in zip(got, expected, strict=True):
+            assert torch.allclose(g, e, rtol=0, atol=1e-6), (rank, g, e)
+    # A plain (unweighted) mean of the three slice gradients would differ.
+    slices = [(0, 5), (5, 17), (17, 30)]
+    plain = []
+    for lo, hi in slices:
+        m = model()
+        torch.nn.functional.mse_loss(m(x[lo:hi]), y[lo:hi]).backward()
+        plain.append(next(iter(m.parameters())).grad)
+    assert not torch.allclose(sum(plain) / 3, expected[0], atol=1e-6)
