@@ -52,3 +52,28 @@ def test_weighted_average_equals_the_full_batch_gradient(tmp_path):
         torch.nn.functional.mse_loss(m(x[lo:hi]), y[lo:hi]).backward()
         plain.append(next(iter(m.parameters())).grad)
     assert not torch.allclose(sum(plain) / 3, expected[0], atol=1e-6)
+
+
+def test_bsp_batches_keep_allreduce_workers_paired_to_the_end_of_dds_data(tmp_path):
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    run_dir = tmp_path / "run"
+    result = run(
+        [
+            "run", "--workers", "3", "--run-dir", str(run_dir), "--dataset-size", "1500",
+            "--shard-size", "50", "--epochs", "2", "--global-batch", "21",
+            str(SCRIPTS / "bsp_worker.py"), str(ledger), "2", "0.01",
+        ],
+        env={},
+        timeout=150,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    steps = {(ledger / f"{r}.steps").read_text() for r in range(3)}
+    assert len(steps) == 1  # the same number of collective steps on every worker
+    counts: dict[int, int] = {}
+    for r in range(3):
+        for line in (ledger / f"{r}.txt").read_text().splitlines():
+            for record in map(int, line.split()):
+                counts[record] = counts.get(record, 0) + 1
+    assert set(counts) == set(range(1500))
+    assert set(counts.values()) == {2}  # every record once per epoch

@@ -45,3 +45,10 @@ def allreduce_gradients(
         g.copy_(flat[offset : offset + count].view_as(g))
         offset += count
     return time.monotonic() - start
+
+
+def any_worker(flag: bool, *, group: dist.ProcessGroup | None = None) -> bool:
+    """Whether ``flag`` holds on at least one worker (a collective: all must call)."""
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+    return bool(value.item())

@@ -217,6 +217,27 @@ class Job:
             self._source.report(due)
         self._apply_actions(next_step=step + 1)
 
+    def bsp_batches(self, *, wait: float = 0.05) -> Iterator[list[int]]:
+        """Batches for a synchronous (BSP) loop over ``torch.distributed``.
+
+        Every worker yields the same number of times, so collectives stay paired:
+        a worker with no data at the moment yields an empty batch (train nothing,
+        still join the allreduce with zero samples and call ``step()``). All stop
+        together once the data set is done. With dynamic sharding a plain
+        ``batches()`` loop would hang at the end: a worker out of data leaves its
+        loop while the others wait for it in a collective.
+        """
+        from dtlaunch.runtime.collective import any_worker
+
+        while not self._closed:
+            batch = self._stream.next_batch(first_wait=wait)
+            if any_worker(batch is None):
+                return  # every shard is DONE: everyone stops at this same step
+            batch = batch or []
+            if batch:
+                self._timer.batch_taken(len(batch))
+            yield batch
+
     def allreduce_gradients(self, model: Any, samples: int | None = None) -> None:
         """Average ``model``'s gradients over the workers, each weighted by its
         share of this step's samples, so the update is the global-batch mean

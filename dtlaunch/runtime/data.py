@@ -171,8 +171,12 @@ class BatchStream:
             raise ValueError(f"unknown ack mode {mode!r}")
         self._mode = mode
 
-    def next_batch(self) -> list[int] | None:
-        """The next batch of up to ``batch_size`` records; None at the end of data."""
+    def next_batch(self, first_wait: float | None = None) -> list[int] | None:
+        """The next batch of up to ``batch_size`` records; None at the end of data.
+
+        With ``first_wait`` it never blocks longer than that for data it does not
+        hold yet: it returns an empty list when no lease came (not the end).
+        """
         batch: list[int] = []
         completed: list[int] = []
         while len(batch) < self._batch_size:
@@ -182,7 +186,7 @@ class BatchStream:
             # and at the end of the data the queue finishes only after that ack.
             # So a batch that would cross into a lease that is not there yet is
             # handed out short.
-            wait = SHORT_BATCH_WAIT_S if batch else None
+            wait = SHORT_BATCH_WAIT_S if batch else first_wait
             if exhausted and (self._ended or not self._open_next_lease(wait)):
                 break
             take = min(self._batch_size - len(batch), len(self._records) - self._pos)
@@ -191,7 +195,7 @@ class BatchStream:
             if self._pos == len(self._records):
                 completed.append(self._lease_id)
         if not batch:
-            return None
+            return [] if first_wait is not None and not self._ended else None
         self._uncovered.append(completed)
         self._batches += 1
         return batch

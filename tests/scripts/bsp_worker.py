@@ -1,0 +1,36 @@
+"""A BSP allreduce worker fed by the DDS: job.bsp_batches() keeps the collectives
+paired to the end. Ledger of trained records in LEDGER/<rank>.txt, and the step
+count in LEDGER/<rank>.steps. usage: bsp_worker.py LEDGER SLOW_RANK SLOW_S"""
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import dtlaunch
+
+ledger, slow_rank, slow_s = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+dist.init_process_group("gloo")
+job = dtlaunch.init()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+features = torch.randn(job.dataset.dataset_size, 4, generator=torch.Generator().manual_seed(1))
+with (ledger / f"{job.rank}.txt").open("w") as out:
+    for batch in job.bsp_batches():
+        optimizer.zero_grad()
+        if batch:
+            x = features[batch]
+            model(x).pow(2).mean().backward()
+        if job.rank == slow_rank:
+            time.sleep(slow_s)
+        job.allreduce_gradients(model, samples=len(batch))
+        optimizer.step()
+        out.write(" ".join(map(str, batch)) + "\n")
+        out.flush()
+        job.step()
+(ledger / f"{job.rank}.steps").write_text(str(job.step_count))
+job.close()
+dist.destroy_process_group()
