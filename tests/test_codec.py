@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dtlaunch.errors import WireError
+from dtlaunch.wire import messages as wire_messages
 from dtlaunch.wire.codec import MAX_MESSAGE_BYTES, decode, encode, from_dict, to_dict
 from dtlaunch.wire.messages import (
     MESSAGE_TYPES,
@@ -17,10 +18,12 @@ from dtlaunch.wire.messages import (
     Ack,
     AckDone,
     AckShards,
+    ActionStatus,
     AdjustBatch,
     AdjustLR,
     AgentBootstrap,
     AgentHeartbeat,
+    Attached,
     Bye,
     DatasetInfo,
     DatasetReady,
@@ -29,16 +32,23 @@ from dtlaunch.wire.messages import (
     Hello,
     Kill,
     Lease,
+    NodeStatus,
     Output,
     Ping,
     ProcReport,
     RegisterDataset,
+    Regroup,
+    RegroupGo,
+    RegroupReady,
     Rehello,
     ShardGrant,
     Shutdown,
     Spawn,
     Spawned,
     SpawnFailed,
+    StatusReply,
+    StatusRequest,
+    StatusSnapshot,
     StepReport,
     StepReports,
     StopJob,
@@ -102,9 +112,52 @@ SAMPLES = [
     ),
     AdjustBatch(batch_size=24, apply_at_step=120, global_batch=96),
     AdjustLR(factor=0.5, apply_at_step=120),
+    Attached(),
+    Regroup(gen=1, leaving_rank=2, store_rank=0),
+    RegroupReady(gen=1, step=40, store_port=41234),
+    RegroupGo(gen=1, master_addr="10.0.0.1", master_port=41234),
+    StatusRequest(request_id=3, run_id="r-1"),
+    StatusReply(
+        request_id=3,
+        snapshot=StatusSnapshot(
+            run_id="r-1", policy="nd:lambda=2", mode="ps", phase="running", source="live",
+            elapsed_s=12.5, shards_done=4, shards_total=10, throughput=99.5, eta_s=None,
+            nodes=[NodeStatus(role="worker", rank=2, host="n1", proc_state="running",
+                              recent_bpt_s=[0.1, 0.3], straggler="3.0x the mean BPT")],
+            actions=[ActionStatus(at_s=3.0, action="KILL_RESTART", target="worker 2",
+                                  reason="persistent straggler")],
+        ),
+    ),
     Hello(
         role="worker", run_id="r", host="n1", pid=7, version="0.1.0", rank=3, attempt=2, leases=[9]
     ),
+]
+# Parameter server (dtlaunch.ps): tensors travel as extra frames, not in these.
+_PS_OPT = wire_messages.PsOptimizer(name="adam", lr=1e-3, beta2=0.99)
+_PS_BLOCK = wire_messages.PsBlockSpec(block_id=3, shape=[128, 64], dtype="float32")
+_PS_STATE = wire_messages.PsBlockState(block=_PS_BLOCK, step=5, tensors=["exp_avg", "exp_avg_sq"])
+_PS_UPDATE = wire_messages.PsUpdate(
+    version=8, step=7, update_s=0.01, samples=64, applied=[0, 1], dropped=[2]
+)
+SAMPLES += [
+    wire_messages.PsInit(request_id=1, worker=0, optimizer=_PS_OPT, blocks=[_PS_BLOCK],
+                         with_data=True),
+    wire_messages.PsInitReply(request_id=1, seeded=True, version=0),
+    wire_messages.PsPull(request_id=2, min_version=7, blocks=[3, 5]),
+    wire_messages.PsParams(request_id=2, version=7, blocks=[3, 5]),
+    wire_messages.PsPush(request_id=3, worker=1, step=7, samples=32, blocks=[3, 5]),
+    wire_messages.PsPushAck(request_id=3, step=7, accepted=False, version=8),
+    wire_messages.PsMembership(request_id=4, workers=[0, 1, 3], backup=1),
+    wire_messages.PsLeave(request_id=5, worker=2),
+    wire_messages.PsSnapshotNow(request_id=6),
+    wire_messages.PsExport(request_id=7, blocks=[3], at_version=8, remove=True),
+    wire_messages.PsExported(request_id=7, version=8, optimizer=_PS_OPT, blocks=[_PS_STATE]),
+    wire_messages.PsImport(request_id=8, version=8, optimizer=_PS_OPT, blocks=[_PS_STATE]),
+    wire_messages.PsStatsRequest(request_id=9, since_version=2),
+    wire_messages.PsStats(request_id=9, server=1, version=8, mode="bsp", backup=1,
+                          workers=[0, 1], blocks=[3], updates=[_PS_UPDATE]),
+    wire_messages.PsShutdown(request_id=10),
+    wire_messages.PsReply(request_id=10, ok=False, version=8, detail="not seeded"),
 ]
 # A valid frame's fields, for building wrong variants of it.
 PING = {"t": "ping", "v": PROTOCOL_VERSION, "seq": 1}

@@ -34,13 +34,21 @@ from dtlaunch.wire.messages import (
     PROC_ROLES,
     PROC_STATES,
     PROTOCOL_VERSION,
+    PS_MODES,
+    PS_OPTIMIZERS,
     ROLES,
+    STATUS_PHASES,
+    STATUS_SOURCES,
     STREAMS,
     Hello,
     Message,
+    NodeStatus,
     ProcReport,
+    PsOptimizer,
+    PsStats,
     Record,
     Spawn,
+    StatusSnapshot,
 )
 
 __all__ = ["MAX_MESSAGE_BYTES", "decode", "encode", "from_dict", "to_dict"]
@@ -58,6 +66,11 @@ _CHOICES: dict[tuple[type[Any], str], tuple[str, ...]] = {
     (Hello, "role"): ROLES,
     (Spawn, "role"): PROC_ROLES,
     (ProcReport, "role"): PROC_ROLES,
+    (PsOptimizer, "name"): PS_OPTIMIZERS,
+    (PsStats, "mode"): PS_MODES,
+    (NodeStatus, "role"): PROC_ROLES,
+    (StatusSnapshot, "phase"): STATUS_PHASES,
+    (StatusSnapshot, "source"): STATUS_SOURCES,
 }
 # These names mean the same thing wherever they appear.
 _CHOICES_BY_NAME: dict[str, tuple[str, ...]] = {"stream": STREAMS, "state": PROC_STATES}
@@ -90,6 +103,24 @@ _INT_MIN: dict[str, int] = {
     "batch_size": 0,
     "samples": 0,
     "apply_at_step": 0,
+    # elastic regroup
+    "gen": 1,
+    "leaving_rank": 0,
+    "store_rank": 0,
+    "store_port": 1,
+    "master_port": 1,
+    # parameter server (messages' "version" is not here: Hello.version is a str)
+    "worker": 0,
+    "server": 0,
+    "block_id": 0,
+    "backup": 0,
+    "min_version": 0,
+    "at_version": 0,
+    "since_version": 0,
+    # status
+    "restarts": 0,
+    "shards_done": 0,
+    "shards_total": 0,
 }
 _FLOAT_MIN: dict[str, float] = {
     "runtime_s": 0.0,
@@ -102,6 +133,13 @@ _FLOAT_MIN: dict[str, float] = {
     "comm_s": 0.0,
     "age_s": 0.0,
     "injected_s": 0.0,
+    "update_s": 0.0,
+    # status (eta_s may be None: unknown)
+    "elapsed_s": 0.0,
+    "bpt_s": 0.0,
+    "throughput": 0.0,
+    "eta_s": 0.0,
+    "at_s": 0.0,
 }
 _FLOAT_POSITIVE = frozenset({"heartbeat_interval", "factor"})  # 0 would make a busy loop
 _PORT_LISTS = frozenset({"free_ports"})

@@ -11,10 +11,11 @@ Who sends what:
 
 * peer (agent, worker, server, control) -> supervisor: ``Hello`` first, then
   ``AgentHeartbeat``/``Ping``; agents also ``Spawned``, ``SpawnFailed``,
-  ``Output``, ``Exited``, ``Bye``; control clients ``StopJob``.
+  ``Output``, ``Exited``, ``Bye``; control clients ``StopJob``; status clients
+  ``StatusRequest`` (only that: they are read-only).
 * supervisor -> peer: ``Welcome`` (answer to Hello), ``Rehello`` (a supervisor that
   does not know you, e.g. after ``--resume``), ``Ping``; to agents ``Spawn``,
-  ``Kill``, ``Shutdown``; to control clients ``Ack``.
+  ``Kill``, ``Shutdown``; to control clients ``Ack``; to status clients ``StatusReply``.
 
 Any message counts as liveness of its sender.
 """
@@ -369,6 +370,352 @@ class AdjustLR(Message):
     apply_at_step: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Attached(Message):
+    """A worker called ``job.attach(model, optimizer)``: a newcomer can get its
+    state from a survivor, so KILL_RESTART may re-form the allreduce group
+    around the survivors instead of restarting them."""
+
+    TYPE: ClassVar[str] = "attached"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Regroup(Message):
+    """To every worker: at the next step all of them agree on, ``leaving_rank``
+    leaves, the others take down their process group, and ``store_rank`` hosts
+    the store of generation ``gen`` and answers ``RegroupReady``."""
+
+    TYPE: ClassVar[str] = "regroup"
+    gen: int
+    leaving_rank: int
+    store_rank: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegroupReady(Message):
+    """From the store host: generation ``gen``'s store listens on ``store_port``;
+    the group re-forms at step ``step``."""
+
+    TYPE: ClassVar[str] = "regroup_ready"
+    gen: int
+    step: int
+    store_port: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegroupGo(Message):
+    """To the survivors: join generation ``gen`` at ``master_addr:master_port``."""
+
+    TYPE: ClassVar[str] = "regroup_go"
+    gen: int
+    master_addr: str
+    master_port: int
+
+
+# ------------------------------------------- status (read-only, dtlaunch status)
+#
+# A ``status:<pid>`` peer may send only ``StatusRequest``; the supervisor answers
+# ``StatusReply`` and ignores anything else from it.
+
+STATUS_PHASES = ("starting", "running", "stopping", "done")
+STATUS_SOURCES = ("live", "events")  # the supervisor's state, or events.jsonl of an ended job
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeStatus(Record):
+    """One worker or server as ``dtlaunch status`` shows it."""
+
+    role: str  # one of PROC_ROLES
+    rank: int
+    host: str
+    proc_state: str  # the node table's state: pending, running, failed, ... or unresponsive
+    restarts: int = 0
+    batch_size: int = 0  # latest reported local batch (0: no report yet)
+    bpt_s: float = 0.0  # recent mean batch processing time (0: no report yet)
+    recent_bpt_s: list[float] = field(default_factory=list)  # oldest first, for a sparkline
+    throughput: float = 0.0  # samples/s, recent
+    shards_done: int = 0
+    straggler: str = ""  # why it counts as a straggler; empty when it does not
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActionStatus(Record):
+    """One decision of the policy (or of the job), with why."""
+
+    at_s: float  # seconds since the job started
+    action: str  # ADJUST_BS, KILL_RESTART, ... or END for the job's own end
+    target: str  # whom it touches, e.g. "worker 2" or "w0=14 w1=14 w2=2"
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusSnapshot(Record):
+    """A job at one instant, as ``dtlaunch status`` shows it."""
+
+    run_id: str
+    policy: str
+    mode: str
+    phase: str  # one of STATUS_PHASES
+    source: str  # one of STATUS_SOURCES
+    status: str = ""  # once ended: succeeded | failed | stopped
+    elapsed_s: float = 0.0
+    shards_done: int = 0
+    shards_total: int = 0  # 0: the job uses no data sharding
+    throughput: float = 0.0  # samples/s of all workers, recent
+    eta_s: float | None = None  # None: unknown
+    nodes: list[NodeStatus] = field(default_factory=list)
+    actions: list[ActionStatus] = field(default_factory=list)  # oldest first
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusRequest(Message):
+    TYPE: ClassVar[str] = "status_request"
+    request_id: int
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusReply(Message):
+    TYPE: ClassVar[str] = "status_reply"
+    request_id: int
+    snapshot: StatusSnapshot
+
+
+# ------------------------------------------- parameter server (dtlaunch.ps)
+#
+# Worker/control <-> server, on the server's own CURVE ROUTER. A message is the
+# first frame; tensor payloads follow it as raw frames (never msgpack), one per
+# block in the order of the message's ``blocks`` list (for exports: the block's
+# parameter, then its state tensors in ``tensors`` order). Every request carries a
+# ``request_id`` echoed by its answer; a refused request is answered by
+# ``PsReply(ok=False, detail=why)``.
+
+PS_MODES = ("bsp", "asp")
+PS_OPTIMIZERS = ("sgd", "adagrad", "adam")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsBlockSpec(Record):
+    """One block's tensor: its frame holds ``prod(shape)`` items of ``dtype``."""
+
+    block_id: int
+    shape: list[int]
+    dtype: str  # torch dtype name without "torch.", e.g. "float32"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsOptimizer(Record):
+    """``dtlaunch.ps.optim.OptimizerConfig`` on the wire."""
+
+    name: str  # one of PS_OPTIMIZERS
+    lr: float
+    momentum: float = 0.0
+    dampening: float = 0.0
+    nesterov: bool = False
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = -1.0  # < 0: the optimizer's default
+    weight_decay: float = 0.0
+    lr_decay: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsBlockState(Record):
+    """A migrating block: frames are its parameter, then ``tensors`` in order."""
+
+    block: PsBlockSpec
+    step: int  # the optimizer's step count for this block
+    tensors: list[str] = field(default_factory=list)  # optimizer state tensor names
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsUpdate(Record):
+    """One applied update of a server (AntDT §II: T_s), for the Monitor."""
+
+    version: int  # the server's version after this update
+    step: int  # the step (version) the gradients were computed against
+    update_s: float  # aggregation + optimizer time
+    samples: int  # records behind the applied gradients
+    applied: list[int]  # workers whose gradients are in it
+    dropped: list[int] = field(default_factory=list)  # BACKUP: late workers left out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsInit(Message):
+    """Seed a server: the worker's blocks for it; frames only when ``with_data``."""
+
+    TYPE: ClassVar[str] = "ps_init"
+    request_id: int
+    worker: int
+    optimizer: PsOptimizer
+    blocks: list[PsBlockSpec]
+    with_data: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsInitReply(Message):
+    TYPE: ClassVar[str] = "ps_init_reply"
+    request_id: int
+    seeded: bool  # the server holds parameters for these blocks
+    version: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsPull(Message):
+    """Ask for ``blocks`` once the server's version is at least ``min_version``."""
+
+    TYPE: ClassVar[str] = "ps_pull"
+    request_id: int
+    min_version: int
+    blocks: list[int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsParams(Message):
+    """Answer to PsPull; one frame per block follows."""
+
+    TYPE: ClassVar[str] = "ps_params"
+    request_id: int
+    version: int
+    blocks: list[int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsPush(Message):
+    """Gradients (mean over the worker's ``samples``) computed at version ``step``."""
+
+    TYPE: ClassVar[str] = "ps_push"
+    request_id: int
+    worker: int
+    step: int
+    samples: int
+    blocks: list[int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsPushAck(Message):
+    """``accepted`` False: the step was already applied without it (BACKUP, stale)."""
+
+    TYPE: ClassVar[str] = "ps_push_ack"
+    request_id: int
+    step: int
+    accepted: bool
+    version: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsMembership(Message):
+    """The workers a BSP step waits for, and BACKUP_WORKERS' ``backup`` (b)."""
+
+    TYPE: ClassVar[str] = "ps_membership"
+    request_id: int
+    workers: list[int]
+    backup: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsLeave(Message):
+    """A worker is leaving (its Client closed): steps stop waiting for it."""
+
+    TYPE: ClassVar[str] = "ps_leave"
+    request_id: int
+    worker: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsSnapshotNow(Message):
+    TYPE: ClassVar[str] = "ps_snapshot_now"
+    request_id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsExport(Message):
+    """Send ``blocks`` with their optimizer state once the version is ``at_version``."""
+
+    TYPE: ClassVar[str] = "ps_export"
+    request_id: int
+    blocks: list[int]
+    at_version: int = 0
+    remove: bool = True  # stop holding them (a migration), or keep them (a copy)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsExported(Message):
+    TYPE: ClassVar[str] = "ps_exported"
+    request_id: int
+    version: int
+    optimizer: PsOptimizer
+    blocks: list[PsBlockState]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsImport(Message):
+    """Take over migrated blocks (a PsExported's content) at ``version``."""
+
+    TYPE: ClassVar[str] = "ps_import"
+    request_id: int
+    version: int
+    optimizer: PsOptimizer
+    blocks: list[PsBlockState]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsStatsRequest(Message):
+    TYPE: ClassVar[str] = "ps_stats_request"
+    request_id: int
+    since_version: int = 0  # updates after this version only
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsStats(Message):
+    TYPE: ClassVar[str] = "ps_stats"
+    request_id: int
+    server: int
+    version: int
+    mode: str  # one of PS_MODES
+    backup: int
+    workers: list[int]
+    blocks: list[int]
+    updates: list[PsUpdate]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsShutdown(Message):
+    """Write a final snapshot (when configured), answer, and exit."""
+
+    TYPE: ClassVar[str] = "ps_shutdown"
+    request_id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsReply(Message):
+    TYPE: ClassVar[str] = "ps_reply"
+    request_id: int
+    ok: bool
+    version: int = 0
+    detail: str = ""
+
+
+PS_MESSAGE_TYPES: tuple[type[Message], ...] = (
+    PsInit,
+    PsInitReply,
+    PsPull,
+    PsParams,
+    PsPush,
+    PsPushAck,
+    PsMembership,
+    PsLeave,
+    PsSnapshotNow,
+    PsExport,
+    PsExported,
+    PsImport,
+    PsStatsRequest,
+    PsStats,
+    PsShutdown,
+    PsReply,
+)
+
+
 MESSAGE_TYPES: tuple[type[Message], ...] = (
     AgentBootstrap,
     Hello,
@@ -395,4 +742,11 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     StepReports,
     AdjustBatch,
     AdjustLR,
+    Attached,
+    Regroup,
+    RegroupReady,
+    RegroupGo,
+    StatusRequest,
+    StatusReply,
+    *PS_MESSAGE_TYPES,
 )
