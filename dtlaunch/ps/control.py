@@ -1,0 +1,165 @@
+"""Commands to PS servers, as the supervisor (or a test, or a benchmark) sends them.
+
+``ServerControl`` is a blocking request/answer client for one server:
+membership (the workers a BSP step waits for, BACKUP's b), statistics (update
+times, dropped workers), snapshots, block export/import, shutdown.
+``migrate`` moves blocks between two servers at a step boundary under the
+version counter (PSLD §5.2): the source exports them once its version reaches
+``at_version`` and no step is open, the destination imports them with their
+optimizer state and that version, and only then does the source forget them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import zmq
+
+from dtlaunch.ps.client import PsError
+from dtlaunch.ps.frames import tensor_from_frame
+from dtlaunch.ps.transport import ServerLink, new_context
+from dtlaunch.wire.keys import PeerKeys
+from dtlaunch.wire.messages import (
+    Message,
+    PsExport,
+    PsExported,
+    PsImport,
+    PsMembership,
+    PsReply,
+    PsShutdown,
+    PsSnapshotNow,
+    PsStats,
+    PsStatsRequest,
+)
+
+__all__ = ["ExportedBlocks", "ServerControl", "migrate"]
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExportedBlocks:
+    """A PsExported with its frames (kept alive for a PsImport elsewhere)."""
+
+    message: PsExported
+    frames: list[zmq.Frame]
+
+    def tensors(self) -> dict[int, dict[str, torch.Tensor]]:
+        """Each block's ``param`` and state tensors (views of the frames)."""
+        out: dict[int, dict[str, torch.Tensor]] = {}
+        frames = iter(self.frames)
+        for record in self.message.blocks:
+            named = {"param": tensor_from_frame(next(frames), record.block)}
+            for name in record.tensors:
+                named[name] = tensor_from_frame(next(frames), record.block)
+            out[record.block.block_id] = named
+        return out
+
+
+class ServerControl:
+    """See the module docstring. Raises ``PsError`` when the server refuses or is silent."""
+
+    def __init__(
+        self, endpoint: str, keys: PeerKeys, *, timeout: float = DEFAULT_TIMEOUT_S
+    ) -> None:
+        self.endpoint = endpoint
+        self._timeout = timeout
+        self._ctx = new_context()
+        self._link = ServerLink(
+            self._ctx, endpoint, keys, b"control:%d:%d" % (os.getpid(), id(self))
+        )
+        self._ids = itertools.count(1)
+
+    def membership(self, workers: Sequence[int], backup: int = 0) -> int:
+        """Set the active workers and BACKUP's b; returns the server's version."""
+        reply = self._request(PsMembership(request_id=0, workers=list(workers), backup=backup))
+        return _ok(reply).version
+
+    def stats(self, since_version: int = 0) -> PsStats:
+        reply = self._request(PsStatsRequest(request_id=0, since_version=since_version))
+        if not isinstance(reply, PsStats):
+            raise PsError(f"{self.endpoint}: stats answered with {reply.TYPE}")
+        return reply
+
+    def snapshot(self) -> str:
+        """Write the server's snapshot now; returns its path."""
+        return _ok(self._request(PsSnapshotNow(request_id=0))).detail
+
+    def export(
+        self, blocks: Sequence[int], *, at_version: int = 0, remove: bool = True
+    ) -> ExportedBlocks:
+        reply, frames = self._request_frames(
+            PsExport(request_id=0, blocks=list(blocks), at_version=at_version, remove=remove)
+        )
+        if not isinstance(reply, PsExported):
+            raise PsError(f"{self.endpoint}: export answered with {reply.TYPE}")
+        return ExportedBlocks(reply, frames)
+
+    def import_blocks(self, exported: ExportedBlocks) -> int:
+        msg = exported.message
+        reply = self._request(
+            PsImport(request_id=0, version=msg.version, optimizer=msg.optimizer, blocks=msg.blocks),
+            exported.frames,
+        )
+        return _ok(reply).version
+
+    def shutdown(self) -> None:
+        _ok(self._request(PsShutdown(request_id=0)))
+
+    def close(self) -> None:
+        self._link.close()
+        self._ctx.term()
+
+    def __enter__(self) -> ServerControl:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(self, msg: Message, payloads: Sequence[Any] = ()) -> Message:
+        return self._request_frames(msg, payloads)[0]
+
+    def _request_frames(
+        self, msg: Message, payloads: Sequence[Any] = ()
+    ) -> tuple[Message, list[zmq.Frame]]:
+        request_id = next(self._ids)
+        self._link.send(
+            dataclasses.replace(msg, request_id=request_id),  # type: ignore[call-arg]
+            payloads,
+        )
+        deadline = time.monotonic() + self._timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if not self._link.sock.poll(int(left * 1000) + 1):
+                break
+            got = self._link.recv_now()
+            if got is not None and getattr(got[0], "request_id", None) == request_id:
+                reply, frames = got
+                if isinstance(reply, PsReply) and not reply.ok:
+                    raise PsError(f"{self.endpoint}: {msg.TYPE} refused: {reply.detail}")
+                return reply, frames
+        raise PsError(f"{self.endpoint}: no answer to {msg.TYPE} within {self._timeout:.0f}s")
+
+
+def migrate(
+    source: ServerControl, target: ServerControl, blocks: Sequence[int], *, at_version: int = 0
+) -> int:
+    """Move ``blocks`` from ``source`` to ``target`` with their optimizer state.
+
+    Returns the version they moved at. Workers must use the new placement for
+    every step after it (the supervisor pauses them at the step boundary).
+    """
+    exported = source.export(blocks, at_version=at_version, remove=True)
+    target.import_blocks(exported)
+    return exported.message.version
+
+
+def _ok(reply: Message) -> PsReply:
+    if not isinstance(reply, PsReply):
+        raise PsError(f"expected a reply, got {reply.TYPE}")
+    return reply

@@ -1,0 +1,416 @@
+"""The parameter-server process: one loop on one CURVE ROUTER (``python -m dtlaunch.ps``).
+
+It holds the blocks the placement gives it (``ParamStore``), answers pulls,
+aggregates pushes under BSP / BACKUP(b) / ASP, and serves the supervisor's
+commands: membership, snapshots, block export/import for migration, statistics
+with its per-step update times (AntDT's T_s), shutdown.
+
+Requests it cannot answer yet wait in the loop, never in a thread: a pull for a
+version not applied yet, an export before its ``at_version`` or while a step is
+open. Every request names a ``request_id`` its answer echoes; a refused request
+gets ``PsReply(ok=False, detail=why)``, and the server goes on.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dtlaunch.errors import ConfigError, WireError
+from dtlaunch.ps.frames import (
+    as_buffer,
+    block_spec,
+    optimizer_from_wire,
+    optimizer_to_wire,
+    tensor_from_frame,
+)
+from dtlaunch.ps.optim import BlockState
+from dtlaunch.ps.snapshot import Snapshot, read_snapshot, write_snapshot
+from dtlaunch.ps.store import ParamStore
+from dtlaunch.ps.transport import Incoming, ServerSocket, new_context
+from dtlaunch.wire.keys import PeerKeys
+from dtlaunch.wire.messages import (
+    Message,
+    PsBlockSpec,
+    PsBlockState,
+    PsExport,
+    PsExported,
+    PsImport,
+    PsInit,
+    PsInitReply,
+    PsLeave,
+    PsMembership,
+    PsParams,
+    PsPull,
+    PsPush,
+    PsPushAck,
+    PsReply,
+    PsShutdown,
+    PsSnapshotNow,
+    PsStats,
+    PsStatsRequest,
+    PsUpdate,
+)
+
+__all__ = ["PsServer", "ServerConfig"]
+
+logger = logging.getLogger(__name__)
+
+POLL_MS = 100  # how often the loop looks at its stop flag and snapshot timer
+UPDATES_KEPT = 10_000
+SHUTDOWN_LINGER_MS = 1000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerConfig:
+    rank: int
+    bind: str = "tcp://127.0.0.1:0"
+    mode: str = "bsp"  # "bsp" (BACKUP when backup > 0) or "asp"
+    workers: tuple[int, ...] = ()  # the workers a BSP step waits for at start
+    backup: int = 0
+    snapshot_path: Path | None = None
+    snapshot_interval_s: float = 0.0  # 0: only on PsSnapshotNow and shutdown
+    restore: Path | None = None
+    endpoint_file: Path | None = None  # the bound endpoint is written here
+
+
+class PsServer:
+    """See the module docstring. ``serve()`` runs until shutdown or ``stop``."""
+
+    def __init__(self, config: ServerConfig, keys: PeerKeys) -> None:
+        self.config = config
+        self.store = ParamStore(mode=config.mode, workers=config.workers, backup=config.backup)
+        if config.restore is not None:
+            snap = read_snapshot(config.restore)
+            self.store.adopt(snap.optimizer, snap.version, snap.blocks)
+            logger.info("restored %d blocks at version %d", len(snap.blocks), snap.version)
+        self.updates: collections.deque[PsUpdate] = collections.deque(maxlen=UPDATES_KEPT)
+        self._ctx = new_context()
+        self._sock = ServerSocket(self._ctx, keys, config.bind)
+        self.endpoint = self._sock.endpoint
+        self._waiting_pulls: list[Incoming] = []
+        self._waiting_exports: list[Incoming] = []
+        self._last_snapshot = time.monotonic()
+        self._running = False
+        self._linger_ms = 0
+        if config.endpoint_file is not None:
+            _write_atomically(config.endpoint_file, self.endpoint + "\n")
+        self._handlers: dict[type[Message], Callable[[Incoming], None]] = {
+            PsInit: self._on_init,
+            PsPull: self._on_pull,
+            PsPush: self._on_push,
+            PsMembership: self._on_membership,
+            PsLeave: self._on_leave,
+            PsSnapshotNow: self._on_snapshot,
+            PsExport: self._on_export,
+            PsImport: self._on_import,
+            PsStatsRequest: self._on_stats,
+            PsShutdown: self._on_shutdown,
+        }
+
+    def serve(self, stop: threading.Event | None = None) -> None:
+        self._running = True
+        logger.info(
+            "ps server %d serving on %s (%s)", self.config.rank, self.endpoint, self.config.mode
+        )
+        try:
+            while self._running and not (stop is not None and stop.is_set()):
+                incoming = self._sock.recv(POLL_MS)
+                if incoming is not None:
+                    self._handle(incoming)
+                self._maybe_snapshot()
+        finally:
+            if self._running and self.config.snapshot_path is not None and self.store.seeded:
+                self.snapshot()  # stopped by a signal: keep the freshest state
+            self.close()
+
+    def close(self) -> None:
+        self._running = False
+        self._sock.close(self._linger_ms)
+        self._ctx.term()
+
+    def snapshot(self) -> Path:
+        """Write blocks + optimizer state now.
+
+        Raises:
+            ConfigError: no snapshot path was configured.
+        """
+        path = self.config.snapshot_path
+        if path is None:
+            raise ConfigError("this server has no snapshot file; start it with --snapshot PATH")
+        assert self.store.optimizer is not None
+        write_snapshot(
+            path,
+            Snapshot(
+                server=self.config.rank,
+                version=self.store.version,
+                optimizer=self.store.optimizer,
+                blocks={b: (p, self.store.states[b]) for b, p in self.store.params.items()},
+            ),
+        )
+        self._last_snapshot = time.monotonic()
+        return path
+
+    # ---------------------------------------------------------------- dispatch
+
+    def _handle(self, incoming: Incoming) -> None:
+        handler = self._handlers.get(type(incoming.message))
+        if handler is None:
+            logger.warning("ps: %s is not a request for a server; dropped", incoming.message.TYPE)
+            return
+        try:
+            handler(incoming)
+        except (ConfigError, WireError) as exc:
+            self._refuse(incoming, str(exc))
+
+    def _refuse(self, incoming: Incoming, why: str) -> None:
+        request_id = getattr(incoming.message, "request_id", 0)
+        logger.warning("ps: refused %s: %s", incoming.message.TYPE, why)
+        self._sock.send(
+            incoming.peer,
+            PsReply(request_id=request_id, ok=False, detail=why, version=self.store.version),
+        )
+
+    def _reply(self, incoming: Incoming, detail: str = "") -> None:
+        request_id = getattr(incoming.message, "request_id", 0)
+        self._sock.send(
+            incoming.peer,
+            PsReply(request_id=request_id, ok=True, detail=detail, version=self.store.version),
+        )
+
+    # ------------------------------------------------------------ data plane
+
+    def _on_init(self, incoming: Incoming) -> None:
+        msg = incoming.message
+        assert isinstance(msg, PsInit)
+        if not self.store.seeded and msg.with_data:
+            tensors = self._tensors(incoming, msg.blocks)
+            self.store.seed(optimizer_from_wire(msg.optimizer), tensors)
+            logger.info("seeded by worker %d: %d blocks", msg.worker, len(tensors))
+            self._answer_pulls()
+        elif self.store.seeded:
+            for spec in msg.blocks:
+                held = self.store.params.get(spec.block_id)
+                if held is not None and block_spec(spec.block_id, held) != spec:
+                    raise ConfigError(
+                        f"block {spec.block_id} is {list(held.shape)} {held.dtype} here, the "
+                        f"worker's is {spec.shape} {spec.dtype}: every worker must build "
+                        "the same model"
+                    )
+        self._sock.send(
+            incoming.peer,
+            PsInitReply(
+                request_id=msg.request_id, seeded=self.store.seeded, version=self.store.version
+            ),
+        )
+
+    def _on_pull(self, incoming: Incoming) -> None:
+        msg = incoming.message
+        assert isinstance(msg, PsPull)
+        missing = [b for b in msg.blocks if b not in self.store.params]
+        if self.store.seeded and missing:
+            raise ConfigError(f"blocks {missing} are not on this server; the placement changed")
+        if not self.store.seeded or self.store.version < msg.min_version:
+            self._waiting_pulls.append(incoming)
+            return
+        self._send_params(incoming.peer, msg)
+
+    def _send_params(self, peer: bytes, msg: PsPull) -> None:
+        store = self.store
+        tracker = self._sock.send(
+            peer,
+            PsParams(request_id=msg.request_id, version=store.version, blocks=msg.blocks),
+            [as_buffer(store.params[b]) for b in msg.blocks],
+            track=True,
+        )
+        for b in msg.blocks:
+            pending = [t for t in store.in_flight.get(b, []) if not getattr(t, "done", True)]
+            pending.append(tracker)
+            store.in_flight[b] = pending
+
+    def _answer_pulls(self) -> None:
+        waiting, self._waiting_pulls = self._waiting_pulls, []
+        for incoming in waiting:
+            try:
+                self._on_pull(incoming)
+            except ConfigError as exc:
+                self._refuse(incoming, str(exc))
+
+    def _on_push(self, incoming: Incoming) -> None:
+        msg = incoming.message
+        assert isinstance(msg, PsPush)
+        specs = []
+        for b in msg.blocks:
+            held = self.store.params.get(b)
+            if held is None:
+                raise ConfigError(f"block {b} is not on this server; the placement changed")
+            specs.append(block_spec(b, held))
+        grads = self._tensors(incoming, specs)
+        result = self.store.push(msg.worker, msg.step, msg.samples, grads)
+        if not result.accepted:
+            logger.info(
+                "worker %d's gradient for step %d came after the step; dropped",
+                msg.worker,
+                msg.step,
+            )
+        self._sock.send(
+            incoming.peer,
+            PsPushAck(
+                request_id=msg.request_id,
+                step=msg.step,
+                accepted=result.accepted,
+                version=self.store.version,
+            ),
+        )
+        self._after_update(result.update)
+
+    def _tensors(self, incoming: Incoming, specs: list[PsBlockSpec]) -> dict[int, torch.Tensor]:
+        if len(incoming.frames) != len(specs):
+            raise WireError(f"{len(incoming.frames)} tensor frames for {len(specs)} blocks")
+        return {
+            s.block_id: tensor_from_frame(f, s) for s, f in zip(specs, incoming.frames, strict=True)
+        }
+
+    def _after_update(self, update: PsUpdate | None) -> None:
+        if update is None:
+            return
+        self.updates.append(update)
+        if update.dropped:
+            logger.info(
+                "step %d applied without workers %s (backup %d)",
+                update.step,
+                update.dropped,
+                self.store.backup,
+            )
+        self._answer_pulls()
+        self._answer_exports()
+
+    # ------------------------------------------------------------ control plane
+
+    def _on_membership(self, incoming: Incoming) -> None:
+        msg = incoming.message
+        assert isinstance(msg, PsMembership)
+        update = self.store.set_members(msg.workers, msg.backup)
+        self._reply(incoming)
+        self._after_update(update)
+
+    def _on_leave(self, incoming: Incoming) -> None:
+        msg = incoming.message
+        assert isinstance(msg, PsLeave)
+        update = self.store.leave(msg.worker)
+        self._reply(incoming)
+        self._after_update(update)
+
+    def _on_snapshot(self, incoming: Incoming) -> None:
+        if not self.store.seeded:
+            raise ConfigError("nothing to snapshot: this server is not seeded yet")
+        self._reply(incoming, str(self.snapshot()))
+
+    def _maybe_snapshot(self) -> None:
+        interval = self.config.snapshot_interval_s
+        if (
+            interval > 0
+            and self.store.seeded
+            and self.config.snapshot_path is not None
+            and time.monotonic() - self._last_snapshot >= interval
+        ):
+            self.snapshot()
+
+    def _on_export(self, incoming: Incoming) -> None:
+        msg = incoming.message
+        assert isinstance(msg, PsExport)
+        missing = [b for b in msg.blocks if b not in self.store.params]
+        if missing:
+            raise ConfigError(f"cannot export blocks {missing}: not on this server")
+        if self.store.version < msg.at_version or self.store.step_open:
+            self._waiting_exports.append(incoming)
+            return
+        store = self.store
+        assert store.optimizer is not None
+        records, payloads = [], []
+        for b in msg.blocks:
+            param, state = store.params[b], store.states[b]
+            names = sorted(state.tensors)
+            records.append(PsBlockState(block=block_spec(b, param), step=state.step, tensors=names))
+            payloads.append(as_buffer(param))
+            payloads += [as_buffer(state.tensors[n]) for n in names]
+        self._sock.send(
+            incoming.peer,
+            PsExported(
+                request_id=msg.request_id,
+                version=store.version,
+                optimizer=optimizer_to_wire(store.optimizer),
+                blocks=records,
+            ),
+            payloads,
+        )
+        if msg.remove:  # the frames keep the tensors alive until they are sent
+            store.release(msg.blocks)
+            logger.info("exported blocks %s at version %d", msg.blocks, store.version)
+
+    def _answer_exports(self) -> None:
+        waiting, self._waiting_exports = self._waiting_exports, []
+        for incoming in waiting:
+            try:
+                self._on_export(incoming)
+            except ConfigError as exc:
+                self._refuse(incoming, str(exc))
+
+    def _on_import(self, incoming: Incoming) -> None:
+        msg = incoming.message
+        assert isinstance(msg, PsImport)
+        expected = sum(1 + len(b.tensors) for b in msg.blocks)
+        if len(incoming.frames) != expected:
+            raise WireError(f"{len(incoming.frames)} frames, the blocks need {expected}")
+        frames = iter(incoming.frames)
+        blocks: dict[int, tuple[torch.Tensor, BlockState]] = {}
+        for record in msg.blocks:
+            spec = record.block
+            # Copies: the frames' memory belongs to ZeroMQ's message, not to us.
+            param = tensor_from_frame(next(frames), spec).clone()
+            state = {n: tensor_from_frame(next(frames), spec).clone() for n in record.tensors}
+            blocks[spec.block_id] = (param, BlockState(step=record.step, tensors=state))
+        self.store.adopt(optimizer_from_wire(msg.optimizer), msg.version, blocks)
+        logger.info("imported blocks %s at version %d", sorted(blocks), msg.version)
+        self._reply(incoming)
+        self._answer_pulls()
+
+    def _on_stats(self, incoming: Incoming) -> None:
+        msg = incoming.message
+        assert isinstance(msg, PsStatsRequest)
+        store = self.store
+        self._sock.send(
+            incoming.peer,
+            PsStats(
+                request_id=msg.request_id,
+                server=self.config.rank,
+                version=store.version,
+                mode=store.mode,
+                backup=store.backup,
+                workers=sorted(store.members),
+                blocks=sorted(store.params),
+                updates=[u for u in self.updates if u.version > msg.since_version],
+            ),
+        )
+
+    def _on_shutdown(self, incoming: Incoming) -> None:
+        if self.config.snapshot_path is not None and self.store.seeded:
+            self.snapshot()
+        self._reply(incoming)
+        self._linger_ms = SHUTDOWN_LINGER_MS  # let the answer reach the wire
+        self._running = False
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

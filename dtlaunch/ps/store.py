@@ -1,0 +1,224 @@
+"""A server's blocks, optimizer state, version counter and gradient aggregation.
+
+No I/O: the server loop feeds it pushes and membership changes and sends what it
+returns. The version counts applied updates; a gradient is pushed with the
+version it was computed against (its ``step``).
+
+Consistency modes:
+
+* **BSP** — gradients for the current version accumulate weighted by each
+  worker's samples; the update applies once every active worker's gradient is in,
+  as ``sum(samples_i * g_i) / sum(samples_i)`` (each worker's mean gradient
+  weighted by its batch share B_i/B: the full-batch mean gradient).
+* **BACKUP(b)** — BSP that applies with the first ``n - b`` of the ``n`` active
+  workers' gradients. A gradient arriving after its step was applied is refused
+  (``accepted`` False) and its worker is in the update's ``dropped`` list, so the
+  records behind it can go back to the DDS.
+* **ASP** — each gradient applies on arrival, whatever version it was computed on.
+
+Membership changes re-check the open step, so a step waiting for a worker that
+was removed completes at once: a BSP step never waits for a worker that left.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dtlaunch.errors import ConfigError
+from dtlaunch.ps.optim import BlockState, OptimizerConfig, apply_update, new_state
+from dtlaunch.wire.messages import PsUpdate
+
+__all__ = ["DTYPES", "ParamStore", "PushResult", "torch_dtype"]
+
+DTYPES: dict[str, torch.dtype] = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """Raises: ConfigError for a dtype the PS does not hold."""
+    dtype = DTYPES.get(name)
+    if dtype is None:
+        raise ConfigError(
+            f"parameter dtype {name!r} is not supported by the PS; use one of {', '.join(DTYPES)}"
+        )
+    return dtype
+
+
+@dataclass(frozen=True, slots=True)
+class PushResult:
+    accepted: bool
+    update: PsUpdate | None  # set when this push completed a step
+
+
+class ParamStore:
+    """See the module docstring."""
+
+    def __init__(self, *, mode: str = "bsp", workers: Sequence[int] = (), backup: int = 0) -> None:
+        if mode not in ("bsp", "asp"):
+            raise ConfigError(f"PS mode {mode!r} is not known; use bsp or asp")
+        self.mode = mode
+        self.params: dict[int, torch.Tensor] = {}
+        self.states: dict[int, BlockState] = {}
+        self.optimizer: OptimizerConfig | None = None
+        self.version = 0
+        self.members: set[int] = set(workers)
+        self.backup = backup
+        self._acc: dict[int, torch.Tensor] = {}
+        self._contrib: dict[int, int] = {}  # worker -> samples, for the open step
+        # Copy-on-write guard: blocks some send may still read (see ``before_write``).
+        self.in_flight: dict[int, list[object]] = {}
+
+    # ---------------------------------------------------------------- blocks
+
+    @property
+    def seeded(self) -> bool:
+        return self.optimizer is not None
+
+    def seed(self, optimizer: OptimizerConfig, blocks: Mapping[int, torch.Tensor]) -> None:
+        """Take initial parameters (copies them: the frames they come in are reused)."""
+        self.optimizer = optimizer.validate()
+        for block_id, value in blocks.items():
+            param = value.clone()
+            self.params[block_id] = param
+            self.states[block_id] = new_state(optimizer, param)
+
+    def adopt(
+        self,
+        optimizer: OptimizerConfig,
+        version: int,
+        blocks: Mapping[int, tuple[torch.Tensor, BlockState]],
+    ) -> None:
+        """Take migrated (or restored) blocks with their optimizer state.
+
+        Raises:
+            ConfigError: the optimizer differs from the one this server runs.
+        """
+        if self.optimizer is not None and self.optimizer != optimizer:
+            raise ConfigError(f"migrated blocks use {optimizer}, this server runs {self.optimizer}")
+        self.optimizer = optimizer.validate()
+        for block_id, (param, state) in blocks.items():
+            self.params[block_id] = param
+            self.states[block_id] = state
+            self._acc.pop(block_id, None)
+        self.version = max(self.version, version)
+
+    def release(self, block_ids: Sequence[int]) -> None:
+        for block_id in block_ids:
+            self.params.pop(block_id, None)
+            self.states.pop(block_id, None)
+            self._acc.pop(block_id, None)
+            self.in_flight.pop(block_id, None)
+
+    @property
+    def step_open(self) -> bool:
+        """Gradients for the current version are waiting (BSP)."""
+        return bool(self._contrib)
+
+    def before_write(self, block_id: int) -> None:
+        """Parameters go out zero-copy; if a send may still read this block, give
+        the block fresh memory so the update cannot tear what is on its way."""
+        trackers = self.in_flight.pop(block_id, None)
+        if trackers and not all(getattr(t, "done", True) for t in trackers):
+            self.params[block_id] = self.params[block_id].clone()
+
+    # ------------------------------------------------------------ membership
+
+    def set_members(self, workers: Sequence[int], backup: int | None = None) -> PsUpdate | None:
+        """New active set (and b); completes the open step if it no longer waits."""
+        self.members = set(workers)
+        if backup is not None:
+            self.backup = backup
+        return self._maybe_apply(time.perf_counter())
+
+    def leave(self, worker: int) -> PsUpdate | None:
+        self.members.discard(worker)
+        return self._maybe_apply(time.perf_counter())
+
+    # ----------------------------------------------------------------- push
+
+    def push(
+        self, worker: int, step: int, samples: int, grads: Mapping[int, torch.Tensor]
+    ) -> PushResult:
+        """Take one worker's gradients for ``step``; apply when the step is complete.
+
+        Raises:
+            ConfigError: not seeded, blocks that do not match this server's, a
+                gradient from the future, or a second gradient for one step.
+        """
+        if self.optimizer is None:
+            raise ConfigError("this server is not seeded yet; push after the first pull")
+        if set(grads) != set(self.params):
+            raise ConfigError(
+                f"push names blocks {sorted(grads)}, this server holds {sorted(self.params)}; "
+                "the worker's placement is stale: fetch the current one"
+            )
+        if step > self.version:
+            raise ConfigError(
+                f"gradient for version {step}, the server is at {self.version}: pull first"
+            )
+        started = time.perf_counter()
+        if self.mode == "asp":
+            return PushResult(True, self._apply_asp(worker, step, samples, grads, started))
+        if step < self.version:
+            return PushResult(False, None)  # the step went ahead without it (BACKUP)
+        if worker in self._contrib:
+            raise ConfigError(f"worker {worker} pushed twice for step {step}")
+        for block_id, grad in grads.items():
+            acc = self._acc.get(block_id)
+            if not self._contrib or acc is None:
+                if acc is None:
+                    acc = self._acc[block_id] = torch.empty_like(self.params[block_id])
+                torch.mul(grad, samples, out=acc)
+            else:
+                acc.add_(grad, alpha=samples)
+        self._contrib[worker] = samples
+        return PushResult(True, self._maybe_apply(started))
+
+    def _maybe_apply(self, started: float) -> PsUpdate | None:
+        if not self._contrib:
+            return None
+        waiting_for = self.members - set(self._contrib)
+        if len(waiting_for) > min(self.backup, max(0, len(self.members) - 1)):
+            return None
+        total = sum(self._contrib.values())
+        if total > 0:
+            assert self.optimizer is not None
+            for block_id, acc in self._acc.items():
+                acc.div_(total)
+                self.before_write(block_id)
+                apply_update(self.optimizer, self.params[block_id], acc, self.states[block_id])
+        update = PsUpdate(
+            version=self.version + 1,
+            step=self.version,
+            update_s=time.perf_counter() - started,
+            samples=total,
+            applied=sorted(self._contrib),
+            dropped=sorted(waiting_for),
+        )
+        self.version += 1
+        self._contrib = {}
+        return update
+
+    def _apply_asp(
+        self, worker: int, step: int, samples: int, grads: Mapping[int, torch.Tensor], t0: float
+    ) -> PsUpdate:
+        assert self.optimizer is not None
+        for block_id, grad in grads.items():
+            self.before_write(block_id)
+            apply_update(self.optimizer, self.params[block_id], grad, self.states[block_id])
+        self.version += 1
+        return PsUpdate(
+            version=self.version,
+            step=step,
+            update_s=time.perf_counter() - t0,
+            samples=samples,
+            applied=[worker],
+        )
