@@ -14,14 +14,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Integration tests start a real OpenSSH sshd; install it when missing and we may.
+# Integration tests start a real OpenSSH sshd and drive `dtlaunch status` in tmux;
+# install them when missing and we may.
 sshd-deps:
-	@if [ ! -x /usr/sbin/sshd ]; then \
+	@if [ ! -x /usr/sbin/sshd ] || ! command -v tmux >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "installing openssh-server (needed by the sshd test fixture)"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client >/dev/null; \
+	    echo "installing openssh-server and tmux (needed by the sshd fixture and the status tests)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client tmux >/dev/null; \
 	  else \
-	    echo "openssh-server is missing; install it (apt-get install openssh-server) to run the SSH tests"; \
+	    echo "openssh-server or tmux is missing; install them (apt-get install openssh-server tmux) to run the SSH and status tests"; \
 	  fi; \
 	fi
 

@@ -370,9 +370,11 @@ def wal_repair(
         print(f"dtlaunch: resume with: dtlaunch run --resume {run.path} (workers will restart)")
 
 
+from dtlaunch.cli_status import register as _register_status  # noqa: E402
 from dtlaunch.cli_views import register as _register_views  # noqa: E402
 
 _register_views(app)
+_register_status(app)
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""Commands that show a job: ``dtlaunch replay RUN_DIR [--follow] [--json]``."""
+"""Commands that show a job: ``dtlaunch replay RUN_DIR [--follow] [--json] [--plot FILE]
+[--policy NAME]``."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console, RenderableType
+from rich.markup import escape
 from rich.text import Text
 
+from dtlaunch.errors import ConfigError
 from dtlaunch.events import Event, read_events
 from dtlaunch.ui.timeline import (
     TimelineBuilder,
@@ -31,7 +34,7 @@ _err = Console(stderr=True)
 
 
 def _fail(message: str) -> typer.Exit:
-    _err.print(f"[bold red]error:[/] {message}", highlight=False)
+    _err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     return typer.Exit(2)
 
 
@@ -148,6 +151,85 @@ def follow_run(run_dir: Path, console: Console, *, poll_s: float = POLL_S) -> No
     _show(console, render_summary(builder, _read_summary(run_dir)))
 
 
+PLOT_FORMATS = (".png", ".svg", ".pdf")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _check_plot_path(path: Path) -> None:
+    if path.suffix.lower() not in PLOT_FORMATS:
+        raise _fail(
+            f"--plot {path}: name the picture with one of {', '.join(PLOT_FORMATS)}, "
+            "e.g. --plot run.png"
+        )
+    if not path.parent.is_dir():
+        raise _fail(f"--plot {path}: folder {path.parent} does not exist; create it first")
+
+
+def _warn_without_reports(events: list[Event], what: str) -> None:
+    if not any(e.kind == "reports" for e in events):
+        _err.print(
+            f"warning: this run's events hold no step reports, so {what} has no step "
+            "data (the run ended before any step, or an older dtlaunch wrote it)",
+            style="yellow",
+            highlight=False,
+        )
+
+
+def _plot(run_dir: Path, events: list[Event], path: Path) -> None:
+    from dtlaunch.ui.plots import plot_run
+
+    job = _read_json(run_dir / "job.json")
+    title = f"run {job.get('run_id', run_dir.name)}: policy {job.get('policy', '?')}, "
+    title += f"{job.get('workers', '?')} workers"
+    _warn_without_reports(events, "the plot")
+    try:
+        data = plot_run(events, path, title=title)
+    except ConfigError as err:
+        raise _fail(str(err)) from None
+    except OSError as err:
+        raise _fail(f"--plot {path}: cannot write it ({err})") from None
+    _err.print(
+        f"plot written to {path} ({len(data.bpt)} workers, {len(data.markers)} actions)",
+        highlight=False,
+    )
+
+
+def _what_if(run_dir: Path, events: list[Event], policy: str, *, as_json: bool) -> None:
+    from dtlaunch.ui.whatif import initial_remaining_steps, render_what_if, what_if
+
+    job = _read_json(run_dir / "job.json")
+    dataset = _read_json(run_dir / "dataset.json") or job
+    spare = [
+        str(h.get("label", ""))
+        for h in job.get("hosts") or []
+        if isinstance(h, dict) and h.get("spare")
+    ]
+    _warn_without_reports(events, "--policy")
+    try:
+        result = what_if(
+            events,
+            policy,
+            control_interval=float(job.get("control_interval") or 10.0),
+            tick_s=float(job.get("heartbeat_interval") or 1.0) / 2,
+            recorded_policy=str(job.get("policy", "")),
+            spare_hosts=spare,
+            initial_remaining=initial_remaining_steps(dataset),
+        )
+    except (ConfigError, ValueError) as err:
+        raise _fail(str(err)) from None
+    if as_json:
+        print(json.dumps(result.to_json(), indent=2, default=str))
+        return
+    _show(Console(highlight=False), render_what_if(result))
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``replay`` command to ``app``."""
 
@@ -161,12 +243,40 @@ def register(app: typer.Typer) -> None:
             ),
         ] = False,
         as_json: Annotated[
-            bool, typer.Option("--json", help="Print the events as one JSON array.")
+            bool,
+            typer.Option(
+                "--json", help="Print the events (with --policy: the what-if result) as JSON."
+            ),
         ] = False,
+        plot: Annotated[
+            Path | None,
+            typer.Option(
+                "--plot",
+                metavar="FILE.png",
+                help="Draw BPT and batch size per worker, global throughput with the "
+                "actions, and shards against throughput per worker into FILE "
+                "(.png, .svg or .pdf; needs pip install 'dtlaunch[plot]').",
+            ),
+        ] = None,
+        policy: Annotated[
+            str | None,
+            typer.Option(
+                "--policy",
+                metavar="NAME[:k=v,...]",
+                help="What-if: re-run this policy over the recorded step reports and "
+                "print the actions it would have taken beside those taken, "
+                "e.g. nd:lambda=2.0.",
+            ),
+        ] = None,
     ) -> None:
-        """Show a job's timeline: phases, failures, restarts, decisions, and a summary."""
+        """Show a job's timeline: phases, failures, restarts, decisions, and a summary;
+        draw it (--plot) or re-decide it with another policy (--policy)."""
         if follow and as_json:
             raise _fail("--follow and --json do not go together; use one of them")
+        if follow and (plot is not None or policy is not None):
+            raise _fail("--follow shows a live run; use --plot and --policy once it has ended")
+        if plot is not None:
+            _check_plot_path(plot)
         events_path = _check_run_dir(run_dir, follow=follow)
         console = Console(highlight=False)
         if follow:
@@ -177,6 +287,13 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(130) from None
             return
         events = list(read_events(events_path))
+        if plot is not None:
+            _plot(run_dir, events, plot)
+        if policy is not None:
+            _what_if(run_dir, events, policy, as_json=as_json)
+            return
+        if plot is not None and not as_json:
+            return
         if as_json:
             print("[" + ",\n".join(e.to_json() for e in events) + "]")
             return

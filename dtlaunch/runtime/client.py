@@ -62,6 +62,8 @@ from dtlaunch.wire.messages import (
     Message,
     Ping,
     RegisterDataset,
+    Regroup,
+    RegroupGo,
     Rehello,
     ShardGrant,
     StepReports,
@@ -120,9 +122,7 @@ class SupervisorClient:
         self._items: queue.Queue[_Item] = queue.Queue()
         self._queued_lock = threading.Lock()
         self._queued_records = 0
-        self._dataset_future: concurrent.futures.Future[DatasetSpec] = (
-            concurrent.futures.Future()
-        )
+        self._dataset_future: concurrent.futures.Future[DatasetSpec] = concurrent.futures.Future()
         self._ended = False  # training thread: END or a failure was taken
         self._closed = False
         # Loop-thread state from here on.
@@ -147,6 +147,9 @@ class SupervisorClient:
         self._pending_acks: dict[int, tuple[int, float]] = {}  # lease -> (step, sent at)
         self._reports: list[TimedReport] = []  # step measurements not sent yet
         self._actions: queue.Queue[Message] = queue.Queue()  # to the training thread
+        self._outbox: list[Message] = []  # notices from the training thread
+        self._sticky: list[Message] = []  # notices every new supervisor must hear
+        self._regroup_go: queue.Queue[RegroupGo] = queue.Queue()
         self._close_deadline: float | None = None
         self._thread = threading.Thread(
             target=self._thread_main, name=f"dtlaunch-runtime-{conn.rank}", daemon=True
@@ -223,6 +226,29 @@ class SupervisorClient:
     def report(self, reports: list[TimedReport]) -> None:
         self._call(self._add_reports, list(reports))
 
+    def send(self, msg: Message, *, repeat_on_rehello: bool = False) -> None:
+        """Send a notice (``Attached``, ``RegroupReady``) after our Hello; with
+        ``repeat_on_rehello`` also to a supervisor that restarted (it forgot)."""
+        self._call(self._queue_send, msg, repeat_on_rehello)
+
+    def wait_regroup_go(self, gen: int, timeout: float) -> RegroupGo:
+        """Block until the supervisor says where generation ``gen`` meets.
+
+        Raises:
+            TimeoutError: no answer within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                go = self._regroup_go.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(
+                    f"the supervisor did not say where regroup generation {gen} meets "
+                    f"within {timeout:.0f}s"
+                ) from None
+            if go.gen == gen:
+                return go
+
     def actions(self) -> list[Message]:
         taken: list[Message] = []
         while True:
@@ -285,6 +311,12 @@ class SupervisorClient:
     def _add_acks(self, lease_ids: list[int], step: int) -> None:
         for lease_id in lease_ids:
             self._pending_acks[lease_id] = (step, -math.inf)
+        self._wake.set()
+
+    def _queue_send(self, msg: Message, repeat_on_rehello: bool) -> None:
+        self._outbox.append(msg)
+        if repeat_on_rehello:
+            self._sticky.append(msg)
         self._wake.set()
 
     def _add_reports(self, reports: list[TimedReport]) -> None:
@@ -408,6 +440,10 @@ class SupervisorClient:
         if self._dataset_request is not None and now - self._dataset_sent_at >= self._timeout:
             self._dataset_sent_at = now
             await self._send(self._dataset_request)
+        if self._outbox and self._hello_at is None:
+            outbox, self._outbox = self._outbox, []
+            for msg in outbox:
+                await self._send(msg)
         await self._pump_fetch(now)
         await self._pump_acks(now)
         if self._reports and self._hello_at is None:
@@ -482,10 +518,13 @@ class SupervisorClient:
                 sorted(self._held),
             )
             self._need_hello = True
+            self._outbox.extend(self._sticky)
         elif isinstance(msg, DatasetReady):
             self._on_dataset(msg)
-        elif isinstance(msg, (AdjustBatch, AdjustLR)):
+        elif isinstance(msg, (AdjustBatch, AdjustLR, Regroup)):
             self._actions.put(msg)
+        elif isinstance(msg, RegroupGo):
+            self._regroup_go.put(msg)
         elif not isinstance(msg, Ping):
             logger.debug("ignoring %s from the supervisor", msg.TYPE)
 

@@ -52,3 +52,11 @@ def any_worker(flag: bool, *, group: dist.ProcessGroup | None = None) -> bool:
     value = torch.tensor([1 if flag else 0], dtype=torch.int32)
     dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
     return bool(value.item())
+
+
+def agree(done: bool, gen: int, *, group: dist.ProcessGroup | None = None) -> tuple[bool, int]:
+    """One collective per BSP step: whether any worker is out of data, and the
+    newest regroup generation that EVERY worker has heard of (see ``elastic``)."""
+    value = torch.tensor([1 if done else 0, -gen], dtype=torch.int64)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+    return bool(value[0].item()), int(-value[1].item())

@@ -22,7 +22,7 @@ import socket
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from dtlaunch.errors import ConfigError
 from dtlaunch.inject import parse_injections
@@ -32,7 +32,10 @@ from dtlaunch.runtime.standalone import StandaloneSource
 from dtlaunch.runtime.steps import StepTimer
 from dtlaunch.sharding import DatasetSpec, dataset_info
 from dtlaunch.wire.keys import load_peer_keys
-from dtlaunch.wire.messages import AdjustBatch, AdjustLR
+from dtlaunch.wire.messages import AdjustBatch, AdjustLR, Attached, Regroup
+
+if TYPE_CHECKING:  # torch is optional: only attach() and bsp_batches() need it
+    from dtlaunch.runtime.elastic import ElasticGroup
 
 __all__ = ["Job", "init"]
 
@@ -157,6 +160,8 @@ class Job:
             seed=dataset.seed,
         )
         self._pending_actions: list[AdjustBatch | AdjustLR] = []
+        self._regroups: list[Regroup] = []  # heard, not yet handed to the elastic group
+        self._elastic: ElasticGroup | None = None
         self._lr_factor = 1.0
         self._global_batch = dataset.global_batch
         self._closed = False
@@ -225,18 +230,59 @@ class Job:
         still join the allreduce with zero samples and call ``step()``). All stop
         together once the data set is done. With dynamic sharding a plain
         ``batches()`` loop would hang at the end: a worker out of data leaves its
-        loop while the others wait for it in a collective.
+        loop while the others wait for it in a collective. This is also where a
+        group re-forms around its survivors when a straggler is replaced (see
+        ``dtlaunch.runtime.elastic``; needs ``attach()``).
         """
-        from dtlaunch.runtime.collective import any_worker
+        from dtlaunch.runtime.collective import agree
 
         while not self._closed:
             batch = self._stream.next_batch(first_wait=wait)
-            if any_worker(batch is None):
+            self._take_actions()
+            done, gen = agree(batch is None, self._heard_gen())
+            while self._elastic is not None and gen > self._elastic.gen:
+                counters = {"step": self.step_count, "global_batch": self._global_batch}
+                self._elastic.regroup(gen, counters)
+                done, gen = agree(batch is None, self._heard_gen())
+            if done:
                 return  # every shard is DONE: everyone stops at this same step
             batch = batch or []
             if batch:
                 self._timer.batch_taken(len(batch))
             yield batch
+
+    def attach(self, model: Any, optimizer: Any = None) -> None:
+        """Register what a worker that replaces another must receive (the model's
+        parameters and buffers, the optimizer's state), so a KILL_RESTART can
+        re-form the group around the survivors instead of restarting them all.
+
+        Call it once, right after creating the model and optimizer and after
+        ``torch.distributed.init_process_group()``, before any other collective.
+        In a newcomer it receives that state (and the step count) from a survivor.
+        """
+        from dtlaunch.runtime.elastic import ENV_JOIN, ElasticGroup, parse_join
+
+        if self._elastic is not None:
+            raise RuntimeError("job.attach() was already called")
+        if not isinstance(self._source, SupervisorClient):
+            return  # standalone: nobody to join, nobody to replace
+        group = ElasticGroup(rank=self._rank, world_size=self._world_size, link=self._source)
+        group.attach(model, optimizer)
+        join = parse_join(os.environ.get(ENV_JOIN))
+        if join is not None:
+            counters = group.join(join)
+            self._stream.continue_at(int(counters["step"]))
+            self._global_batch = int(counters["global_batch"])
+            if join.batch_size > 0:
+                self._stream.set_batch_size(join.batch_size)
+        self._elastic = group
+        for msg in self._regroups:
+            group.hear(msg)
+        self._regroups = []
+        self._source.send(Attached(), repeat_on_rehello=True)
+
+    def _heard_gen(self) -> int:
+        return self._elastic.heard_gen if self._elastic is not None else 0
 
     def allreduce_gradients(self, model: Any, samples: int | None = None) -> None:
         """Average ``model``'s gradients over the workers, each weighted by its
@@ -267,15 +313,13 @@ class Job:
     def _apply_actions(self, *, next_step: int) -> None:
         """Take actions effective from ``next_step`` (all workers apply them at the
         same step, so the global batch stays whole)."""
-        self._pending_actions += [
-            a for a in self._source.actions() if isinstance(a, AdjustBatch | AdjustLR)
-        ]
+        self._take_actions()
         due = [a for a in self._pending_actions if a.apply_at_step <= next_step]
         if not due:
             return
         self._pending_actions = [a for a in self._pending_actions if a.apply_at_step > next_step]
         for action in sorted(due, key=lambda a: a.apply_at_step):
-            if action.apply_at_step < next_step:
+            if 0 < action.apply_at_step < next_step:  # 0: "at once" (a restarted worker)
                 logger.warning(
                     "%s for step %d arrived at step %d; applied now",
                     action.TYPE,
@@ -287,6 +331,17 @@ class Job:
                 self._global_batch = action.global_batch
             else:
                 self._lr_factor = action.factor
+
+    def _take_actions(self) -> None:
+        """Move what the supervisor sent into the pending step actions and regroups."""
+        for action in self._source.actions():
+            if isinstance(action, AdjustBatch | AdjustLR):
+                self._pending_actions.append(action)
+            elif isinstance(action, Regroup):
+                if self._elastic is not None:
+                    self._elastic.hear(action)
+                else:
+                    self._regroups.append(action)
 
     def count_one_batch_per_step(self) -> None:
         """Make each ``step()`` cover one batch, for consumers that read ahead.

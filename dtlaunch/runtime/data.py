@@ -154,6 +154,12 @@ class BatchStream:
         """How many times ``step()`` was called."""
         return self._steps
 
+    def continue_at(self, steps: int) -> None:
+        """A newcomer joining a running group counts steps from where it stands."""
+        if steps < self._steps:
+            raise ValueError(f"cannot go back from step {self._steps} to {steps}")
+        self._steps = steps
+
     @property
     def batches_returned(self) -> int:
         return self._batches

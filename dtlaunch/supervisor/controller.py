@@ -23,10 +23,20 @@ class Controller:
         self.counts: Counter[str] = Counter()
         self._next_decision = 0.0
         self._restarting: set[tuple[str, int]] = set()
+        # KILL_RESTART cost, measured: from the decision to the new process's first
+        # step report (the survivors wait that long in an allreduce job).
+        self._restart_began: dict[int, float] = {}
+        self._replaced: set[int] = set()  # ranks whose old process has ended
+        self.restart_cost_s: float | None = None
 
     def observe(self, rank: int, reports: list[StepReport], now: float) -> float:
         """Feed a worker's step reports; returns the straggler delay they contain."""
         injected = 0.0
+        if rank in self._replaced and reports:
+            self._replaced.discard(rank)
+            began = self._restart_began.pop(rank, None)
+            if began is not None:
+                self.restart_cost_s = max(0.0, now - min(r.age_s for r in reports) - began)
         for report in sorted(reports, key=lambda r: r.step):
             self.monitor.report_worker(
                 rank,
@@ -44,6 +54,8 @@ class Controller:
         """A worker ended: its windows start empty, its restart (if ours) is over."""
         self.monitor.worker_gone(rank)
         self._restarting.discard(("worker", rank))
+        if rank in self._restart_began:
+            self._replaced.add(rank)
 
     def decide(self, now: float, *, remaining_steps: int | None) -> list[Action]:
         """The policy's actions when a decision is due, else nothing."""
@@ -51,11 +63,16 @@ class Controller:
             return []
         self._next_decision = now + self.interval
         snap = self.monitor.snapshot(
-            now, remaining_steps=remaining_steps, restart_pending=bool(self._restarting)
+            now,
+            remaining_steps=remaining_steps,
+            restart_pending=bool(self._restarting),
+            restart_cost_s=self.restart_cost_s,
         )
         actions = [a for a in self.policy.decide(snap) if not isinstance(a, NoAction)]
         for action in actions:
             self.counts[action_name(action)] += 1
             if isinstance(action, KillRestart):
                 self._restarting.add((action.role, action.rank))
+                if action.role == "worker":
+                    self._restart_began[action.rank] = now
         return actions

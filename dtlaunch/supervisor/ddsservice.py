@@ -192,6 +192,18 @@ class DdsService:
         done, refused = self.queue.ack(rank, list(msg.lease_ids))
         await self._commit(done, rank, "")
         self._first_served(rank)
+        if done:
+            # Shards per worker over time and the work left (replay plots it, and
+            # replay --policy gives it to the policy as the supervisor did).
+            self._recorder.emit(
+                "shards_done",
+                role="worker",
+                rank=rank,
+                count=len(done),
+                done=self.queue.done_count,
+                total=self.queue.total,
+                remaining_steps=self.remaining_steps(),
+            )
         if refused:
             self._recorder.emit("ack_refused", role="worker", rank=rank, lease_ids=refused)
         # Refused ids are dropped by the worker too: they are either DONE already

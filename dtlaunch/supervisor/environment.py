@@ -72,6 +72,11 @@ def process_env(
     }
     if spec.inject:
         env["DTLAUNCH_INJECT"] = ";".join(spec.inject)
+    if slot.join is not None:
+        # A newcomer joining the survivors: their store, hosted by a survivor, is
+        # reached as a client by every rank (torchrun's agent-store convention).
+        env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+        env.update(slot.join.env)
     if a.local_world_size > 1:
         # As torchrun does: several processes on one host must not each take every core.
         env["OMP_NUM_THREADS"] = "1"

@@ -17,6 +17,8 @@ from dtlaunch.supervisor.nodes import FailureRecord, RestartRecord
 @dataclass(slots=True, kw_only=True)
 class History:
     attempts: dict[str, int] = field(default_factory=dict)  # proc id -> last attempt spawned
+    # proc id -> host of its last spawn (a KILL_RESTART may have moved it to a spare host)
+    hosts: dict[str, str] = field(default_factory=dict)
     restarts: list[RestartRecord] = field(default_factory=list)
     failures: list[FailureRecord] = field(default_factory=list)
     elapsed_s: float = 0.0  # supervised time before this supervisor took over
@@ -41,6 +43,8 @@ def load_history(events_path: Path) -> History:
         if event.kind in ("spawn", "adopted"):
             attempt = int(event.data.get("attempt", 0))
             history.attempts[proc_id] = max(history.attempts.get(proc_id, 0), attempt)
+            if event.host:
+                history.hosts[proc_id] = event.host
         elif event.kind == "restart":
             history.restarts.append(
                 RestartRecord(

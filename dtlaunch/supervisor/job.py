@@ -29,8 +29,10 @@ from dtlaunch.supervisor.launcher import HostInfo, Launcher, LocalLauncher, SshL
 from dtlaunch.supervisor.output import OutputRouter
 from dtlaunch.supervisor.placement import place
 from dtlaunch.supervisor.policies import parse_policy
+from dtlaunch.supervisor.regroup import RegroupCoordinator
 from dtlaunch.supervisor.report import build_summary
 from dtlaunch.supervisor.rundir import RunDir
+from dtlaunch.supervisor.status import StatusTracker
 from dtlaunch.supervisor.supervisor import Supervisor
 from dtlaunch.supervisor.wal_files import WalFsyncError
 from dtlaunch.wire.keys import RunKeys, create_run_keys, load_run_keys
@@ -99,7 +101,8 @@ async def run_job(
         keys = create_run_keys(run.keys)
         bind = _bind_address(spec)
     event_log = JsonlEventLog(run.events_path)
-    recorder = EventRecorder([event_log])
+    status = StatusTracker(run_id=spec.run_id, policy=spec.policy, mode=spec.mode)
+    recorder = EventRecorder([event_log, status])
     output = OutputRouter(run, console, spec.output)
     ctx = zmq.asyncio.Context()
     started = time.monotonic()
@@ -126,7 +129,8 @@ async def run_job(
                 resumed=resume,
             )
             supervisor = _build_supervisor(
-                spec, hosts, assignments, keys, router, run, recorder, output, dds, history
+                spec, hosts, assignments, keys, router, run, recorder, output, dds, history,
+                status=status,
             )
             state = supervisor.state
             try:
@@ -179,6 +183,9 @@ def _controller(spec: JobSpec, hosts: list[HostSpec]) -> Controller | None:
     return Controller(policy, interval=spec.control_interval, spare_hosts=spare)
 
 
+# From KILL_RESTART to the survivors' store: they act at their next step.
+REGROUP_TIMEOUT_S = 60.0
+
 _E = TypeVar("_E", bound=BaseException)
 
 
@@ -204,6 +211,7 @@ def _build_supervisor(
     output: OutputRouter,
     dds: DdsService,
     history: History | None,
+    status: StatusTracker | None = None,
 ) -> Supervisor:
     python = spec.python or sys.executable
     workdir = spec.workdir or os.getcwd()
@@ -280,6 +288,7 @@ def _build_supervisor(
         restart_scope=spec.restart_scope,
         build_spawn=spawn_for,
         master_addr_of=master_addr_of,
+        spare_hosts=[h.label for h in hosts if h.spare],
     )
     return Supervisor(
         state=state,
@@ -296,6 +305,12 @@ def _build_supervisor(
         heartbeat_interval=spec.heartbeat_interval,
         dds=dds,
         controller=_controller(spec, hosts),
+        regroup=(
+            RegroupCoordinator(world_size=spec.workers, timeout_s=REGROUP_TIMEOUT_S)
+            if spec.mode == "allreduce"
+            else None
+        ),
+        status=status,
         resume=history,
         adopt=set(known),
         restart_workers=(

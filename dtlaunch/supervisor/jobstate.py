@@ -16,7 +16,7 @@ world cannot lose a member and go on.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dtlaunch.supervisor.failures import ExitVerdict, classify_exit, traceback_tail
@@ -28,6 +28,7 @@ from dtlaunch.supervisor.nodes import (
     EmitEvent,
     FailureRecord,
     Finish,
+    JoinSpec,
     LaunchAgent,
     Phase,
     ProcSlot,
@@ -73,6 +74,7 @@ class JobState:
         restart_scope: str,
         build_spawn: SpawnBuilder,
         master_addr_of: Callable[[str, str], str],
+        spare_hosts: Sequence[str] = (),
     ) -> None:
         self.timing = timing
         self.max_restarts = max_restarts
@@ -83,8 +85,10 @@ class JobState:
         for a in assignments:
             slot = ProcSlot(assignment=a, host=a.host)
             self.procs[slot.proc_id] = slot
+        # Spare hosts get an agent too, so a KILL_RESTART onto one starts at once.
         self.agents: dict[str, AgentSlot] = {
-            host: AgentSlot(host=host) for host in dict.fromkeys(a.host for a in assignments)
+            host: AgentSlot(host=host)
+            for host in dict.fromkeys([*(a.host for a in assignments), *spare_hosts])
         }
         self.phase = Phase.STARTING
         self.status = ""
@@ -112,6 +116,7 @@ class JobState:
         failures: list[FailureRecord],
         adopt: set[str],
         restart_workers: str = "",
+        hosts: dict[str, str] | None = None,
     ) -> list[Command]:
         """A supervisor restarted with --resume: the agents in ``adopt`` (those the
         dead supervisor had started) are expected to reconnect; others are launched.
@@ -124,6 +129,9 @@ class JobState:
         self.failures = list(failures)
         for slot in self.procs.values():
             slot.attempt = attempts.get(slot.proc_id, 0)
+            moved_to = (hosts or {}).get(slot.proc_id, slot.host)
+            if moved_to in self.agents:  # replaced on a spare host before the crash
+                slot.host = moved_to
             slot.bump_before_spawn = slot.proc_id in attempts
             if slot.role == "worker":
                 slot.restart_if_found = restart_workers
@@ -252,6 +260,11 @@ class JobState:
             if slot.restart_after_stop and self.phase in (Phase.RUNNING, Phase.STARTING):
                 slot.restart_after_stop = False
                 out.append(self._restart(slot, slot.restart_reason, now))
+                if slot.next_host:
+                    out.append(
+                        self._proc_event("moved", slot, old_host=slot.host, new_host=slot.next_host)
+                    )
+                    slot.host, slot.next_host = slot.next_host, ""
                 return out + self._reconcile(now)
             slot.state = ProcState.SUCCEEDED if verdict.succeeded else ProcState.STOPPED
             return out + self._maybe_finish(now)
@@ -366,22 +379,53 @@ class JobState:
         agent.state = AgentState.GONE
         return self._maybe_finish(now)
 
-    def kill_restart(self, role: str, rank: int, reason: str, now: float) -> list[Command]:
-        """KILL_RESTART (AntDT Table II): stop the process, start it again, same rank.
+    def kill_restart(
+        self,
+        role: str,
+        rank: int,
+        reason: str,
+        now: float,
+        *,
+        target_host: str | None = None,
+        join: JoinSpec | None = None,
+    ) -> list[Command]:
+        """KILL_RESTART (AntDT Table II): stop the process, start it again with the
+        same rank, on ``target_host`` when given (a spare host) else on its own.
 
-        The restart follows its Exited like any restart (attempt + 1). Only a
-        running process is restarted; anything else has moved on already.
+        With ``join`` the new attempt joins the survivors of an elastic allreduce
+        group (their store and what to receive) instead of a fresh group. The
+        restart follows its Exited like any restart (attempt + 1). Only a running
+        process is restarted; anything else has moved on already.
         """
         slot = self.procs.get(f"{role}-{rank}")
         if slot is None or slot.state is not ProcState.RUNNING or self.phase is not Phase.RUNNING:
             return []
+        if target_host is not None and target_host not in self.agents:
+            raise ValueError(f"KILL_RESTART target {target_host!r} is not a host of this job")
         slot.state = ProcState.STOPPING
         slot.restart_after_stop = True
         slot.restart_reason = f"KILL_RESTART: {reason}"
+        slot.next_host = target_host or ""
+        slot.join = join
         return [
             SendToAgent(host=slot.host, message=self._kill_message(slot)),
-            self._proc_event("kill_restart", slot, reason=reason, attempt=slot.attempt),
+            self._proc_event(
+                "kill_restart",
+                slot,
+                reason=reason,
+                attempt=slot.attempt,
+                target_host=target_host or slot.host,
+                regroup=join is not None,
+            ),
         ]
+
+    def address_of(self, proc_id: str) -> str:
+        """The address other hosts reach ``proc_id``'s host at ("" if unknown)."""
+        slot = self.procs.get(proc_id)
+        agent = self.agents.get(slot.host) if slot is not None else None
+        if slot is None or agent is None or agent.state is not AgentState.UP:
+            return ""
+        return self._master_addr_of(slot.host, agent.host_addr)
 
     def stop(self, reason: str, now: float) -> list[Command]:
         if self.phase in (Phase.STOPPING, Phase.DONE):
@@ -575,7 +619,10 @@ class JobState:
             agent = self.agents[slot.host]
             if agent.state is not AgentState.UP:
                 continue
-            master_addr, master_port = self._master_endpoint(master, slot)
+            if slot.join is not None:
+                master_addr, master_port = slot.join.master_addr, slot.join.master_port
+            else:
+                master_addr, master_port = self._master_endpoint(master, slot)
             if slot.role == "worker" and master_port == 0:
                 continue
             if slot.bump_before_spawn:
@@ -583,6 +630,7 @@ class JobState:
                 out.append(self._restart(slot, "lost while the supervisor was down", now))
             slot.state = ProcState.STARTING
             spawn = self._build_spawn(slot, master_addr, master_port)
+            slot.join = None  # only this attempt joins the survivors
             out.append(SendToAgent(host=slot.host, message=spawn))
             out.append(self._proc_event("spawn", slot, attempt=slot.attempt, argv=spawn.argv))
         return out

@@ -82,6 +82,16 @@ Command = LaunchAgent | SendToAgent | EmitEvent | Finish | WorkerGone
 # ---------------------------------------------------------------- bookkeeping
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JoinSpec:
+    """How a newcomer joins a running allreduce group (elastic KILL_RESTART):
+    the survivors' store, plus variables that tell its SDK what to receive."""
+
+    master_addr: str
+    master_port: int
+    env: dict[str, str]
+
+
 @dataclass(slots=True, kw_only=True)
 class ProcSlot:
     assignment: Assignment
@@ -97,6 +107,10 @@ class ProcSlot:
     bump_before_spawn: bool = False
     # Resumed after a WAL repair: a running process is restarted, not adopted.
     restart_if_found: str = ""
+    # KILL_RESTART: the host the next attempt runs on ("" = the same host) and,
+    # in an elastic allreduce group, how that attempt joins the survivors.
+    next_host: str = ""
+    join: JoinSpec | None = None
 
     @property
     def proc_id(self) -> str:

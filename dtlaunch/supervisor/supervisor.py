@@ -35,13 +35,17 @@ from dtlaunch.supervisor.jobstate import (
     WorkerGone,
 )
 from dtlaunch.supervisor.launcher import AgentProcess, HostInfo, Launcher
+from dtlaunch.supervisor.nodes import JoinSpec
 from dtlaunch.supervisor.output import OutputRouter
+from dtlaunch.supervisor.regroup import RegroupCoordinator
+from dtlaunch.supervisor.status import STATUS_PREFIX, StatusTracker
 from dtlaunch.wire.messages import (
     Ack,
     AckShards,
     AdjustBatch,
     AgentBootstrap,
     AgentHeartbeat,
+    Attached,
     Bye,
     DatasetReady,
     Exited,
@@ -51,9 +55,12 @@ from dtlaunch.wire.messages import (
     Output,
     Ping,
     RegisterDataset,
+    RegroupGo,
+    RegroupReady,
     Rehello,
     Spawned,
     SpawnFailed,
+    StatusRequest,
     StepReports,
     StopJob,
     Welcome,
@@ -92,9 +99,13 @@ class Supervisor:
         resume: ResumeInfo | None = None,
         adopt: set[str] | None = None,
         restart_workers: str = "",
+        regroup: RegroupCoordinator | None = None,
+        status: StatusTracker | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._dds = dds
+        self._status = status  # answers read-only status clients
+        self._regroup = regroup  # allreduce mode: replace stragglers without a group restart
         self._controller = controller
         self._resume = resume
         self._adopt = adopt or set()
@@ -116,6 +127,7 @@ class Supervisor:
         self._agents: dict[str, AgentProcess] = {}
         self._launch_tasks: set[asyncio.Task[None]] = set()
         self._greeted: set[int] = set()  # worker ranks that said Hello to this supervisor
+        self._batch_plan: dict[int, int] = {}  # rank -> local batch size of the last ADJUST_BS
         self._tasks: asyncio.TaskGroup | None = None
         self._ping_seq = 0
         self._signals = 0
@@ -135,6 +147,7 @@ class Supervisor:
                     self.state.resume(
                         self._clock(),
                         attempts=self._resume.attempts,
+                        hosts=self._resume.hosts,
                         restarts=self._resume.restarts,
                         failures=self._resume.failures,
                         adopt=self._adopt,
@@ -187,6 +200,8 @@ class Supervisor:
                 self._launch_tasks.add(task)
                 task.add_done_callback(self._launch_tasks.discard)
             elif isinstance(command, WorkerGone):
+                if self._regroup is not None:
+                    self._regroup.worker_gone(command.rank)
                 if self._controller is not None:
                     self._controller.worker_gone(command.rank)
                 if self._dds is not None:
@@ -248,6 +263,7 @@ class Supervisor:
             self._apply(self.state.tick(self._clock()))
             if self._controller is not None and self.state.phase is Phase.RUNNING:
                 await self._control(self._clock())
+                self._regroup_timeout(self._clock())
 
     async def _control(self, now: float) -> None:
         """Ask the policy; record each decision with its inputs; carry it out."""
@@ -269,7 +285,88 @@ class Supervisor:
                     message_lr = AdjustLRMessage(factor=factor, apply_at_step=action.apply_at_step)
                     await self._router.send(WORKER_PREFIX + str(rank).encode(), message_lr)
             elif isinstance(action, KillRestart):
-                self._apply(self.state.kill_restart(action.role, action.rank, action.reason, now))
+                await self._kill_restart(action, now)
+            if isinstance(action, AdjustBatchSize):
+                self._batch_plan.update(action.sizes)
+                if self._regroup is not None:
+                    self._regroup.batch_sizes(action.sizes)
+
+    async def _kill_restart(self, action: KillRestart, now: float) -> None:
+        """Replace a straggler: around the survivors when they can hand over their
+        state (every worker attached), else by restarting it (and, in allreduce
+        mode, its group)."""
+        regroup = self._regroup
+        if action.role != "worker" or regroup is None or not regroup.can_regroup(action.rank):
+            self._apply(
+                self.state.kill_restart(
+                    action.role, action.rank, action.reason, now, target_host=action.target_host
+                )
+            )
+            return
+        msg = regroup.begin(
+            action.rank, target_host=action.target_host, reason=action.reason, now=now
+        )
+        self._recorder.emit(
+            "regroup",
+            phase="begin",
+            gen=msg.gen,
+            rank=action.rank,
+            store_rank=msg.store_rank,
+            target_host=action.target_host,
+        )
+        for rank in range(regroup.world_size):
+            await self._router.send(WORKER_PREFIX + str(rank).encode(), msg)
+
+    async def _regroup_ready(self, rank: int, msg: RegroupReady) -> None:
+        """The survivors' store listens: tell them where, replace the straggler."""
+        assert self._regroup is not None
+        pending = self._regroup.ready(rank, msg)
+        if pending is None:
+            log.info("regroup answer from worker %d for generation %d ignored", rank, msg.gen)
+            return
+        addr = self.state.address_of(f"worker-{pending.store_rank}")
+        self._recorder.emit(
+            "regroup",
+            phase="store",
+            gen=pending.gen,
+            step=msg.step,
+            store=f"{addr}:{msg.store_port}",
+            waited_s=round(self._clock() - pending.started, 3),
+        )
+        go = RegroupGo(gen=pending.gen, master_addr=addr, master_port=msg.store_port)
+        for survivor in self._regroup.survivors():
+            await self._router.send(WORKER_PREFIX + str(survivor).encode(), go)
+        join = JoinSpec(master_addr=addr, master_port=msg.store_port, env=pending.join_env())
+        self._apply(
+            self.state.kill_restart(
+                "worker",
+                pending.leaving_rank,
+                pending.reason,
+                self._clock(),
+                target_host=pending.target_host,
+                join=join,
+            )
+        )
+
+    def _regroup_timeout(self, now: float) -> None:
+        """Workers that never reached the agreed step (not a bsp_batches loop?): fall
+        back to a plain KILL_RESTART, which restarts the group."""
+        expired = self._regroup.expired(now) if self._regroup is not None else None
+        if expired is None:
+            return
+        log.warning(
+            "the group did not re-form within %.0fs; restarting worker %d the plain way",
+            self._regroup.timeout_s if self._regroup else 0.0,
+            expired.leaving_rank,
+        )
+        self._recorder.emit(
+            "regroup", phase="abandoned", gen=expired.gen, rank=expired.leaving_rank
+        )
+        self._apply(
+            self.state.kill_restart(
+                "worker", expired.leaving_rank, expired.reason, now, target_host=expired.target_host
+            )
+        )
 
     async def _receive_loop(self) -> None:
         while True:
@@ -281,6 +378,15 @@ class Supervisor:
 
     async def _dispatch(self, peer: bytes, msg: Message) -> None:
         now = self._clock()
+        if peer.startswith(STATUS_PREFIX):
+            # Read-only peers: a StatusRequest is answered, anything else ignored.
+            if isinstance(msg, StatusRequest) and self._status is not None:
+                reply = self._status.reply(
+                    msg, state=self.state, dds=self._dds, controller=self._controller, now=now
+                )
+                if reply is not None:
+                    await self._router.send(peer, reply)
+            return
         if peer.startswith(AGENT_PREFIX):
             await self._from_agent(
                 peer, peer[len(AGENT_PREFIX) :].decode("utf-8", "replace"), msg, now
@@ -321,6 +427,14 @@ class Supervisor:
             await self._router.send(
                 peer, Welcome(run_id=self._run_id, heartbeat_interval=self._interval)
             )
+            planned = self._batch_plan.get(rank)
+            if planned is not None and msg.attempt > 0:
+                # A restarted worker starts with the nominal size; give it its share
+                # of the current plan at once (step 0: "from your next step").
+                total = sum(self._batch_plan.values())
+                await self._router.send(
+                    peer, AdjustBatch(batch_size=planned, apply_at_step=0, global_batch=total)
+                )
             self._spawn_task(
                 self._dds.worker_hello(rank, msg.attempt, list(msg.leases)), f"hello-{rank}"
             )
@@ -334,8 +448,40 @@ class Supervisor:
             await self._dds.send_dataset(peer)
         elif isinstance(msg, (RegisterDataset, FetchShards, AckShards)):
             self._spawn_task(self._dds.handle(peer, rank, msg), f"dds-{rank}")
-        elif isinstance(msg, StepReports) and self._controller is not None:
-            injected = self._controller.observe(rank, list(msg.reports), self._clock())
+        elif isinstance(msg, Attached) and self._regroup is not None:
+            done = self._regroup.attached(rank)
+            if done is not None:
+                self._recorder.emit(
+                    "regroup",
+                    phase="done",
+                    gen=done.gen,
+                    rank=rank,
+                    took_s=round(self._clock() - done.started, 3),
+                )
+        elif isinstance(msg, RegroupReady) and self._regroup is not None:
+            await self._regroup_ready(rank, msg)
+        elif isinstance(msg, StepReports):
+            # Recorded (policy or not) so that replay can plot the run and re-decide
+            # it offline; columns keep the line short. ``t`` is when each step ended,
+            # in the event log's ``mono`` seconds (reports arrive batched).
+            at, reports = self._recorder.elapsed(), sorted(msg.reports, key=lambda r: r.step)
+            self._recorder.emit(
+                "reports",
+                role="worker",
+                rank=rank,
+                step=[r.step for r in reports],
+                batch_size=[r.batch_size for r in reports],
+                compute_s=[round(r.compute_s, 6) for r in reports],
+                comm_s=[round(r.comm_s, 6) for r in reports],
+                samples=[r.samples for r in reports],
+                injected_s=[round(r.injected_s, 6) for r in reports],
+                t=[round(max(0.0, at - r.age_s), 6) for r in reports],
+            )
+            injected = (
+                self._controller.observe(rank, list(msg.reports), self._clock())
+                if self._controller is not None
+                else 0.0
+            )
             if injected > 0:
                 self._recorder.emit(
                     "injected",

@@ -128,6 +128,10 @@ class TimelineBuilder:
         self._folds: dict[tuple[Any, ...], _Fold] = {}
         self._failing_exits: dict[tuple[str, int], TimelineLine] = {}
         self._decided = ""  # reason of the last decision
+        # Per-step data ("reports", "shards_done") is for plots and what-if runs,
+        # not for reading line by line: it is only counted, for the summary.
+        self.steps_reported: dict[int, int] = {}
+        self.shards_done: dict[int, int] = {}
 
     def add(self, event: Event) -> list[TimelineLine]:
         if self.origin is None:
@@ -144,6 +148,14 @@ class TimelineBuilder:
             self.restarts.append(event)
         elif event.kind == "job_start":
             self.ended = None  # a resumed supervisor carries on
+        elif event.kind == "reports":
+            steps = len(event.data.get("step") or [])
+            self.steps_reported[event.rank] = self.steps_reported.get(event.rank, 0) + steps
+            return []
+        elif event.kind == "shards_done":
+            count = int(event.data.get("count", 0) or 0)
+            self.shards_done[event.rank] = self.shards_done.get(event.rank, 0) + count
+            return []
         fold = self._fold_key(event)
         if fold is not None:
             key, label, template = fold
@@ -311,6 +323,11 @@ def _proc_counts(records: Iterable[tuple[str, int]]) -> str:
     return ", ".join(shown) + (", ..." if len(counts) > 8 else "")
 
 
+def _per_rank(counts: dict[int, int]) -> str:
+    shown = [f"{rank}: {n}" for rank, n in sorted(counts.items())[:16]]
+    return ", ".join(shown) + (", ..." if len(counts) > 16 else "")
+
+
 def _root_cause(failures: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     marked = [f for f in failures if f.get("root_cause")] or list(failures)
     return marked[0] if marked else None
@@ -349,6 +366,10 @@ def _summary_rows(builder: TimelineBuilder, summary: dict[str, Any] | None) -> l
     rows.append(
         ["restarts", f"{len(restarts)}" + (f": {_proc_counts(restarts)}" if restarts else "")]
     )
+    if builder.steps_reported:
+        rows.append(["steps", "reported by worker: " + _per_rank(builder.steps_reported)])
+    if builder.shards_done:
+        rows.append(["shards/w", "done by worker: " + _per_rank(builder.shards_done)])
     root = _root_cause(failures)
     if root is None:
         rows.append(["failures", "0"])

@@ -126,6 +126,10 @@ class Balancer:
         self.margin = margin
         self.apply_after = apply_after
         self._pending_step: int | None = None
+        # The sizes this balancer last planned: workers that do not step together
+        # (no BSP barrier) report old and new sizes at the same moment, and summing
+        # those would let the global batch drift.
+        self._planned: dict[int, int] = {}
 
     def propose(
         self, snap: MonitorSnapshot, *, reason: str, inputs: dict[str, Any]
@@ -137,7 +141,7 @@ class Balancer:
         if len(ranks) < 2:
             return "fewer than 2 workers reported in the short window"
         v = [snap.worker_short[r].throughput for r in ranks]
-        current = [snap.workers[r].batch_size for r in ranks]
+        current = [self._planned.get(r, snap.workers[r].batch_size) for r in ranks]
         total = sum(current)
         try:
             sizes = solve_batch_sizes(v, total, self.min_batch)
@@ -162,6 +166,7 @@ class Balancer:
             )
         apply_at = max(snap.latest_step, 0) + self.apply_after
         self._pending_step = apply_at
+        self._planned.update(zip(ranks, sizes, strict=True))
         return AdjustBatchSize(
             sizes=dict(zip(ranks, sizes, strict=True)),
             apply_at_step=apply_at,

@@ -1,0 +1,114 @@
+"""Supervisor side of re-forming an allreduce group around its survivors.
+
+I/O-free bookkeeping for the protocol described in ``dtlaunch.runtime.elastic``:
+which workers can hand their state to a newcomer (they called ``job.attach``),
+the one regroup in flight, and how long it may take before the supervisor falls
+back to restarting the group. The supervisor sends and receives the messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dtlaunch.wire.messages import Regroup, RegroupReady
+
+__all__ = ["PendingRegroup", "RegroupCoordinator"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PendingRegroup:
+    gen: int
+    leaving_rank: int
+    store_rank: int
+    target_host: str | None
+    reason: str
+    started: float
+    batch_size: int  # the leaving worker's local batch size, for its replacement
+
+    def join_env(self) -> dict[str, str]:
+        """What the newcomer's SDK reads (``dtlaunch.runtime.elastic.ENV_JOIN``)."""
+        return {"DTLAUNCH_JOIN": f"{self.gen}:{self.store_rank}:{self.batch_size}"}
+
+
+class RegroupCoordinator:
+    """Tracks attached workers and at most one regroup at a time."""
+
+    def __init__(self, *, world_size: int, timeout_s: float) -> None:
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self.gen = 0
+        self.pending: PendingRegroup | None = None
+        self.store_port = 0  # of the pending regroup, once its store listens
+        self._attached: set[int] = set()
+        self._batch_sizes: dict[int, int] = {}
+
+    def attached(self, rank: int) -> PendingRegroup | None:
+        """A worker called ``job.attach()``; returns the regroup this completes
+        (the newcomer attaches once it has joined), if any."""
+        if 0 <= rank < self.world_size:
+            self._attached.add(rank)
+        done = self.pending
+        if done is not None and rank == done.leaving_rank and self.store_port:
+            self.pending = None
+            self.store_port = 0
+            return done
+        return None
+
+    def worker_gone(self, rank: int) -> None:
+        """A worker process ended: it must attach again before it can be relied on."""
+        self._attached.discard(rank)
+
+    def batch_sizes(self, sizes: dict[int, int]) -> None:
+        """ADJUST_BS went out: a replacement starts with its predecessor's size."""
+        self._batch_sizes.update(sizes)
+
+    def can_regroup(self, rank: int) -> bool:
+        """Whether replacing ``rank`` can keep the others running."""
+        return (
+            self.pending is None
+            and self.world_size >= 2
+            and 0 <= rank < self.world_size
+            and len(self._attached) == self.world_size
+        )
+
+    def begin(self, rank: int, *, target_host: str | None, reason: str, now: float) -> Regroup:
+        """Start replacing ``rank``; the message goes to every worker."""
+        self.gen += 1
+        store_rank = min(r for r in range(self.world_size) if r != rank)
+        self.pending = PendingRegroup(
+            gen=self.gen,
+            leaving_rank=rank,
+            store_rank=store_rank,
+            target_host=target_host,
+            reason=reason,
+            started=now,
+            batch_size=self._batch_sizes.get(rank, 0),
+        )
+        self.store_port = 0
+        return Regroup(gen=self.gen, leaving_rank=rank, store_rank=store_rank)
+
+    def ready(self, rank: int, msg: RegroupReady) -> PendingRegroup | None:
+        """The store host's answer; the pending regroup when it is the one expected."""
+        pending = self.pending
+        if pending is None or msg.gen != pending.gen or rank != pending.store_rank:
+            return None
+        if self.store_port:
+            return None  # a duplicate
+        self.store_port = msg.store_port
+        return pending
+
+    def expired(self, now: float) -> PendingRegroup | None:
+        """The pending regroup if its store is still not up after the timeout (the
+        workers never reached the agreed step: the caller falls back). Once the
+        store is up, the survivors wait for the newcomer under their own timeout."""
+        pending = self.pending
+        if pending is None or self.store_port or now - pending.started < self.timeout_s:
+            return None
+        self.pending = None
+        self.store_port = 0
+        return pending
+
+    def survivors(self) -> list[int]:
+        pending = self.pending
+        leaving = pending.leaving_rank if pending is not None else -1
+        return [r for r in range(self.world_size) if r != leaving]

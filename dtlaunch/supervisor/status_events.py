@@ -1,0 +1,429 @@
+"""Job events folded into what ``dtlaunch status`` shows; I/O-free.
+
+``StatusFold`` is an event sink: the supervisor hands it every event as it emits
+it, and ``dtlaunch status`` replays ``events.jsonl`` of an ended job through it,
+so the live view and the after-the-fact view come from the same rules. What it
+keeps is bounded (a few dozen BPT points per node, the last actions), so a
+week-long job costs the supervisor no more memory than a minute-long one.
+
+Step data comes from the ``reports`` events (one per batch of step reports a
+worker sends, every few steps or about a second): one sparkline point each.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dtlaunch.events import Event
+from dtlaunch.wire.messages import ActionStatus, NodeStatus, StatusSnapshot
+
+SPARK_POINTS = 40  # BPT points kept per node (one per "reports" event)
+RECENT_POINTS = 10  # the newest points behind "recent" BPT, throughput and ratios
+ACTIONS_KEPT = 20
+ETA_WINDOW_S = 60.0  # shard completion rate over this much recent time
+STALE_S = 10.0  # live: a worker silent this long adds nothing to the global throughput
+FLOAT_BUDGET = 100_000  # sparkline floats per snapshot, far below the wire frame limit
+DEFAULT_LAMBDA = 1.5  # as the built-in policies (policies.base.DEFAULT_LAMBDA)
+
+NodeKey = tuple[str, int]  # (role, rank)
+
+
+@dataclass(frozen=True, slots=True)
+class BptPoint:
+    """One batch of step reports of a worker."""
+
+    t: float  # event-log seconds when its last step ended
+    bpt: float  # mean compute + comm per step
+    compute_per_sample: float  # mean compute_s / batch_size (for the equal-share BPT)
+    comm: float  # mean comm_s per step
+    samples: int
+    busy_s: float  # sum of the steps' times
+    injected_s: float  # mean injected delay per step
+
+
+@dataclass(slots=True)
+class NodeTrack:
+    role: str
+    rank: int
+    host: str = ""
+    state: str = "pending"
+    restarts: int = 0
+    batch_size: int = 0
+    shards_done: int = 0
+    since: float = 0.0  # the current process's start: ratios use only its own points
+    points: deque[BptPoint] = field(default_factory=lambda: deque(maxlen=SPARK_POINTS))
+    action_note: str = ""  # the latest policy action that touched this node
+
+    def recent(self) -> list[BptPoint]:
+        mine = [p for p in self.points if p.t >= self.since]
+        return mine[-RECENT_POINTS:]
+
+    def bpt(self) -> float:
+        recent = self.recent()
+        return sum(p.bpt for p in recent) / len(recent) if recent else 0.0
+
+    def throughput(self) -> float:
+        recent = self.recent()
+        busy = sum(p.busy_s for p in recent)
+        return sum(p.samples for p in recent) / busy if busy > 0 else 0.0
+
+    def bpt_eq(self, batch_ref: float) -> float:
+        """Recent BPT as if this node had ``batch_ref`` samples a step (see monitor)."""
+        recent = self.recent()
+        if not recent:
+            return 0.0
+        return sum(p.compute_per_sample * batch_ref + p.comm for p in recent) / len(recent)
+
+    def injected(self) -> float:
+        recent = self.recent()
+        return sum(p.injected_s for p in recent) / len(recent) if recent else 0.0
+
+
+class StatusFold:
+    """Folds events into nodes, progress and the last actions; see module doc."""
+
+    def __init__(self, *, run_id: str = "", policy: str = "", mode: str = "") -> None:
+        self.run_id = run_id
+        self.policy = policy
+        self.mode = mode
+        self.phase = "starting"
+        self.status = ""
+        self.now = 0.0  # the newest event's time (event-log seconds)
+        self.shards_done = 0
+        self.shards_total = 0
+        self.samples_total = 0
+        self.nodes: dict[NodeKey, NodeTrack] = {}
+        self.actions: deque[ActionStatus] = deque(maxlen=ACTIONS_KEPT)
+        self._done_history: deque[tuple[float, int]] = deque()
+
+    # ------------------------------------------------------------- input
+
+    def emit(self, event: Event) -> None:
+        """Take one event (the ``EventSink`` protocol)."""
+        self.now = max(self.now, event.mono)
+        handler = _HANDLERS.get(event.kind)
+        if handler is not None:
+            handler(self, event)
+
+    def emit_all(self, events: Iterable[Event]) -> None:
+        for event in events:
+            self.emit(event)
+
+    def node(self, role: str, rank: int) -> NodeTrack:
+        key = (role, rank)
+        track = self.nodes.get(key)
+        if track is None:
+            track = self.nodes[key] = NodeTrack(role=role, rank=rank)
+        return track
+
+    def _proc(self, event: Event, state: str | None = None) -> NodeTrack | None:
+        if event.role not in ("worker", "server") or event.rank < 0:
+            return None
+        track = self.node(event.role, event.rank)
+        if event.host:
+            track.host = event.host
+        if state is not None:
+            track.state = state
+        return track
+
+    def _job_start(self, event: Event) -> None:
+        data = event.data
+        self.run_id = str(data.get("run_id", self.run_id))
+        self.mode = str(data.get("mode", self.mode))
+        self.phase = "running"
+        for role, count in (("worker", data.get("workers")), ("server", data.get("servers"))):
+            for rank in range(count if isinstance(count, int) else 0):
+                self.node(role, rank)
+
+    def _running(self, event: Event) -> None:
+        track = self._proc(event, "running")
+        if track is not None:
+            track.since = event.mono
+
+    def _exit(self, event: Event) -> None:
+        data = event.data
+        if data.get("exit_code") == 0:
+            state = "succeeded"
+        elif data.get("requested"):
+            state = "stopped"
+        else:
+            state = "failed"
+        self._proc(event, state)
+
+    def _restart(self, event: Event) -> None:
+        track = self._proc(event, "pending")
+        if track is not None:
+            track.restarts += 1
+
+    def _reports(self, event: Event) -> None:
+        track = self._proc(event)
+        point = _point(event.data, event.mono)
+        if track is None or point is None:
+            return
+        track.points.append(point)
+        sizes = event.data.get("batch_size")
+        if isinstance(sizes, list) and sizes and isinstance(sizes[-1], int):
+            track.batch_size = sizes[-1]
+        self.samples_total += point.samples
+
+    def _shards_done(self, event: Event) -> None:
+        track = self._proc(event)
+        count = event.data.get("count", 0)
+        if track is not None and isinstance(count, int):
+            track.shards_done += count
+        self._progress(event)
+
+    def _progress(self, event: Event) -> None:
+        done, total = event.data.get("done"), event.data.get("total")
+        if isinstance(done, int) and isinstance(total, int):
+            self.shards_done, self.shards_total = done, total
+            self._done_history.append((event.mono, done))
+            while self._done_history and self._done_history[0][0] < event.mono - ETA_WINDOW_S:
+                self._done_history.popleft()
+
+    def _decision(self, event: Event) -> None:
+        data = event.data
+        if event.rank >= 0:
+            # A node action's role and rank are the event's own (KILL_RESTART).
+            data = {**data, "role": event.role, "rank": event.rank}
+        action = data.get("action")
+        if not isinstance(action, str):
+            # The job's own decision to end (JobState), not a policy's.
+            status = str(data.get("status", ""))
+            self.actions.append(
+                ActionStatus(
+                    at_s=event.mono, action="END", target=status, reason=str(data.get("reason", ""))
+                )
+            )
+            return
+        self.actions.append(
+            ActionStatus(
+                at_s=event.mono,
+                action=action,
+                target=action_target(data),
+                reason=str(data.get("reason", "")),
+            )
+        )
+        self._note_action(action, data, event.mono)
+
+    def _note_action(self, action: str, data: Mapping[str, Any], at: float) -> None:
+        """Remember, per node, the latest action that singled it out."""
+        if action == "KILL_RESTART" and isinstance(data.get("rank"), int):
+            role = str(data.get("role", "worker"))
+            self.node(role, data["rank"]).action_note = f"KILL_RESTART at {at:.0f} s"
+        elif action == "ADJUST_BS" and isinstance(data.get("sizes"), dict):
+            inputs = data.get("inputs")
+            current = inputs.get("current_sizes") if isinstance(inputs, dict) else None
+            current = current if isinstance(current, dict) else {}
+            for rank_text, size in data["sizes"].items():
+                before = current.get(rank_text, current.get(str(rank_text)))
+                if isinstance(before, int) and isinstance(size, int) and size < before:
+                    track = self.node("worker", int(rank_text))
+                    track.action_note = f"ADJUST_BS at {at:.0f} s: batch {before} -> {size}"
+
+    def _job_end(self, event: Event) -> None:
+        self.phase = "done"
+        self.status = str(event.data.get("status", ""))
+
+    def _stopping(self, event: Event) -> None:
+        if self.phase != "done":
+            self.phase = "stopping"
+
+    # ------------------------------------------------------------ output
+
+    def eta(self, now: float) -> float | None:
+        """Seconds until every shard is DONE at the recent rate (None: unknown)."""
+        if self.shards_total <= 0:
+            return None
+        remaining = self.shards_total - self.shards_done
+        if remaining <= 0:
+            return 0.0
+        recent = [(t, d) for t, d in self._done_history if t >= now - ETA_WINDOW_S]
+        if len(recent) < 2:
+            return None
+        (t0, d0), (t1, d1) = recent[0], recent[-1]
+        span = max(now, t1) - t0
+        if d1 <= d0 or span <= 0:
+            return None
+        return remaining / ((d1 - d0) / span)
+
+    def throughput(self, now: float, *, live: bool) -> float:
+        """Samples/s of all workers: the sum of recent rates while the job runs, the
+        mean over the job once it has ended."""
+        if not live:
+            return self.samples_total / now if now > 0 else 0.0
+        return sum(
+            track.throughput()
+            for track in self.nodes.values()
+            if track.role == "worker" and track.points and now - track.points[-1].t <= STALE_S
+        )
+
+    def ratio_stragglers(self, lam: float, *, running_only: bool) -> dict[NodeKey, str]:
+        """Workers whose recent equal-share BPT is >= ``lam`` x the workers' mean."""
+        tracks = [
+            t
+            for t in self.nodes.values()
+            if t.role == "worker" and t.recent() and (t.state == "running" or not running_only)
+        ]
+        if len(tracks) < 2:
+            return {}
+        batch_ref = sum(max(1, t.batch_size) for t in tracks) / len(tracks)
+        eq = {(t.role, t.rank): t.bpt_eq(batch_ref) for t in tracks}
+        mean = sum(eq.values()) / len(eq)
+        if mean <= 0:
+            return {}
+        return {
+            key: f"{value / mean:.1f}x the mean BPT of its last steps (lambda {lam:g})"
+            for key, value in eq.items()
+            if value >= lam * mean
+        }
+
+    def snapshot(
+        self,
+        *,
+        now: float,
+        source: str,
+        stragglers: Mapping[NodeKey, str],
+        states: Mapping[NodeKey, tuple[str, str, int]] | None = None,
+        shards: tuple[int, int] | None = None,
+        phase: str | None = None,
+    ) -> StatusSnapshot:
+        """The snapshot at ``now`` (event-log seconds).
+
+        ``states`` ((role, rank) -> (host, state, restarts)), ``shards`` (done,
+        total) and ``phase`` override what the events say: a live supervisor knows
+        them first-hand.
+        """
+        live = source == "live"
+        for key in states or {}:
+            self.node(*key)
+        keys = sorted(self.nodes, key=lambda k: (k[0] != "worker", k[1]))
+        points = max(4, min(SPARK_POINTS, FLOAT_BUDGET // max(1, len(keys))))
+        nodes = [self._node_status(key, points, stragglers, states, now, live) for key in keys]
+        done, total = shards if shards is not None else (self.shards_done, self.shards_total)
+        return StatusSnapshot(
+            run_id=self.run_id,
+            policy=self.policy,
+            mode=self.mode,
+            phase=phase or self.phase,
+            source=source,
+            status=self.status,
+            elapsed_s=max(0.0, now),
+            shards_done=done,
+            shards_total=total,
+            throughput=self.throughput(now, live=live),
+            eta_s=self.eta(now) if live else None,
+            nodes=nodes,
+            actions=list(self.actions),
+        )
+
+    def _node_status(
+        self,
+        key: NodeKey,
+        points: int,
+        stragglers: Mapping[NodeKey, str],
+        states: Mapping[NodeKey, tuple[str, str, int]] | None,
+        now: float,
+        live: bool,
+    ) -> NodeStatus:
+        track = self.nodes[key]
+        host, state, restarts = (states or {}).get(key, (track.host, track.state, track.restarts))
+        reason = stragglers.get(key, "")
+        if reason:
+            injected = track.injected()
+            if injected > 0:
+                reason += f"; injected {injected:.3g} s/step"
+            if track.action_note:
+                reason += f"; {track.action_note}"
+        fresh = not live or (track.points and now - track.points[-1].t <= STALE_S)
+        return NodeStatus(
+            role=track.role,
+            rank=track.rank,
+            host=host,
+            proc_state=state,
+            restarts=restarts,
+            batch_size=track.batch_size,
+            bpt_s=track.bpt(),
+            recent_bpt_s=[round(p.bpt, 6) for p in list(track.points)[-points:]],
+            throughput=track.throughput() if fresh else 0.0,
+            shards_done=track.shards_done,
+            straggler=reason,
+        )
+
+
+def action_target(data: Mapping[str, Any]) -> str:
+    """Whom a decision touches, in a few characters."""
+    action = data.get("action")
+    if action == "KILL_RESTART":
+        where = f" on {data['target_host']}" if data.get("target_host") else ""
+        return f"{data.get('role', 'worker')} {data.get('rank', '?')}{where}"
+    for name, prefix, fmt in (("sizes", "w", "{}={}"), ("factors", "w", "{}x{:.3g}")):
+        values = data.get(name)
+        if isinstance(values, dict):
+            pairs = sorted(values.items(), key=lambda kv: int(kv[0]))
+            return " ".join(prefix + fmt.format(k, v) for k, v in pairs)
+    skip = {"policy", "action", "reason", "inputs", "apply_at_step"}
+    return " ".join(f"{k}={v}" for k, v in data.items() if k not in skip)
+
+
+def lambda_of(policy: str) -> float:
+    """The ``lambda=`` parameter of a ``--policy`` text, else the built-ins' default."""
+    _, _, params = policy.partition(":")
+    for pair in params.split(","):
+        key, _, value = pair.partition("=")
+        if key.strip() == "lambda":
+            try:
+                return float(value)
+            except ValueError:
+                break
+    return DEFAULT_LAMBDA
+
+
+def _point(data: Mapping[str, Any], at: float) -> BptPoint | None:
+    """A ``reports`` event's columns as one point (None if they are malformed)."""
+    try:
+        compute = [float(x) for x in data["compute_s"]]
+        comm = [float(x) for x in data.get("comm_s") or [0.0] * len(compute)]
+        sizes = [max(1, int(x)) for x in data["batch_size"]]
+        samples = sum(int(x) for x in data.get("samples") or sizes)
+        injected = [float(x) for x in data.get("injected_s") or [0.0] * len(compute)]
+        ends = data.get("t") or [at]
+    except (KeyError, TypeError, ValueError):
+        return None
+    n = len(compute)
+    if n == 0 or len(comm) != n or len(sizes) != n:
+        return None
+    times = [c + m for c, m in zip(compute, comm, strict=True)]
+    return BptPoint(
+        t=float(ends[-1]),
+        bpt=sum(times) / n,
+        compute_per_sample=sum(c / b for c, b in zip(compute, sizes, strict=True)) / n,
+        comm=sum(comm) / n,
+        samples=samples,
+        busy_s=sum(times),
+        injected_s=sum(injected) / max(1, len(injected)),
+    )
+
+
+_HANDLERS: dict[str, Callable[[StatusFold, Event], object]] = {
+    "job_start": StatusFold._job_start,
+    "spawn": lambda fold, e: fold._proc(e, "starting"),
+    "running": StatusFold._running,
+    "adopted": StatusFold._running,
+    "responsive": lambda fold, e: fold._proc(e, "running"),
+    "unresponsive": lambda fold, e: fold._proc(e, "unresponsive"),
+    "kill_restart": lambda fold, e: fold._proc(e, "stopping"),
+    "exit": StatusFold._exit,
+    "failure": lambda fold, e: fold._proc(e, "failed"),
+    "spawn_failed": lambda fold, e: fold._proc(e, "failed"),
+    "restart": StatusFold._restart,
+    "reports": StatusFold._reports,
+    "shards_done": StatusFold._shards_done,
+    "dds_recovered": StatusFold._progress,
+    "decision": StatusFold._decision,
+    "stop_requested": StatusFold._stopping,
+    "job_end": StatusFold._job_end,
+}

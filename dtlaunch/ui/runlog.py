@@ -1,0 +1,211 @@
+"""A recorded run as tables of numbers: what ``replay --plot`` and ``--policy`` read.
+
+Pure: events in, a :class:`RecordedRun` out. Every time is seconds since the run's
+first event on the wall clock, as in the timeline, because a resumed supervisor
+restarts its monotonic clock; within one supervisor ``wall - mono`` is constant,
+so an event's ``mono``-based times (a report's ``t``) convert exactly.
+
+The events used (see the supervisor and the DDS service for their fields):
+``reports`` (columns of a worker's step reports), ``decision`` with an ``action``,
+``shards_done`` (shards a worker finished, with the remaining steps), and worker
+``exit`` (the Monitor forgets a worker that ends).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dtlaunch.events import Event
+
+_REPORT_COLUMNS = ("step", "batch_size", "compute_s", "comm_s", "samples", "injected_s", "t")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepRow:
+    """One training step of one worker."""
+
+    at_s: float  # when the step ended
+    arrived_s: float  # when its report reached the supervisor (reports come batched)
+    rank: int
+    step: int
+    batch_size: int
+    compute_s: float
+    comm_s: float
+    samples: int
+    injected_s: float
+
+    @property
+    def bpt_s(self) -> float:
+        """Batch processing time: compute plus communication (AntDT §II)."""
+        return self.compute_s + self.comm_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActionRow:
+    """A decision the Controller took (not ``NONE``)."""
+
+    at_s: float
+    name: str  # ADJUST_BS, KILL_RESTART, ...
+    reason: str
+    fields: dict[str, Any]  # the decision event's data without ``inputs``
+
+    def target(self) -> str:
+        """Short description of what the action changes."""
+        if "rank" in self.fields:
+            where = self.fields.get("target_host")
+            onto = f" onto {where}" if where else ""
+            return f"{self.fields.get('role', 'worker')} {self.fields['rank']}{onto}"
+        if "sizes" in self.fields:
+            sizes = self.fields["sizes"]
+            listed = " ".join(f"{r}:{b}" for r, b in sorted(sizes.items(), key=_rank_key))
+            return f"sizes {listed} @step {self.fields.get('apply_at_step', '?')}"
+        if "factors" in self.fields:
+            return f"lr factors @step {self.fields.get('apply_at_step', '?')}"
+        if "count" in self.fields:
+            return f"{self.fields['count']} backup worker(s)"
+        return ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardsRow:
+    at_s: float
+    rank: int
+    count: int
+    remaining_steps: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordedRun:
+    steps: list[StepRow]  # ordered by time
+    actions: list[ActionRow]
+    shards: list[ShardsRow]
+    worker_ends: list[tuple[float, int]]  # (time, rank) of every worker exit
+    first_running_s: float | None  # when the first worker ran (the Controller starts then)
+    end_s: float  # time of the last event
+    policy: str  # from the decisions ("" when none was taken)
+    malformed: int = 0  # reports events whose columns did not fit together
+    workers: list[int] = field(default_factory=list)
+
+    def steps_of(self, rank: int) -> list[StepRow]:
+        return [s for s in self.steps if s.rank == rank]
+
+    def shards_by_worker(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for row in self.shards:
+            out[row.rank] = out.get(row.rank, 0) + row.count
+        return out
+
+    def throughput_by_worker(self) -> dict[int, float]:
+        """Samples per second of step time, per worker, over the whole run."""
+        out: dict[int, float] = {}
+        for rank in self.workers:
+            rows = self.steps_of(rank)
+            busy = sum(r.bpt_s for r in rows)
+            if busy > 0:
+                out[rank] = sum(r.samples for r in rows) / busy
+        return out
+
+
+def _rank_key(item: tuple[Any, Any]) -> int:
+    try:
+        return int(item[0])
+    except (TypeError, ValueError):
+        return 0
+
+
+def _step_rows(event: Event, offset: float, arrived: float) -> list[StepRow] | None:
+    """The rows of one ``reports`` event; None when its columns are malformed."""
+    data = event.data
+    columns = [data.get(name) for name in _REPORT_COLUMNS]
+    if not all(isinstance(c, list) for c in columns):
+        return None
+    lengths = {len(c) for c in columns if isinstance(c, list)}
+    if len(lengths) != 1:
+        return None
+    rows: list[StepRow] = []
+    try:
+        for step, batch, compute, comm, samples, injected, t in zip(*columns, strict=True):
+            row = StepRow(
+                at_s=float(t) + offset,
+                arrived_s=arrived,
+                rank=event.rank,
+                step=int(step),
+                batch_size=int(batch),
+                compute_s=float(compute),
+                comm_s=float(comm),
+                samples=int(samples),
+                injected_s=float(injected),
+            )
+            if not all(math.isfinite(v) for v in (row.at_s, row.compute_s, row.comm_s)):
+                return None
+            rows.append(row)
+    except (TypeError, ValueError):
+        return None
+    return rows
+
+
+def read_run(events: Iterable[Event]) -> RecordedRun:
+    """Collect the numbers of a run's events (see module doc)."""
+    origin: float | None = None
+    steps: list[StepRow] = []
+    actions: list[ActionRow] = []
+    shards: list[ShardsRow] = []
+    ends: list[tuple[float, int]] = []
+    first_running: float | None = None
+    policy = ""
+    malformed = 0
+    end = 0.0
+    for event in events:
+        if origin is None:
+            origin = event.wall
+        at = event.wall - origin
+        end = max(end, at)
+        if event.kind == "reports":
+            rows = _step_rows(event, event.wall - event.mono - origin, at)
+            if rows is None:
+                malformed += 1
+            else:
+                steps += rows
+        elif event.kind == "decision" and "action" in event.data:
+            fields = {k: v for k, v in event.data.items() if k != "inputs"}
+            if event.rank >= 0:  # a node action's role and rank are the event's own
+                fields.update(role=event.role, rank=event.rank)
+            policy = policy or str(fields.get("policy", ""))
+            actions.append(
+                ActionRow(
+                    at_s=at,
+                    name=str(fields.pop("action")),
+                    reason=str(fields.pop("reason", "")),
+                    fields=fields,
+                )
+            )
+        elif event.kind == "shards_done":
+            remaining = event.data.get("remaining_steps")
+            shards.append(
+                ShardsRow(
+                    at_s=at,
+                    rank=event.rank,
+                    count=int(event.data.get("count", 0) or 0),
+                    remaining_steps=int(remaining) if remaining is not None else None,
+                )
+            )
+        elif event.kind == "exit" and event.role == "worker":
+            ends.append((at, event.rank))
+        elif event.kind == "running" and event.role == "worker" and first_running is None:
+            first_running = at
+    steps.sort(key=lambda r: r.at_s)
+    workers = sorted({s.rank for s in steps} | {s.rank for s in shards})
+    return RecordedRun(
+        steps=steps,
+        actions=actions,
+        shards=shards,
+        worker_ends=ends,
+        first_running_s=first_running,
+        end_s=end,
+        policy=policy,
+        malformed=malformed,
+        workers=workers,
+    )

@@ -1,0 +1,272 @@
+"""``dtlaunch replay RUN_DIR --policy NAME[:k=v,...]``: re-decide a run offline.
+
+The recorded step reports are fed to a fresh Controller running the given policy,
+with the recorded times as its clock: each batch of reports at the moment it
+reached the supervisor (with its steps' ages, as the supervisor fed them), the
+work left (``shards_done`` events) as the supervisor knew it, workers forgotten
+when they ended, and a decision due every control interval of the run, checked on
+the supervisor's tick (half a heartbeat interval). The actions it would have
+taken are listed beside those the run really took.
+
+What this cannot tell: the reports are what happened under the recorded actions,
+so the effect of a different action (a batch size it would have set, a restart
+it would have made) is not simulated. It answers "when would this policy, with
+these lambda and windows, have acted on what the Monitor saw?"
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from dtlaunch.events import Event
+from dtlaunch.supervisor.actions import Action, action_fields
+from dtlaunch.supervisor.controller import Controller
+from dtlaunch.supervisor.policies import parse_policy
+from dtlaunch.ui.runlog import ActionRow, RecordedRun, StepRow, read_run
+from dtlaunch.ui.timeline import format_elapsed
+from dtlaunch.wire.messages import StepReport
+
+_REASON_CHARS = 140  # a table cell's reason is cut here; --json has it whole
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecidedAction:
+    at_s: float  # seconds since the run's first event
+    action: str
+    target: str
+    reason: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WhatIf:
+    policy: str  # what-if policy as given
+    recorded_policy: str  # the run's --policy
+    control_interval_s: float
+    would: list[DecidedAction]  # the what-if policy's actions
+    actual: list[DecidedAction]  # the run's recorded actions
+    decisions: int  # how many times the what-if policy was asked
+    skipped_reports: int  # step reports the Monitor refused (malformed)
+
+    def counts(self, which: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for a in self.would if which == "would" else self.actual:
+            out[a.action] = out.get(a.action, 0) + 1
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "recorded_policy": self.recorded_policy,
+            "control_interval_s": self.control_interval_s,
+            "decisions": self.decisions,
+            "skipped_reports": self.skipped_reports,
+            "would": [asdict(a) for a in self.would],
+            "actual": [asdict(a) for a in self.actual],
+            "counts": {"would": self.counts("would"), "actual": self.counts("actual")},
+        }
+
+
+def initial_remaining_steps(dataset: dict[str, Any]) -> int | None:
+    """Steps of the whole data set at the global batch, as the DDS counts them
+    before any shard is done (None without a data set or a global batch)."""
+    try:
+        size, shard = int(dataset.get("dataset_size", 0)), int(dataset.get("shard_size", 0))
+        epochs, batch = int(dataset.get("epochs", 1)), int(dataset.get("global_batch", 0))
+    except (TypeError, ValueError):
+        return None
+    if size <= 0 or shard <= 0 or batch <= 0:
+        return None
+    return math.ceil(size / shard) * max(epochs, 1) * shard // batch
+
+
+def _from_recorded(row: ActionRow) -> DecidedAction:
+    return DecidedAction(
+        at_s=row.at_s, action=row.name, target=row.target(), reason=row.reason, fields=row.fields
+    )
+
+
+def _from_action(action: Action, at: float) -> DecidedAction:
+    fields = {k: v for k, v in action_fields(action).items() if k != "inputs"}
+    row = ActionRow(
+        at_s=at, name=str(fields.pop("action")), reason=str(fields.pop("reason", "")), fields=fields
+    )
+    return _from_recorded(row)
+
+
+def _batches(steps: list[StepRow]) -> list[tuple[float, int, list[StepRow]]]:
+    """Steps grouped back into the messages that carried them: (arrival, rank, rows)."""
+    groups: dict[tuple[float, int], list[StepRow]] = {}
+    for row in steps:
+        groups.setdefault((row.arrived_s, row.rank), []).append(row)
+    return sorted(((at, rank, rows) for (at, rank), rows in groups.items()), key=lambda g: g[0])
+
+
+def what_if(
+    events: Iterable[Event],
+    policy_text: str,
+    *,
+    control_interval: float,
+    tick_s: float,
+    recorded_policy: str = "",
+    spare_hosts: list[str] | None = None,
+    initial_remaining: int | None = None,
+) -> WhatIf:
+    """Re-run ``policy_text`` over a run's recorded reports (see module doc).
+
+    Raises:
+        ConfigError: ``policy_text`` is not a valid policy.
+        ValueError: ``control_interval`` or ``tick_s`` is not a positive number.
+    """
+    if not (control_interval > 0 and tick_s > 0):
+        raise ValueError(f"control interval and tick must be > 0, got {control_interval}, {tick_s}")
+    policy = parse_policy(policy_text)
+    run = read_run(events)
+    controller = Controller(policy, interval=control_interval, spare_hosts=spare_hosts or [])
+    would, decisions, skipped = _simulate(run, controller, tick_s, initial_remaining)
+    return WhatIf(
+        policy=policy_text,
+        recorded_policy=recorded_policy or run.policy,
+        control_interval_s=control_interval,
+        would=would,
+        actual=[_from_recorded(a) for a in run.actions],
+        decisions=decisions,
+        skipped_reports=skipped,
+    )
+
+
+def _simulate(
+    run: RecordedRun, controller: Controller, tick_s: float, remaining: int | None
+) -> tuple[list[DecidedAction], int, int]:
+    # Everything that happens, in time order; at one instant observations come
+    # before the tick (0 < 1), as a message handled just before a tick would.
+    timeline: list[tuple[float, int, Any]] = []
+    for at, rank, rows in _batches(run.steps):
+        timeline.append((at, 0, ("reports", rank, rows)))
+    for at, rank in run.worker_ends:
+        timeline.append((at, 0, ("gone", rank, None)))
+    for shard in run.shards:
+        timeline.append((shard.at_s, 0, ("remaining", shard.remaining_steps, None)))
+    start = run.first_running_s if run.first_running_s is not None else 0.0
+    ticks = int(run.end_s / tick_s)
+    timeline += [(k * tick_s, 1, None) for k in range(1, ticks + 1) if k * tick_s >= start]
+    timeline.sort(key=lambda item: (item[0], item[1]))
+    would: list[DecidedAction] = []
+    decisions = skipped = 0
+    next_due = 0.0  # the Controller's own schedule, mirrored to count its decisions
+    for at, order, item in timeline:
+        if order == 1:
+            if at >= next_due:
+                next_due = at + controller.interval
+                decisions += 1
+            for action in controller.decide(at, remaining_steps=remaining):
+                would.append(_from_action(action, at))
+            continue
+        what, key, rows = item
+        if what == "reports":
+            reports = [
+                StepReport(
+                    step=r.step,
+                    batch_size=r.batch_size,
+                    compute_s=r.compute_s,
+                    comm_s=r.comm_s,
+                    samples=r.samples,
+                    age_s=max(0.0, at - r.at_s),
+                    injected_s=r.injected_s,
+                )
+                for r in rows
+            ]
+            try:
+                controller.observe(key, reports, at)
+            except ValueError:
+                skipped += len(reports)
+        elif what == "gone":
+            controller.worker_gone(key)
+        elif key is not None:
+            remaining = key
+    return would, decisions, skipped
+
+
+def _cell(action: DecidedAction | None) -> Text:
+    if action is None:
+        return Text("")
+    text = Text(action.action, style="bold")
+    if action.target:
+        text.append(f" {action.target}")
+    if action.reason:
+        reason = action.reason
+        if len(reason) > _REASON_CHARS:
+            reason = reason[: _REASON_CHARS - 3] + "..."
+        text.append(f"\n{reason}", style="dim")
+    return text
+
+
+def paired_rows(
+    result: WhatIf,
+) -> list[tuple[float, DecidedAction | None, DecidedAction | None]]:
+    """(time, recorded, what-if) rows in time order. A recorded and a what-if
+    action of the same kind less than half a control interval apart share a row."""
+    tolerance = result.control_interval_s / 2
+    open_recorded = list(result.actual)
+    rows: list[tuple[float, DecidedAction | None, DecidedAction | None]] = []
+    for mine in result.would:
+        match = next(
+            (
+                a
+                for a in open_recorded
+                if a.action == mine.action and abs(a.at_s - mine.at_s) <= tolerance
+            ),
+            None,
+        )
+        if match is not None:
+            open_recorded.remove(match)
+        rows.append((min(mine.at_s, match.at_s) if match else mine.at_s, match, mine))
+    rows += [(a.at_s, a, None) for a in open_recorded]
+    return sorted(rows, key=lambda row: row[0])
+
+
+def _counts_text(counts: dict[str, int]) -> str:
+    return ", ".join(f"{name} x{n}" for name, n in sorted(counts.items())) or "no action"
+
+
+def render_what_if(result: WhatIf) -> RenderableType:
+    """The side-by-side table and a one-line tally per side."""
+    recorded = result.recorded_policy or "?"
+    table = Table(
+        title=f"what-if: {result.policy} over the run recorded with {recorded}",
+        title_justify="left",
+        show_lines=True,
+    )
+    table.add_column("time", justify="right", no_wrap=True)
+    table.add_column(f"taken ({recorded})", ratio=1, overflow="fold")
+    table.add_column(f"would take ({result.policy})", ratio=1, overflow="fold")
+    for at, taken, would in paired_rows(result):
+        table.add_row(format_elapsed(at), _cell(taken), _cell(would))
+    if not result.would and not result.actual:
+        table.add_row("", Text("no action", style="dim"), Text("no action", style="dim"))
+    tally = Text()
+    tally.append("taken: ", style="bold")
+    tally.append(_counts_text(result.counts("actual")))
+    tally.append("   would take: ", style="bold")
+    tally.append(_counts_text(result.counts("would")))
+    tally.append(
+        f"   ({result.decisions} decisions every {result.control_interval_s:g} s)", style="dim"
+    )
+    caveat = Text(
+        "(the reports are what happened under the actions taken; "
+        "the effects of other actions are not simulated)",
+        style="dim",
+    )
+    parts: list[RenderableType] = [table, tally, caveat]
+    if result.skipped_reports:
+        parts.append(
+            Text(f"{result.skipped_reports} malformed step reports skipped", style="yellow")
+        )
+    return Group(*parts)

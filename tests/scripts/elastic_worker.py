@@ -1,0 +1,48 @@
+"""A BSP allreduce worker that can be replaced without restarting its peers: it
+attaches its model and optimizer, so a newcomer gets them from a survivor.
+
+Writes LEDGER/<rank>-<pid>.txt (trained records, one batch a line) and, at the
+end, LEDGER/<rank>.json: pid, first and last step, host, and the final
+parameters (all ranks must agree). usage: elastic_worker.py LEDGER STEP_S"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import dtlaunch
+
+ledger, step_s = Path(sys.argv[1]), float(sys.argv[2])
+dist.init_process_group("gloo")
+job = dtlaunch.init()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+job.attach(model, optimizer)
+first_step = job.step_count
+features = torch.randn(job.dataset.dataset_size, 4, generator=torch.Generator().manual_seed(1))
+with (ledger / f"{job.rank}-{os.getpid()}.txt").open("w") as out:
+    for batch in job.bsp_batches():
+        optimizer.zero_grad()
+        if batch:
+            model(features[batch]).pow(2).mean().backward()
+        time.sleep(step_s * len(batch) / max(1, job.dataset.global_batch // job.world_size))
+        job.allreduce_gradients(model, samples=len(batch))
+        optimizer.step()
+        out.write(" ".join(map(str, batch)) + "\n")
+        out.flush()
+        job.step()
+final = {
+    "pid": os.getpid(),
+    "host": os.environ.get("DTLAUNCH_HOST", ""),
+    "first_step": first_step,
+    "last_step": job.step_count,
+    "params": [p.detach().reshape(-1).tolist() for p in model.parameters()],
+}
+(ledger / f"{job.rank}.json").write_text(json.dumps(final))
+job.close()
+dist.destroy_process_group()

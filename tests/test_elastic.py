@@ -1,0 +1,196 @@
+"""KILL_RESTART that re-forms an allreduce group around its survivors.
+
+Unit level: the supervisor's regroup bookkeeping and JobState moving a worker to
+a spare host with the survivors' store. End to end: a real job over a real sshd,
+a straggler bound to one host, AntDT-ND replacing it on the spare host while the
+other workers keep running, the newcomer receiving the model and optimizer state.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+
+from dtlaunch.errors import ConfigError
+from dtlaunch.hostfile import HostSpec
+from dtlaunch.supervisor.jobstate import JobState, ProcState, Timing
+from dtlaunch.supervisor.nodes import JoinSpec
+from dtlaunch.supervisor.placement import place
+from dtlaunch.supervisor.regroup import RegroupCoordinator
+from dtlaunch.wire.messages import Exited, Kill, RegroupReady, Spawn
+from tests.jobs import REPO, SCRIPTS, events, hostfile, run, summary
+
+torch = pytest.importorskip("torch")
+
+from dtlaunch.runtime.elastic import parse_join  # noqa: E402  (needs torch)
+
+TIMING = Timing(
+    heartbeat_interval=1.0, dead_after=3, orphan_timeout=60.0, kill_grace=2.0, agent_timeout=30.0
+)
+
+
+# ------------------------------------------------------------------ unit level
+
+
+def test_coordinator_regroups_only_when_every_worker_attached_and_one_at_a_time():
+    coord = RegroupCoordinator(world_size=3, timeout_s=10.0)
+    assert not coord.can_regroup(2)  # nobody attached yet
+    for rank in range(3):
+        assert coord.attached(rank) is None
+    assert coord.can_regroup(2)
+    coord.batch_sizes({0: 12, 1: 12, 2: 6})
+    msg = coord.begin(2, target_host="spare", reason="slow", now=1.0)
+    assert (msg.gen, msg.leaving_rank, msg.store_rank) == (1, 2, 0)
+    assert not coord.can_regroup(1)  # one in flight
+    assert coord.survivors() == [0, 1]
+    # Only the store host's answer for this generation counts, once.
+    assert coord.ready(1, RegroupReady(gen=1, step=5, store_port=4000)) is None
+    assert coord.ready(0, RegroupReady(gen=2, step=5, store_port=4000)) is None
+    pending = coord.ready(0, RegroupReady(gen=1, step=5, store_port=4000))
+    assert pending is not None and pending.join_env() == {"DTLAUNCH_JOIN": "1:0:6"}
+    assert coord.ready(0, RegroupReady(gen=1, step=5, store_port=4000)) is None
+    assert coord.expired(100.0) is None  # the store is up: the survivors' own timeout rules
+    coord.worker_gone(2)
+    assert coord.attached(2) is pending  # the newcomer joined and attached: done
+    assert coord.pending is None and coord.can_regroup(0)
+
+
+def test_coordinator_gives_up_when_the_store_never_comes():
+    coord = RegroupCoordinator(world_size=2, timeout_s=10.0)
+    coord.attached(0)
+    coord.attached(1)
+    coord.begin(0, target_host=None, reason="slow", now=0.0)
+    assert coord.expired(5.0) is None
+    expired = coord.expired(10.5)
+    assert expired is not None and expired.store_rank == 1 and expired.leaving_rank == 0
+    assert coord.pending is None
+
+
+def test_join_variable_is_parsed_strictly():
+    info = parse_join("3:0:16")
+    assert info is not None and (info.gen, info.source_rank, info.batch_size) == (3, 0, 16)
+    assert parse_join("") is None and parse_join(None) is None
+    for bad in ("3:0", "x:0:1", "0:0:1", "1:-1:4"):
+        with pytest.raises(ConfigError, match="DTLAUNCH_JOIN"):
+            parse_join(bad)
+
+
+def _state():
+    hosts = [
+        HostSpec(label="h0", hostname="127.0.0.1", slots=2),
+        HostSpec(label="spare", hostname="127.0.0.3", slots=1, spare=True),
+    ]
+
+    def build_spawn(slot, addr, port):
+        env = {"MASTER_ADDR": addr, "MASTER_PORT": str(port), "HOST": slot.host}
+        env.update(slot.join.env if slot.join else {})
+        return Spawn(
+            proc_id=slot.proc_id,
+            role=slot.role,
+            rank=slot.rank,
+            attempt=slot.attempt,
+            argv=["python"],
+            env=env,
+            cwd="/",
+        )
+
+    state = JobState(
+        place(hosts, workers=2, servers=0),
+        timing=TIMING,
+        max_restarts=3,
+        restart_scope="group",
+        build_spawn=build_spawn,
+        master_addr_of=lambda label, reported: label + "-addr",
+        spare_hosts=["spare"],
+    )
+    out = state.start(0.0)
+    for host in state.agents:
+        out += state.agent_hello(host, 0.1, free_ports=[5000], host_addr="", procs=[])
+    for spawn in [c.message for c in out if isinstance(getattr(c, "message", None), Spawn)]:
+        state.spawned("h0", spawn.proc_id, spawn.attempt, 100, 0.2)
+    return state
+
+
+def test_jobstate_moves_the_replaced_worker_to_the_spare_host_with_the_survivors_store():
+    state = _state()
+    assert set(state.agents) == {"h0", "spare"}  # the spare host has an agent from the start
+    join = JoinSpec(master_addr="h0-addr", master_port=4000, env={"DTLAUNCH_JOIN": "1:0:0"})
+    out = state.kill_restart("worker", 1, "slow", 1.0, target_host="spare", join=join)
+    assert [c.message.proc_id for c in out if isinstance(getattr(c, "message", None), Kill)] == [
+        "worker-1"
+    ]
+    exit_msg = Exited(
+        proc_id="worker-1",
+        attempt=0,
+        pid=100,
+        exit_code=None,
+        signal=signal.SIGTERM,
+        runtime_s=1.0,
+        stderr_tail=[],
+        requested=True,
+    )
+    out = state.exited("h0", exit_msg, 1.5)
+    spawns = [c for c in out if isinstance(getattr(c, "message", None), Spawn)]
+    assert len(spawns) == 1 and spawns[0].host == "spare"
+    env = spawns[0].message.env
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("h0-addr", "4000")
+    assert env["DTLAUNCH_JOIN"] == "1:0:0" and spawns[0].message.attempt == 1
+    # The survivor was never touched, and the join applies to that one attempt only.
+    assert state.procs["worker-0"].state is ProcState.RUNNING
+    assert state.procs["worker-1"].join is None and state.procs["worker-1"].host == "spare"
+    with pytest.raises(ValueError, match="not a host"):
+        state.kill_restart("worker", 0, "slow", 2.0, target_host="elsewhere")
+
+
+# ------------------------------------------------------------------- end to end
+
+
+@pytest.mark.integration
+def test_nd_replaces_a_host_bound_straggler_on_the_spare_host_without_restarting_the_others(
+    sshd, tmp_path
+):
+    a0, a1, a2 = sshd.addresses
+    hosts = hostfile(sshd, tmp_path / "hosts", [f"{a0} slots=2", f"{a1} slots=1", f"{a2} spare"])
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    run_dir = tmp_path / "run"
+    args = [
+        "run", "-H", str(hosts), "--workers", "3", "--run-dir", str(run_dir),
+        "--dataset-size", "2400", "--shard-size", "60", "--global-batch", "30",
+        "--policy", "nd:l_trans=2,l_per=4,restart_cost=1", "--control-interval", "0.5",
+        # Resource contention on one host: moving off it escapes the delay.
+        "--inject", f"persistent:role=worker,hosts={a1},delay=0.3",
+        "--output", "0",
+        str(SCRIPTS / "elastic_worker.py"), str(ledger), "0.05",
+    ]  # fmt: skip
+    result = run(args, env=sshd.env(), timeout=240.0, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    log = events(run_dir)
+    regroups = [e for e in log if e["kind"] == "regroup"]
+    assert [e["phase"] for e in regroups] == ["begin", "store", "done"], regroups
+    assert regroups[0]["rank"] == 2 and regroups[0]["target_host"] == a2
+    moved = [e for e in log if e["kind"] == "moved"]
+    assert [(e["old_host"], e["new_host"]) for e in moved] == [(a1, a2)]
+    # No group restart: ranks 0 and 1 ran in one process each from start to end.
+    assert {e["rank"] for e in log if e["kind"] == "restart"} == {2}
+    finals = {rank: json.loads((ledger / f"{rank}.json").read_text()) for rank in range(3)}
+    for rank in (0, 1):
+        assert len(list(ledger.glob(f"{rank}-*.txt"))) == 1
+        assert finals[rank]["first_step"] == 0
+    newcomer = finals[2]
+    assert newcomer["host"] == a2
+    assert newcomer["first_step"] == regroups[1]["step"] > 0
+    assert len({f["last_step"] for f in finals.values()}) == 1
+    # The newcomer got the model and optimizer state: every rank ends identical.
+    assert finals[0]["params"] == finals[1]["params"] == newcomer["params"]
+    # Nothing lost: every record trained at least once.
+    trained: set[int] = set()
+    for path in ledger.glob("*.txt"):
+        for line in path.read_text().splitlines():
+            trained.update(int(x) for x in line.split())
+    assert trained == set(range(2400))
+    data = summary(run_dir)
+    assert data["status"] == "succeeded" and data["actions"]["KILL_RESTART"] == 1
+    assert [(r["rank"], r["host"]) for r in data["restarts"]] == [(2, a1)]

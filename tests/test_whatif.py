@@ -1,0 +1,203 @@
+"""``dtlaunch replay --policy``: a policy re-run over recorded step reports.
+
+Synthetic events with a known straggler check the fake clock, the decision
+schedule, the remaining-work and worker-gone inputs exactly; a real run checks
+that the recorded policy re-decides what it decided, and another lambda does not.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dtlaunch.errors import ConfigError
+from dtlaunch.events import Event, read_events
+from dtlaunch.ui.timeline import to_plain
+from dtlaunch.ui.whatif import initial_remaining_steps, paired_rows, render_what_if, what_if
+from tests.jobs import SCRIPTS, run
+
+FAST_S, SLOW_S, SLOW_FROM = 0.1, 0.5, 10.0
+
+
+def _ev(kind: str, at: float, role: str = "", rank: int = -1, **data: Any) -> Event:
+    return Event(kind=kind, mono=at, wall=1000.0 + at, role=role, rank=rank, data=data)
+
+
+def _straggler_events(end: float = 16.0) -> list[Event]:
+    """3 workers, batch 10, BPT 0.1 s; worker 2 takes 0.5 s a step from t=10 s.
+    Each step is reported the moment it ends (one reports event per step)."""
+    evs = [_ev("job_start", 0.0)] + [_ev("running", 0.1, "worker", r) for r in range(3)]
+    for rank in range(3):
+        t, step = 0.2, 0
+        while True:
+            bpt = SLOW_S if rank == 2 and t >= SLOW_FROM - 1e-9 else FAST_S
+            t, step = round(t + bpt, 6), step + 1
+            if t > end:
+                break
+            evs.append(_ev("reports", t, "worker", rank, step=[step], batch_size=[10],
+                           compute_s=[bpt], comm_s=[0.0], samples=[10], injected_s=[0.0],
+                           t=[t]))  # fmt: skip
+    evs.sort(key=lambda e: e.wall)
+    evs.append(_ev("job_end", end + 0.1, status="succeeded"))
+    return evs
+
+
+def _run(evs: list[Event], policy: str, **kw: Any):
+    return what_if(evs, policy, control_interval=1.0, tick_s=0.5, **kw)
+
+
+def test_adjust_bs_comes_at_the_first_decision_that_sees_the_straggler() -> None:
+    result = _run(_straggler_events(), "nd:l_trans=2,l_per=10")
+    assert result.would, "a 5x slower worker must be acted on"
+    first = result.would[0]
+    # Decisions fall on ticks 0.5, 1.5, ... ; the short window [T-2, T] first has
+    # worker 2's mean BPT >= 1.5 x the mean at T = 11.5 s (3 slow steps of 8).
+    assert first.action == "ADJUST_BS"
+    assert first.at_s == pytest.approx(11.5)
+    sizes = {int(k): v for k, v in first.fields["sizes"].items()}
+    assert sum(sizes.values()) == 30 and sizes[2] < 10 < min(sizes[0], sizes[1])
+    assert "transient straggler worker 2" in first.reason
+    assert result.decisions == 16  # one per control interval from 0.5 s to 15.5 s
+    assert result.actual == []
+
+
+def test_a_larger_lambda_sees_no_straggler() -> None:
+    result = _run(_straggler_events(), "nd:l_trans=2,l_per=10,lambda=4")
+    assert result.would == []
+
+
+def test_kill_restart_needs_the_remaining_work_and_a_worker_still_there() -> None:
+    evs = _straggler_events()
+    policy = "nd:l_trans=2,l_per=6,restart_cost=1"
+    # Remaining work unknown (no data set, no shards_done): the policy never kills.
+    assert not [a for a in _run(evs, policy).would if a.action == "KILL_RESTART"]
+    # Known: worker 2's 6 s window reaches 1.5 x the mean after 8 slow steps.
+    kills = [a for a in _run(evs, policy, initial_remaining=1000).would
+             if a.action == "KILL_RESTART"]  # fmt: skip
+    assert len(kills) == 1 and kills[0].target == "worker 2"
+    assert kills[0].at_s == pytest.approx(14.5)
+    # The DDS reported almost nothing left at 12 s: the restart would not pay.
+    late = [*evs, _ev("shards_done", 12.0, "worker", 0, count=1, remaining_steps=1)]
+    late.sort(key=lambda e: e.wall)
+    assert not [a for a in _run(late, policy, initial_remaining=1000).would
+                if a.action == "KILL_RESTART"]  # fmt: skip
+    # Worker 2 ended at 13 s: its windows start over, too short to judge it by 14.5 s.
+    gone = [*evs, _ev("exit", 13.0, "worker", 2, verdict="succeeded")]
+    gone.sort(key=lambda e: e.wall)
+    assert not [a for a in _run(gone, policy, initial_remaining=1000).would
+                if a.action == "KILL_RESTART" and a.at_s < 15.0]  # fmt: skip
+
+
+def test_recorded_and_what_if_actions_share_a_row_when_they_agree() -> None:
+    evs = _straggler_events()
+    sizes = {"0": 14, "1": 14, "2": 2}
+    evs.append(_ev("decision", 11.6, policy="nd", action="ADJUST_BS", reason="recorded",
+                   sizes=sizes, apply_at_step=120, inputs={"x": 1}))  # fmt: skip
+    evs.append(_ev("decision", 14.6, "worker", 1, policy="nd", action="KILL_RESTART",
+                   reason="recorded kill", target_host=None, inputs={}))  # fmt: skip
+    evs.sort(key=lambda e: e.wall)
+    result = _run(evs, "nd:l_trans=2,l_per=10")
+    rows = paired_rows(result)
+    assert rows[0][1] is not None and rows[0][2] is not None  # same kind, 0.1 s apart
+    assert rows[0][1].reason == "recorded" and rows[0][2].action == "ADJUST_BS"
+    kill = next(r for r in rows if r[1] is not None and r[1].action == "KILL_RESTART")
+    assert kill[2] is None and kill[1].target == "worker 1"
+    assert "inputs" not in kill[1].fields
+    text = " ".join(to_plain(render_what_if(result), width=160).split())
+    assert "ADJUST_BS sizes 0:14 1:14 2:2 @step 120" in text
+    assert "taken: ADJUST_BS x1, KILL_RESTART x1" in text
+    data = json.loads(json.dumps(result.to_json()))
+    assert data["counts"]["actual"] == {"ADJUST_BS": 1, "KILL_RESTART": 1}
+    assert data["would"][0]["at_s"] == pytest.approx(11.5)
+
+
+def test_bad_policy_and_interval_are_refused() -> None:
+    with pytest.raises(ConfigError, match="unknown parameter lamda"):
+        _run(_straggler_events(end=2.0), "nd:lamda=2")
+    with pytest.raises(ValueError, match="must be > 0"):
+        what_if([], "nd", control_interval=0.0, tick_s=0.5)
+
+
+def test_initial_remaining_steps_counts_whole_shards() -> None:
+    spec = {"dataset_size": 1050, "shard_size": 100, "epochs": 2, "global_batch": 30}
+    assert initial_remaining_steps(spec) == 11 * 2 * 100 // 30
+    assert initial_remaining_steps({"dataset_size": 100}) is None
+
+
+# ------------------------------------------------------------------ real run
+
+RECORDED = "nd:l_trans=2,l_per=30"
+
+
+@pytest.fixture(scope="module")
+def recorded_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Worker 2 is 0.07 s slower a step than 0.03 s: 1.6-1.9 x the mean BPT, so a
+    straggler for lambda 1.5 and not for lambda 2 (about 5 s)."""
+    base = tmp_path_factory.mktemp("whatif")
+    (base / "ledger").mkdir()
+    args = [
+        "run", "--workers", "3", "--restart-scope", "process", "--run-dir", str(base / "run"),
+        "--policy", RECORDED, "--control-interval", "0.5",
+        "--inject", "persistent:role=worker,ranks=2,delay=0.07",
+        "--dataset-size", "3000", "--shard-size", "100", "--global-batch", "30",
+        str(SCRIPTS / "dds_worker.py"), str(base / "ledger"), "0.03",
+    ]  # fmt: skip
+    result = run(args, env={}, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return base / "run"
+
+
+def _cli_what_if(run_dir: Path, policy: str) -> dict[str, Any]:
+    result = run(["replay", str(run_dir), "--policy", policy, "--json"], env={}, timeout=60)
+    assert result.returncode == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+@pytest.mark.integration
+def test_the_recorded_policy_re_decides_what_it_decided(recorded_run: Path) -> None:
+    data = _cli_what_if(recorded_run, RECORDED)
+    assert data["recorded_policy"] == RECORDED and data["control_interval_s"] == 0.5
+    actual, would = data["actual"], data["would"]
+    assert actual and actual[0]["action"] == "ADJUST_BS"
+    assert would and would[0]["action"] == "ADJUST_BS"
+    assert abs(would[0]["at_s"] - actual[0]["at_s"]) <= 0.5
+    assert would[0]["fields"]["sizes"] == actual[0]["fields"]["sizes"]
+    assert data["counts"]["would"].get("ADJUST_BS", 0) >= 1
+
+
+@pytest.mark.integration
+def test_a_larger_lambda_gives_a_different_plausible_set(recorded_run: Path) -> None:
+    same = _cli_what_if(recorded_run, RECORDED)
+    would = _cli_what_if(recorded_run, RECORDED + ",lambda=2.0")["would"]
+    first = same["actual"][0]["at_s"]
+    # Worker 2 is below 2 x the mean while the sizes are equal: no action at the
+    # recorded first decision; later ones only come once the recorded run's
+    # ADJUST_BS made the sizes unequal (what-if does not simulate actions).
+    assert all(a["at_s"] > first + 0.25 for a in would)
+    assert [(a["action"], a["at_s"]) for a in would] != [
+        (a["action"], a["at_s"]) for a in same["would"]
+    ]
+    # The table names both policies and tallies each side.
+    result = run(["replay", str(recorded_run), "--policy", RECORDED + ",lambda=2.0"], env={})
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert f"what-if: {RECORDED},lambda=2.0" in text and "taken: ADJUST_BS x" in text
+
+
+@pytest.mark.integration
+def test_bad_policy_on_the_command_line_exits_2(recorded_run: Path) -> None:
+    result = run(["replay", str(recorded_run), "--policy", "fastest"], env={}, timeout=60)
+    assert result.returncode == 2
+    assert "unknown policy 'fastest'" in " ".join(result.stderr.split())
+
+
+@pytest.mark.integration
+def test_events_of_the_real_run_feed_the_what_if_in_process(recorded_run: Path) -> None:
+    evs = list(read_events(recorded_run / "events.jsonl"))
+    result = what_if(evs, "lb-bsp:l_trans=2", control_interval=0.5, tick_s=0.5)
+    assert result.skipped_reports == 0 and result.decisions >= 4
+    assert result.would and result.would[0].action == "ADJUST_BS"
