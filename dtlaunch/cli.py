@@ -15,7 +15,13 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from dtlaunch import __version__
-from dtlaunch.config import JobSpec, OutputSpec, new_run_id, parse_env_pairs
+from dtlaunch.config import (
+    DEFAULT_PS_BLOCK_BYTES,
+    JobSpec,
+    OutputSpec,
+    new_run_id,
+    parse_env_pairs,
+)
 from dtlaunch.errors import DtlaunchError
 from dtlaunch.hostfile import load_hosts
 
@@ -89,6 +95,36 @@ def run(
         str | None,
         typer.Option(envvar="DTLAUNCH_MODE", help="ps | allreduce (default: ps when servers > 0)."),
     ] = None,
+    ps_server: Annotated[
+        str,
+        typer.Option(
+            envvar="DTLAUNCH_PS_SERVER",
+            help="builtin: servers run python -m dtlaunch.ps | script: they run SCRIPT "
+            "(ps-lite / TensorFlow style, DMLC_ROLE=server).",
+        ),
+    ] = "builtin",
+    ps_consistency: Annotated[
+        str,
+        typer.Option(
+            envvar="DTLAUNCH_PS_CONSISTENCY",
+            help="Built-in servers: bsp (a step applies all workers' gradients) | asp.",
+        ),
+    ] = "bsp",
+    ps_block_bytes: Annotated[
+        int,
+        typer.Option(
+            envvar="DTLAUNCH_PS_BLOCK_BYTES",
+            help="Built-in servers: tensors larger than this are split into blocks.",
+        ),
+    ] = DEFAULT_PS_BLOCK_BYTES,
+    ps_snapshot_interval: Annotated[
+        float,
+        typer.Option(
+            envvar="DTLAUNCH_PS_SNAPSHOT_INTERVAL",
+            help="Built-in servers: seconds between snapshots of blocks and optimizer "
+            "state (0: only when stopped).",
+        ),
+    ] = 30.0,
     policy: Annotated[
         str,
         typer.Option(
@@ -252,6 +288,10 @@ def run(
             seed=seed,
             control_interval=control_interval,
             inject=tuple(inject or ()),
+            ps_server=ps_server,
+            ps_consistency=ps_consistency,
+            ps_block_bytes=ps_block_bytes,
+            ps_snapshot_interval=ps_snapshot_interval,
             created=time.time(),
         ).validate()
     except DtlaunchError as err:

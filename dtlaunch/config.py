@@ -20,6 +20,9 @@ from dtlaunch.hostfile import HostSpec
 from dtlaunch.sharding import DatasetSpec
 
 MODES = ("allreduce", "ps")
+PS_SERVERS = ("builtin", "script")  # python -m dtlaunch.ps, or the user's own (ps-lite, TF)
+PS_CONSISTENCY = ("bsp", "asp")
+DEFAULT_PS_BLOCK_BYTES = 4 << 20
 RESTART_SCOPES = ("group", "process")
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -100,6 +103,12 @@ class JobSpec:
     epochs: int = 1
     global_batch: int = 0
     seed: int = 0
+    # PS mode: who serves, how updates apply, how parameters are cut, how often
+    # a server writes its blocks and optimizer state to disk.
+    ps_server: str = "builtin"
+    ps_consistency: str = "bsp"
+    ps_block_bytes: int = DEFAULT_PS_BLOCK_BYTES
+    ps_snapshot_interval: float = 30.0
 
     @property
     def embedded(self) -> bool:
@@ -137,6 +146,21 @@ class JobSpec:
             raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.mode == "ps" and self.servers == 0:
             raise ConfigError("--mode ps needs parameter servers; add --servers M (M >= 1)")
+        if self.ps_server not in PS_SERVERS:
+            raise ConfigError(
+                f"--ps-server must be one of {', '.join(PS_SERVERS)}, got {self.ps_server!r}"
+            )
+        if self.ps_consistency not in PS_CONSISTENCY:
+            raise ConfigError(
+                f"--ps-consistency must be one of {', '.join(PS_CONSISTENCY)}, "
+                f"got {self.ps_consistency!r}"
+            )
+        if self.ps_block_bytes < 1:
+            raise ConfigError(f"--ps-block-bytes must be positive, got {self.ps_block_bytes}")
+        if self.ps_snapshot_interval < 0:
+            raise ConfigError(
+                f"--ps-snapshot-interval must be 0 (off) or more, got {self.ps_snapshot_interval}"
+            )
         if self.restart_scope not in RESTART_SCOPES:
             raise ConfigError(
                 f"--restart-scope must be one of {', '.join(RESTART_SCOPES)}, "

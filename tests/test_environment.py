@@ -79,3 +79,32 @@ def test_module_mode():
         spec=spec, python="py", workdir="/", hosts_with_workers=1, endpoints={}, state_dirs={}
     )
     assert build_spawn(ctx2, _slot(local_world=1), "a", 1).argv == ["py", "-u", "-m", "pkg.train"]
+
+
+def test_builtin_ps_servers_run_dtlaunch_ps_and_workers_get_their_endpoints():
+    ctx = _ctx(workers=2, servers=2, mode="ps", ps_snapshot_interval=5.0)
+    server = _slot(role="server", rank=1, attempt=0)
+    server.ps_port = 41000
+    spawn = build_spawn(ctx, server, "10.0.0.9", 29500)
+    assert spawn.argv == ["/usr/bin/python3", "-u", "-m", "dtlaunch.ps"]
+    env = spawn.env
+    assert env["DTLAUNCH_PS_BIND"] == "tcp://*:41000"
+    assert env["DTLAUNCH_PS_MODE"] == "bsp" and env["DTLAUNCH_PS_WORKERS"] == "0,1"
+    assert env["DTLAUNCH_PS_SNAPSHOT"].endswith("/r1/h1/ps/server-1.snapshot")
+    assert env["DTLAUNCH_PS_SNAPSHOT_INTERVAL"] == "5.0"
+    assert "DTLAUNCH_PS_RESTORE" not in env  # a first start has nothing to restore
+    server.attempt = 1
+    restarted = build_spawn(ctx, server, "10.0.0.9", 29500).env
+    assert restarted["DTLAUNCH_PS_RESTORE"] == env["DTLAUNCH_PS_SNAPSHOT"]
+    worker = _slot(role="worker", rank=0)
+    worker.ps_servers = ("tcp://10.0.0.1:41000", "tcp://10.0.0.2:41001")
+    wenv = build_spawn(ctx, worker, "10.0.0.9", 29500).env
+    assert wenv["DTLAUNCH_PS_SERVERS"] == "tcp://10.0.0.1:41000,tcp://10.0.0.2:41001"
+    assert wenv["DTLAUNCH_PS_BLOCK_BYTES"] == str(4 << 20)
+
+
+def test_script_servers_keep_the_users_program():
+    ctx = _ctx(workers=2, servers=1, mode="ps", ps_server="script")
+    spawn = build_spawn(ctx, _slot(role="server", rank=0), "10.0.0.9", 29500)
+    assert spawn.argv[-3:] == ["train.py", "--lr", "1"]
+    assert not any(k.startswith("DTLAUNCH_PS_") for k in spawn.env)

@@ -257,6 +257,8 @@ def test_ps_mode_places_servers_by_quota_and_sets_ps_lite_env(sshd, tmp_path):
             "2",
             "--servers",
             "1",
+            "--ps-server",
+            "script",  # ps-lite style: the servers run the script too
             "--kill-grace",
             "2",
             "--run-dir",

@@ -51,6 +51,7 @@ from dtlaunch.ps.config import (
 from dtlaunch.ps.frames import as_buffer, block_spec, optimizer_to_wire, tensor_from_frame
 from dtlaunch.ps.optim import OptimizerConfig
 from dtlaunch.ps.transport import ServerLink, new_context
+from dtlaunch.runtime.context import current_job
 from dtlaunch.wire.keys import PeerKeys, load_peer_keys
 from dtlaunch.wire.messages import (
     Message,
@@ -193,11 +194,13 @@ class Client:
         """Send ``p.grad`` of every parameter (zeros where None) to its servers.
 
         ``samples`` is the number of records behind the gradients (the server
-        weights each worker's mean gradient by it); default: the job's local
-        batch size, or 1 without a job.
+        weights each worker's mean gradient by it); default: the records the
+        job (``dtlaunch.init()``'s, unless one was given) handed out since its
+        last ``step()``, or 1 without a job.
         """
+        job = self._job if self._job is not None else current_job()
         if samples is None:
-            samples = int(self._job.local_batch_size) if self._job is not None else 1
+            samples = int(job.samples_in_step) if job is not None else 1
         if type(samples) is not int or samples < 0:
             raise ConfigError(f"push(samples=...) must be an int >= 0, got {samples!r}")
         requests: dict[int, tuple[Message, list[Any]]] = {}
@@ -394,8 +397,9 @@ class Client:
                     )
 
     def _record_comm(self, seconds: float) -> None:
-        if self._job is not None:
-            self._job.record_comm(seconds)
+        job = self._job if self._job is not None else current_job()
+        if job is not None:
+            job.record_comm(seconds)
 
 
 def _param_specs(model: torch.nn.Module) -> list[ParamSpec]:

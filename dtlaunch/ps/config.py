@@ -5,7 +5,8 @@ The names are the contract with the supervisor and agent (which set them):
 * every process: ``DTLAUNCH_KEYS`` (peer key folder), ``DTLAUNCH_RANK``.
 * servers: ``DTLAUNCH_PS_BIND``, ``DTLAUNCH_PS_MODE``, ``DTLAUNCH_PS_BACKUP``,
   ``DTLAUNCH_PS_WORKERS`` (or ``DMLC_NUM_WORKER``), ``DTLAUNCH_PS_SNAPSHOT``,
-  ``DTLAUNCH_PS_SNAPSHOT_INTERVAL``, ``DTLAUNCH_PS_RESTORE``,
+  ``DTLAUNCH_PS_SNAPSHOT_INTERVAL``, ``DTLAUNCH_PS_RESTORE`` (``DTLAUNCH_PS_RESTORE_OPTIONAL=1``:
+  a missing file means start unseeded),
   ``DTLAUNCH_PS_ENDPOINT_FILE``.
 * workers: ``DTLAUNCH_PS_SERVERS`` (comma-separated endpoints, server rank
   order), ``DTLAUNCH_PS_BLOCK_BYTES``, ``DTLAUNCH_PS_TIMEOUT``.
@@ -98,6 +99,7 @@ def server_config(
         snapshot_path=Path(snapshot) if snapshot else None,
         snapshot_interval_s=_seconds("--snapshot-interval", interval) if interval else 0.0,
         restore=Path(restore) if restore else None,
+        restore_optional=env.get("DTLAUNCH_PS_RESTORE_OPTIONAL") == "1",
         endpoint_file=Path(endpoint_file) if endpoint_file else None,
     )
     return config, Path(keys)

@@ -79,6 +79,7 @@ class ServerConfig:
     snapshot_path: Path | None = None
     snapshot_interval_s: float = 0.0  # 0: only on PsSnapshotNow and shutdown
     restore: Path | None = None
+    restore_optional: bool = False  # a missing restore file means "start unseeded"
     endpoint_file: Path | None = None  # the bound endpoint is written here
 
 
@@ -88,7 +89,11 @@ class PsServer:
     def __init__(self, config: ServerConfig, keys: PeerKeys) -> None:
         self.config = config
         self.store = ParamStore(mode=config.mode, workers=config.workers, backup=config.backup)
-        if config.restore is not None:
+        if config.restore is not None and not config.restore.exists() and config.restore_optional:
+            # A restarted server that died before its first snapshot: nothing to
+            # restore, the first worker to reach it seeds it again.
+            logger.warning("no snapshot at %s yet; starting unseeded", config.restore)
+        elif config.restore is not None:
             snap = read_snapshot(config.restore)
             self.store.adopt(snap.optimizer, snap.version, snap.blocks)
             logger.info("restored %d blocks at version %d", len(snap.blocks), snap.version)

@@ -37,7 +37,7 @@ from dtlaunch.wire.messages import AdjustBatch, AdjustLR, Attached, Regroup
 if TYPE_CHECKING:  # torch is optional: only attach() and bsp_batches() need it
     from dtlaunch.runtime.elastic import ElasticGroup
 
-__all__ = ["Job", "init"]
+__all__ = ["Job", "current_job", "init"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,16 @@ DEFAULT_INIT_TIMEOUT_S = 300.0
 DEFAULT_CLOSE_TIMEOUT_S = 10.0
 
 _DATASET_ARGS = ("dataset_size", "shard_size", "epochs", "global_batch", "seed")
+
+
+# The process's open Job (a training process has one, like torch.distributed's
+# default group), so helpers such as dtlaunch.ps.Client find it without plumbing.
+_current: Job | None = None
+
+
+def current_job() -> Job | None:
+    """The Job returned by the last ``dtlaunch.init()`` in this process, until closed."""
+    return _current
 
 
 def init(
@@ -167,6 +177,8 @@ class Job:
         self._closed = False
         self._pid = os.getpid()
         atexit.register(self.close)
+        global _current
+        _current = self
 
     @property
     def rank(self) -> int:
@@ -296,6 +308,11 @@ class Job:
         taken = self._timer.samples_in_step if samples is None else samples
         self.record_comm(allreduce_gradients(model, taken))
 
+    @property
+    def samples_in_step(self) -> int:
+        """Records this worker took since its last ``step()`` (its share of the step)."""
+        return self._timer.samples_in_step
+
     def record_comm(self, seconds: float) -> None:
         """Time this step spent communicating (allreduce, push/pull), for the Monitor."""
         self._timer.record_comm(seconds)
@@ -358,6 +375,9 @@ class Job:
             return
         self._closed = True
         atexit.unregister(self.close)
+        global _current
+        if _current is self:
+            _current = None
         self._source.close(timeout)
 
     def __enter__(self) -> Self:

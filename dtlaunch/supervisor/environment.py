@@ -28,7 +28,9 @@ class LaunchContext:
     state_dirs: dict[str, str]  # the agent's folder on that host
 
 
-def process_argv(spec: JobSpec, python: str) -> list[str]:
+def process_argv(spec: JobSpec, python: str, role: str = "worker") -> list[str]:
+    if role == "server" and builtin_ps(spec):
+        return [python, "-u", "-m", "dtlaunch.ps"]
     if spec.module:
         return [python, "-u", "-m", spec.script, *spec.script_args]
     return [python, "-u", spec.script, *spec.script_args]
@@ -92,11 +94,43 @@ def process_env(
             }
         )
         env["DMLC_WORKER_ID" if a.role == "worker" else "DMLC_SERVER_ID"] = str(a.rank)
+    if builtin_ps(spec):
+        env.update(ps_env(ctx, slot))
     # The user's --env wins over ours except where ours is the job's identity.
     for key, value in spec.env.items():
         env.setdefault(key, value)
         if key == "OMP_NUM_THREADS":
             env[key] = value
+    return env
+
+
+def builtin_ps(spec: JobSpec) -> bool:
+    """Whether the servers are dtlaunch's own (``python -m dtlaunch.ps``)."""
+    return spec.mode == "ps" and spec.servers > 0 and spec.ps_server == "builtin"
+
+
+def ps_env(ctx: LaunchContext, slot: ProcSlot) -> dict[str, str]:
+    """What the built-in PS server and its clients read (``dtlaunch.ps.config``)."""
+    spec = ctx.spec
+    if slot.role == "worker":
+        return {
+            "DTLAUNCH_PS_SERVERS": ",".join(slot.ps_servers),
+            "DTLAUNCH_PS_BLOCK_BYTES": str(spec.ps_block_bytes),
+        }
+    # Every attempt of a server snapshots to and restores from the same file on
+    # its host, so a restarted server continues from its last snapshot.
+    snapshot = f"{ctx.state_dirs.get(slot.host, '/tmp')}/ps/server-{slot.rank}.snapshot"
+    env = {
+        "DTLAUNCH_PS_BIND": f"tcp://*:{slot.ps_port}",
+        "DTLAUNCH_PS_MODE": spec.ps_consistency,
+        "DTLAUNCH_PS_WORKERS": ",".join(str(r) for r in range(spec.workers)),
+        "DTLAUNCH_PS_SNAPSHOT": snapshot,
+    }
+    if spec.ps_snapshot_interval > 0:
+        env["DTLAUNCH_PS_SNAPSHOT_INTERVAL"] = str(spec.ps_snapshot_interval)
+    if slot.attempt > 0:
+        env["DTLAUNCH_PS_RESTORE"] = snapshot
+        env["DTLAUNCH_PS_RESTORE_OPTIONAL"] = "1"
     return env
 
 
@@ -106,7 +140,7 @@ def build_spawn(ctx: LaunchContext, slot: ProcSlot, master_addr: str, master_por
         role=slot.role,
         rank=slot.rank,
         attempt=slot.attempt,
-        argv=process_argv(ctx.spec, ctx.python),
+        argv=process_argv(ctx.spec, ctx.python, slot.role),
         env=process_env(ctx, slot, master_addr, master_port),
         cwd=ctx.workdir,
     )

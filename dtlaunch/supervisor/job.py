@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
@@ -16,15 +17,15 @@ from typing import Any, TextIO, TypeVar
 import zmq.asyncio
 
 from dtlaunch.config import JobSpec
-from dtlaunch.errors import RunDirError
+from dtlaunch.errors import ConfigError, RunDirError
 from dtlaunch.events import EventRecorder, JsonlEventLog
 from dtlaunch.hostfile import HostSpec
 from dtlaunch.sshconn import SshOptions
 from dtlaunch.supervisor.controller import Controller
 from dtlaunch.supervisor.ddsservice import DdsService
-from dtlaunch.supervisor.environment import LaunchContext, build_spawn
+from dtlaunch.supervisor.environment import LaunchContext, build_spawn, builtin_ps
 from dtlaunch.supervisor.history import History, load_history
-from dtlaunch.supervisor.jobstate import JobState, ProcSlot, Timing
+from dtlaunch.supervisor.jobstate import SERVERS_PER_HOST_MAX, JobState, ProcSlot, Timing
 from dtlaunch.supervisor.launcher import HostInfo, Launcher, LocalLauncher, SshLauncher
 from dtlaunch.supervisor.output import OutputRouter
 from dtlaunch.supervisor.placement import place
@@ -88,6 +89,8 @@ async def run_job(
     console = console or sys.stdout
     hosts = list(spec.hosts) or embedded_hosts(spec)
     assignments = place(hosts, workers=spec.workers, servers=spec.servers)
+    if builtin_ps(spec):
+        _check_server_ports(assignments)
     history: History | None = None
     if resume:
         run = RunDir.open(spec.run_dir)
@@ -172,6 +175,18 @@ async def run_job(
     return JobResult(
         status=summary["status"], exit_code=exit_code, summary=summary, run_dir=run.path
     )
+
+
+def _check_server_ports(assignments: list[Any]) -> None:
+    """Built-in servers bind ports their agent found free; it finds a fixed number."""
+    per_host = Counter(a.host for a in assignments if a.role == "server")
+    room = SERVERS_PER_HOST_MAX
+    crowded = sorted(host for host, count in per_host.items() if count > room)
+    if crowded:
+        raise ConfigError(
+            f"more than {room} parameter servers on {', '.join(crowded)}; spread them over "
+            "more hosts (servers=N on hostfile lines) or use fewer --servers"
+        )
 
 
 def _controller(spec: JobSpec, hosts: list[HostSpec]) -> Controller | None:
@@ -287,6 +302,7 @@ def _build_supervisor(
         max_restarts=spec.max_restarts,
         restart_scope=spec.restart_scope,
         build_spawn=spawn_for,
+        builtin_ps=builtin_ps(spec),
         master_addr_of=master_addr_of,
         spare_hosts=[h.label for h in hosts if h.spare],
     )

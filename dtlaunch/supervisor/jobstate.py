@@ -41,6 +41,11 @@ from dtlaunch.supervisor.nodes import (
 from dtlaunch.supervisor.placement import Assignment
 from dtlaunch.wire.messages import Exited, Kill, ProcReport, Shutdown, Spawn
 
+# The first agent free ports alternate as MASTER_PORT; built-in PS servers take the
+# rest (the agent finds FREE_PORTS = MASTER_PORT_SLOTS + SERVERS_PER_HOST_MAX).
+MASTER_PORT_SLOTS = 2
+SERVERS_PER_HOST_MAX = 6
+
 __all__ = [
     "AgentState",
     "Command",
@@ -73,6 +78,7 @@ class JobState:
         max_restarts: int,
         restart_scope: str,
         build_spawn: SpawnBuilder,
+        builtin_ps: bool = False,
         master_addr_of: Callable[[str, str], str],
         spare_hosts: Sequence[str] = (),
     ) -> None:
@@ -80,6 +86,7 @@ class JobState:
         self.max_restarts = max_restarts
         self.restart_scope = restart_scope
         self._build_spawn = build_spawn
+        self.builtin_ps = builtin_ps  # servers are python -m dtlaunch.ps on agent-chosen ports
         self._master_addr_of = master_addr_of  # (host label, agent host_addr) -> address
         self.procs: dict[str, ProcSlot] = {}
         for a in assignments:
@@ -625,6 +632,8 @@ class JobState:
                 master_addr, master_port = self._master_endpoint(master, slot)
             if slot.role == "worker" and master_port == 0:
                 continue
+            if self.builtin_ps and not self._place_ps(slot):
+                continue  # a port or a server endpoint is not known yet
             if slot.bump_before_spawn:
                 slot.bump_before_spawn = False
                 out.append(self._restart(slot, "lost while the supervisor was down", now))
@@ -635,6 +644,35 @@ class JobState:
             out.append(self._proc_event("spawn", slot, attempt=slot.attempt, argv=spawn.argv))
         return out
 
+    def _place_ps(self, slot: ProcSlot) -> bool:
+        """Built-in PS: a server's port, a worker's server endpoints; False until known."""
+        if slot.role == "server":
+            slot.ps_port = self._server_port(slot)
+            return slot.ps_port != 0
+        endpoints = []
+        for server in sorted(self._servers(), key=lambda s: s.rank):
+            agent = self.agents[server.host]
+            port = self._server_port(server)
+            if port == 0:
+                return False
+            endpoints.append(f"tcp://{self._master_addr_of(server.host, agent.host_addr)}:{port}")
+        slot.ps_servers = tuple(endpoints)
+        return True
+
+    def _servers(self) -> list[ProcSlot]:
+        return [s for s in self.procs.values() if s.role == "server"]
+
+    def _server_port(self, server: ProcSlot) -> int:
+        """A server's port on its host: the agent's free ports after the ones kept
+        for MASTER_PORT, one per server on that host, the same for every attempt
+        (so the workers' endpoints stay valid across its restarts); 0 if unknown."""
+        agent = self.agents[server.host]
+        if agent.state is not AgentState.UP:
+            return 0
+        local = sorted(s.rank for s in self._servers() if s.host == server.host)
+        index = MASTER_PORT_SLOTS + local.index(server.rank)
+        return agent.free_ports[index] if index < len(agent.free_ports) else 0
+
     def _master_endpoint(self, master: ProcSlot | None, slot: ProcSlot) -> tuple[str, int]:
         if master is None:
             return "", 0
@@ -643,7 +681,7 @@ class JobState:
             return "", 0
         addr = self._master_addr_of(master.host, agent.host_addr)
         # A fresh port per attempt: the previous store may still be closing.
-        port = agent.free_ports[master.attempt % len(agent.free_ports)]
+        port = agent.free_ports[master.attempt % min(MASTER_PORT_SLOTS, len(agent.free_ports))]
         return addr, port
 
     def _record_failure(

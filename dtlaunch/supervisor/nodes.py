@@ -111,6 +111,10 @@ class ProcSlot:
     # in an elastic allreduce group, how that attempt joins the survivors.
     next_host: str = ""
     join: JoinSpec | None = None
+    # Built-in PS: the port a server binds (set before each spawn), and for a
+    # worker the servers' endpoints in rank order.
+    ps_port: int = 0
+    ps_servers: tuple[str, ...] = ()
 
     @property
     def proc_id(self) -> str:
