@@ -194,3 +194,21 @@ def test_nd_replaces_a_host_bound_straggler_on_the_spare_host_without_restarting
     data = summary(run_dir)
     assert data["status"] == "succeeded" and data["actions"]["KILL_RESTART"] == 1
     assert [(r["rank"], r["host"]) for r in data["restarts"]] == [(2, a1)]
+
+
+def test_a_busy_spare_host_is_not_a_restart_target():
+    state = _state()
+    assert state.free_spare(None) is None  # the policy asked for the same host
+    assert state.free_spare("spare") == "spare"
+    join = JoinSpec(master_addr="h0-addr", master_port=4000, env={})
+    state.kill_restart("worker", 1, "slow", 1.0, target_host="spare", join=join)
+    state.exited(
+        "h0",
+        Exited(
+            proc_id="worker-1", attempt=0, pid=100, exit_code=None,
+            signal=signal.SIGTERM, runtime_s=1.0, stderr_tail=[], requested=True,
+        ),
+        1.5,
+    )  # fmt: skip
+    assert state.procs["worker-1"].host == "spare"
+    assert state.free_spare("spare") is None  # worker 1 runs there now

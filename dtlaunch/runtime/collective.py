@@ -18,24 +18,32 @@ import torch.distributed as dist
 
 def allreduce_gradients(
     model: torch.nn.Module, samples: int, *, group: dist.ProcessGroup | None = None
-) -> float:
+) -> tuple[float, float]:
     """Replace every ``p.grad`` with the global-batch mean gradient; returns the
-    seconds spent communicating.
+    seconds spent moving gradients (AntDT's T_m) and the seconds spent waiting
+    for the other workers.
 
     Each worker's ``p.grad`` must be the mean over its own ``samples`` (the usual
     ``reduction="mean"`` loss). A parameter without a gradient on this worker
     counts as zeros, so every worker reduces the same tensors in the same order.
+
+    The first collective (the samples count) is also where a fast worker waits
+    for the slowest one; that wait is not this worker's communication cost, and
+    counting it would make every worker of a synchronous step look equally slow
+    to the Monitor. So the two are timed apart.
     """
-    start = time.monotonic()
+    arrived = time.monotonic()
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
-        return 0.0
+        return 0.0, 0.0
     total = torch.tensor([float(samples)], dtype=torch.float64)
     dist.all_reduce(total, group=group)
+    start = time.monotonic()
+    waited = start - arrived
     weight = samples / total.item() if total.item() > 0 else 0.0
     flat = torch.cat([g.reshape(-1) for g in grads]) * weight
     dist.all_reduce(flat, group=group)
@@ -44,7 +52,7 @@ def allreduce_gradients(
         count = g.numel()
         g.copy_(flat[offset : offset + count].view_as(g))
         offset += count
-    return time.monotonic() - start
+    return time.monotonic() - start, waited
 
 
 def any_worker(flag: bool, *, group: dist.ProcessGroup | None = None) -> bool:

@@ -306,7 +306,9 @@ class Job:
         from dtlaunch.runtime.collective import allreduce_gradients  # torch is optional
 
         taken = self._timer.samples_in_step if samples is None else samples
-        self.record_comm(allreduce_gradients(model, taken))
+        comm_s, wait_s = allreduce_gradients(model, taken)
+        self.record_comm(comm_s)
+        self._timer.record_wait(wait_s)
 
     @property
     def samples_in_step(self) -> int:

@@ -6,8 +6,12 @@ time is what the script reports with ``job.record_comm(seconds)`` (the
 weighted-allreduce helpers do it for you); the rest is compute. Reports are
 sent every few steps, not every step.
 
-Injected stragglers (``dtlaunch run --inject``, AntDT §VII-A-4) sleep inside
-``step()``, so they count as compute time exactly like a slow node would.
+Injected stragglers (``dtlaunch run --inject``, AntDT §VII-A-4) sleep when a
+step's first batch is taken, i.e. at the start of its compute: they count as
+compute time exactly like a slow node would, and, as in the papers' method, they
+run alongside the other workers' compute instead of after the step's collective
+(a sleep after the allreduce would add to every worker's step). A ``slowdown``
+factor scales the previous step's compute time, the last one known by then.
 """
 
 from __future__ import annotations
@@ -51,12 +55,33 @@ class StepTimer:
         self._samples = 0
         self._pending: list[TimedReport] = []
         self._last_sent = time.monotonic()
+        self._injected = 0.0  # slept in the current step
+        self._wait = 0.0  # waited for the other workers in the current step
+        self._last_compute = 0.0  # the previous step's compute, without injected delay
         self.injected_total_s = 0.0
 
     def batch_taken(self, records: int) -> None:
         if self._started is None:
             self._started = time.monotonic()
+            self._inject()
         self._samples += records
+
+    def _inject(self) -> None:
+        if not self._injections:
+            return
+        delay = injected_delay(
+            self._injections,
+            role=self._role,
+            rank=self._rank,
+            host=self._host,
+            now=time.time() - self._job_start,
+            step_compute_s=self._last_compute,
+            rng=self._rng,
+        )
+        if delay > 0:
+            time.sleep(delay)
+            self._injected = delay
+            self.injected_total_s += delay
 
     @property
     def samples_in_step(self) -> int:
@@ -67,36 +92,29 @@ class StepTimer:
         if seconds > 0:
             self._comm += seconds
 
+    def record_wait(self, seconds: float) -> None:
+        """Time spent waiting for other workers at a barrier: neither this worker's
+        compute nor its communication, so it is left out of its BPT."""
+        if seconds > 0:
+            self._wait += seconds
+
     def end_step(self, step: int, batch_size: int) -> list[TimedReport]:
         """Close the step; returns the reports due for sending (often none)."""
         now = time.monotonic()
         started = self._started if self._started is not None else now
-        elapsed = now - started
-        injected = 0.0
-        if self._injections:
-            injected = injected_delay(
-                self._injections,
-                role=self._role,
-                rank=self._rank,
-                host=self._host,
-                now=time.time() - self._job_start,
-                step_compute_s=max(0.0, elapsed - self._comm),
-                rng=self._rng,
-            )
-            if injected > 0:
-                time.sleep(injected)
-                self.injected_total_s += injected
-                now = time.monotonic()
+        injected, self._injected = self._injected, 0.0
+        compute = max(0.0, now - started - self._comm - self._wait)
+        self._last_compute = max(0.0, compute - injected)
         report = StepReport(
             step=step,
             batch_size=batch_size,
-            compute_s=max(0.0, now - started - self._comm),
+            compute_s=compute,
             comm_s=self._comm,
             samples=self._samples,
             injected_s=injected,
         )
         self._pending.append(TimedReport(ended=now, report=report))
-        self._started, self._comm, self._samples = None, 0.0, 0
+        self._started, self._comm, self._wait, self._samples = None, 0.0, 0.0, 0
         if len(self._pending) >= REPORT_EVERY_STEPS or now - self._last_sent >= REPORT_EVERY_S:
             due, self._pending = self._pending, []
             self._last_sent = now

@@ -92,6 +92,7 @@ class JobState:
         for a in assignments:
             slot = ProcSlot(assignment=a, host=a.host)
             self.procs[slot.proc_id] = slot
+        self.spare_hosts = list(spare_hosts)
         # Spare hosts get an agent too, so a KILL_RESTART onto one starts at once.
         self.agents: dict[str, AgentSlot] = {
             host: AgentSlot(host=host)
@@ -425,6 +426,20 @@ class JobState:
                 regroup=join is not None,
             ),
         ]
+
+    def free_spare(self, preferred: str | None) -> str | None:
+        """Where a KILL_RESTART should go: ``preferred`` if it is a spare host with
+        nothing running, else the first such spare host; None (its own host) when
+        no spare host is free or none was asked for."""
+        if preferred is None:
+            return None
+        busy = {
+            s.host
+            for s in self.procs.values()
+            if s.state in LIVE_PROC_STATES or s.state is ProcState.PENDING
+        }
+        free = [h for h in [preferred, *self.spare_hosts] if h in self.spare_hosts]
+        return next((h for h in free if h not in busy), None)
 
     def address_of(self, proc_id: str) -> str:
         """The address other hosts reach ``proc_id``'s host at ("" if unknown)."""

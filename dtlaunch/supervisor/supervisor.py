@@ -296,23 +296,23 @@ class Supervisor:
         state (every worker attached), else by restarting it (and, in allreduce
         mode, its group)."""
         regroup = self._regroup
+        # The policy names a spare host; one that already runs a process is not spare.
+        target = self.state.free_spare(action.target_host)
         if action.role != "worker" or regroup is None or not regroup.can_regroup(action.rank):
             self._apply(
                 self.state.kill_restart(
-                    action.role, action.rank, action.reason, now, target_host=action.target_host
+                    action.role, action.rank, action.reason, now, target_host=target
                 )
             )
             return
-        msg = regroup.begin(
-            action.rank, target_host=action.target_host, reason=action.reason, now=now
-        )
+        msg = regroup.begin(action.rank, target_host=target, reason=action.reason, now=now)
         self._recorder.emit(
             "regroup",
             phase="begin",
             gen=msg.gen,
             rank=action.rank,
             store_rank=msg.store_rank,
-            target_host=action.target_host,
+            target_host=target,
         )
         for rank in range(regroup.world_size):
             await self._router.send(WORKER_PREFIX + str(rank).encode(), msg)

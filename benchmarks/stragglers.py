@@ -1,0 +1,499 @@
+"""AntDT Table III, worker side: JCT of BSP vs AntDT-ND as straggler intensity grows.
+
+One invocation runs, one after the other on this machine, examples/synthetic.py
+with 8 workers on 8 loopback "hosts" (127.0.0.2-9, a real sshd, two spare hosts
+127.0.0.10-11 for KILL_RESTART) in these columns:
+
+    none      plain BSP under dtlaunch (--policy none)
+    torchrun  the same workload under real torchrun (static equal partition)
+    lb-bsp    batch-size balancing only (LB-BSP)
+    nd        AntDT-ND: ADJUST_BS for transient, KILL_RESTART for persistent stragglers
+    ideal     no injection, --policy none (one run, shared by every intensity)
+
+Stragglers follow AntDT §VII-A-4, times scaled down (see ``Scenario``): transient
+(each host disturbed with probability 0.3 per period, for its first half, sleeping
+1.5 s x intensity per step) plus one persistent straggler (4 s x intensity per
+step), both bound to hosts, so a KILL_RESTART onto a spare host escapes the
+persistent one. Seeded coins: every column sees the same pattern. JCT is wall time
+from launching the command to its exit (startup included, for every column).
+
+    python benchmarks/stragglers.py [--quick] [--out FILE.json] [--keep]
+
+--quick: intensity 0.8 only, same columns. The full run adds 0.1-0.5 and the
+overhead check (nd vs none without stragglers, target 0.5 %). Targets at 0.8:
+nd <= 1.10 x ideal, >= 2.0x faster than none. Writes JSON (``jct_s``: intensity
+-> column -> s) and a Markdown table beside it (benchmarks/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from dtlaunch.inject import injected_delay, parse_injections  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+SYNTHETIC = REPO / "examples" / "synthetic.py"
+COLUMNS = ("none", "torchrun", "lb-bsp", "nd", "ideal")
+INTENSITIES = (0.1, 0.3, 0.5, 0.8)
+QUICK_INTENSITIES = (0.8,)
+WORKERS = 8
+WORKER_HOSTS = tuple(f"127.0.0.{i}" for i in range(2, 2 + WORKERS))
+SPARE_HOSTS = ("127.0.0.10", "127.0.0.11")
+TARGET_ND_VS_IDEAL = 1.10
+TARGET_ND_SPEEDUP = 2.0
+TARGET_OVERHEAD = 0.005
+RUN_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scenario:
+    """AntDT's worker-side straggler experiment, scaled down for one machine.
+
+    AntDT (Table III) fits an ideal BPT of ~2.7 s, a persistent delay of
+    ~4 s x intensity and transient sleeps of 1.5 s x intensity. Per-step times
+    are divided by ``time_scale``; the transient period is shortened further so
+    that a job of tens of seconds still sees it switch on and off.
+    """
+
+    time_scale: float = 10.0
+    global_batch: int = 256  # 32 records per worker and step
+    capacity: float = 120.0  # samples/s: BPT = 32 / 120 = 0.267 s (AntDT ~2.7 s / 10)
+    # Small shards, one prefetched: a worker shrunk by ADJUST_BS holds little at the
+    # end, when the others wait for it (prefetch 0 stalls batches across shards).
+    shard_size: int = 64
+    prefetch: int = 1
+    steps: int = 150
+    persistent_host: str = WORKER_HOSTS[3]  # AntDT's w3
+    persistent_s: float = 4.0  # x intensity / time_scale
+    transient_sleep_s: float = 1.5  # x intensity / time_scale
+    transient_prob: float = 0.3
+    period_s: float = 20.0
+    duration_s: float = 10.0
+    seed: int = 7
+    control_interval_s: float = 0.5
+    nd: str = (
+        "nd:lambda=1.5,l_trans=1.5,l_per=3,apply_after=4,min_batch=8,restart_cost=4,cooldown=10"
+    )
+    lb_bsp: str = "lb-bsp:l_trans=1.5,l_per=3,apply_after=4,min_batch=8"
+
+    @property
+    def dataset_size(self) -> int:
+        return self.steps * self.global_batch
+
+    def injections(self, intensity: float) -> list[str]:
+        """The ``--inject`` specs at ``intensity`` (none at 0)."""
+        if intensity <= 0:
+            return []
+        hosts = ",".join(WORKER_HOSTS + SPARE_HOSTS)  # a spare host may be contended too
+        delay = self.persistent_s * intensity / self.time_scale
+        sleep = self.transient_sleep_s / self.time_scale
+        return [
+            f"persistent:role=worker,hosts={self.persistent_host},delay={delay:.4g}",
+            f"transient:role=worker,hosts={hosts},prob={self.transient_prob:g},"
+            f"period={self.period_s:g},duration={self.duration_s:g},sleep={sleep:.4g},"
+            f"intensity={intensity:g}",
+        ]
+
+    def script_args(self) -> list[str]:
+        return [
+            "--dataset-size", str(self.dataset_size), "--shard-size", str(self.shard_size),
+            "--global-batch", str(self.global_batch), "--capacity", f"{self.capacity:g}",
+            "--seed", str(self.seed), "--prefetch", str(self.prefetch),
+        ]  # fmt: skip
+
+
+FULL = Scenario()
+QUICK = Scenario(steps=44, period_s=12.0, duration_s=6.0)
+
+
+def transient_pattern(scenario: Scenario, intensity: float, windows: int) -> dict[str, list[int]]:
+    """Which worker hosts the seeded transient coins disturb, per period (what every
+    column sees), for the report."""
+    specs = [s for s in parse_injections(scenario.injections(intensity)) if s.kind == "transient"]
+    rng, period = random.Random(scenario.seed), scenario.period_s
+    return {
+        h: [int(injected_delay(specs, role="worker", rank=0, host=h, now=w * period,
+                               step_compute_s=0.0, rng=rng) > 0) for w in range(windows)]
+        for h in WORKER_HOSTS + SPARE_HOSTS
+    }  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    column: str
+    intensity: float
+    jct_s: float  # wall time, launch to exit
+    train_s: float | None  # rank 0's loop, from the script's last line
+    ok: bool
+    detail: dict[str, Any]
+
+
+def timed_run(argv: list[str], env: dict[str, str]) -> tuple[int, str, float]:
+    """Run to completion: (exit code, output, wall seconds). Interrupted (Ctrl-C, a
+    timeout), the command gets SIGTERM first: dtlaunch then stops its job on every
+    host, and torchrun its workers."""
+    start = time.monotonic()
+    with subprocess.Popen(
+        argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+        try:
+            output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+        except BaseException:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+    return proc.returncode, output, time.monotonic() - start
+
+
+def _synthetic_line(text: str) -> dict[str, float]:
+    match = re.search(r"synthetic: jct_s=(\S+) train_s=(\S+) steps=(\d+) records=(\d+)", text)
+    if not match:
+        return {}
+    names = ("jct_s", "train_s", "steps", "records")
+    return {k: float(v) for k, v in zip(names, match.groups(), strict=True)}
+
+
+def run_dtlaunch(
+    scenario: Scenario, column: str, si: float, *, hostfile: Path, env: dict[str, str], work: Path
+) -> Outcome:
+    """One dtlaunch job of ``column`` at straggler intensity ``si``."""
+    policy = {"nd": scenario.nd, "lb-bsp": scenario.lb_bsp}.get(column, "none")
+    run_dir = work / f"{column}-{si:g}-{time.monotonic_ns()}"
+    argv = [
+        sys.executable, "-m", "dtlaunch", "run", "-H", str(hostfile), "--workers", str(WORKERS),
+        "--run-dir", str(run_dir), "--output", "none", "--policy", policy,
+        "--control-interval", f"{scenario.control_interval_s:g}", "--env", "OMP_NUM_THREADS=1",
+        "--workdir", str(REPO),
+    ]  # fmt: skip
+    for spec in scenario.injections(si):
+        argv += ["--inject", spec]
+    argv += [str(SYNTHETIC), *scenario.script_args()]
+    returncode, output, wall = timed_run(argv, env)
+    summary: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        summary = json.loads((run_dir / "summary.json").read_text())
+    line: dict[str, float] = {}
+    for log in sorted((run_dir / "logs").glob("worker-0*.log")):
+        line = _synthetic_line(log.read_text(errors="replace")) or line
+    ok = returncode == 0 and summary.get("status") == "succeeded"
+    detail = {
+        "policy": policy,
+        "summary_jct_s": summary.get("jct_s"),
+        "actions": summary.get("actions", {}),
+        "restarts": [
+            {k: r.get(k) for k in ("rank", "host", "at_s", "reason")}
+            for r in summary.get("restarts", [])
+        ],
+        "duplicate_records": summary.get("duplicate_records"),
+        "steps": line.get("steps"),
+    }
+    if not ok:
+        detail["error"] = output[-2000:]
+    train = line.get("train_s")
+    return Outcome(column=column, intensity=si, jct_s=wall, train_s=train, ok=ok, detail=detail)
+
+
+def run_torchrun(scenario: Scenario, intensity: float, *, env: dict[str, str]) -> Outcome:
+    argv = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        "--nproc-per-node", str(WORKERS), str(SYNTHETIC), "--torchrun", *scenario.script_args(),
+        "--hosts", ",".join(WORKER_HOSTS), "--job-start", repr(time.time()),
+    ]  # fmt: skip
+    for spec in scenario.injections(intensity):
+        argv += ["--inject", spec]
+    returncode, output, wall = timed_run(argv, env)
+    line = _synthetic_line(output)
+    detail: dict[str, Any] = {"steps": line.get("steps")}
+    if returncode != 0:
+        detail["error"] = output[-2000:]
+    return Outcome(
+        column="torchrun", intensity=intensity, jct_s=wall, train_s=line.get("train_s"),
+        ok=returncode == 0, detail=detail,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def loopback_cluster(keep: bool) -> Iterator[tuple[Path, dict[str, str], Path]]:
+    """A real sshd on 127.0.0.2-11, a hostfile (8 worker hosts, 2 spares), the env
+    that reaches them, and a scratch folder for the run directories (kept if ``keep``)."""
+    import tests.sshd as sshd_module
+
+    saved = sshd_module.ADDRESSES
+    # tests/sshd.py serves a fixed address list; the benchmark needs ten hosts.
+    sshd_module.ADDRESSES = WORKER_HOSTS + SPARE_HOSTS
+    try:
+        with (
+            contextlib.ExitStack() as stack,
+            tempfile.TemporaryDirectory(prefix="stragglers-sshd-") as tmp,
+            sshd_module.running_sshd(Path(tmp)) as server,
+        ):
+            root = Path(tempfile.mkdtemp(prefix="stragglers-runs-"))
+            if not keep:
+                stack.callback(shutil.rmtree, root, ignore_errors=True)
+            lines = [f"{h} slots=1" for h in WORKER_HOSTS]
+            lines += [f"{h} slots=1 spare" for h in SPARE_HOSTS]
+            hostfile = server.write_hostfile(root / "hosts", lines)
+            env = dict(os.environ, PYTHONUNBUFFERED="1", **server.env())
+            env.pop("DTLAUNCH_HOSTS", None)
+            yield hostfile, env, root
+    finally:
+        sshd_module.ADDRESSES = saved
+
+
+# ------------------------------------------------------------------ results
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
+
+
+def summarize(
+    scenario: Scenario, outcomes: list[Outcome], *, quick: bool, overhead: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The JSON document: ``jct_s`` maps intensity -> column -> seconds."""
+    ideal = [o for o in outcomes if o.column == "ideal" and o.ok]
+    ideal_s = statistics.median(o.jct_s for o in ideal) if ideal else None
+    ideal_train = [o.train_s for o in ideal if o.train_s]
+    intensities = sorted({o.intensity for o in outcomes if o.column != "ideal"})
+    jct: dict[str, dict[str, float | None]] = {}
+    train: dict[str, dict[str, float | None]] = {}
+    for si in intensities:
+        key = f"{si:g}"
+        jct[key] = {c: None for c in COLUMNS}
+        train[key] = {c: None for c in COLUMNS}
+        for o in outcomes:
+            if o.intensity == si and o.column != "ideal" and o.ok:
+                jct[key][o.column] = round(o.jct_s, 2)
+                train[key][o.column] = o.train_s
+        jct[key]["ideal"] = round(ideal_s, 2) if ideal_s else None
+        train[key]["ideal"] = statistics.median(ideal_train) if ideal_train else None
+    speedup = {k: _ratio(v["none"], v["nd"]) for k, v in jct.items()}
+    vs_ideal = {k: _ratio(v["nd"], v["ideal"]) for k, v in jct.items()}
+    top = f"{max(intensities):g}" if intensities else None
+    nd_ideal, nd_speed = (vs_ideal.get(top or ""), speedup.get(top or ""))
+    targets = {
+        f"nd_vs_ideal_at_{top}<={TARGET_ND_VS_IDEAL}": bool(nd_ideal)
+        and nd_ideal <= TARGET_ND_VS_IDEAL,
+        f"nd_speedup_over_none_at_{top}>={TARGET_ND_SPEEDUP}": bool(nd_speed)
+        and nd_speed >= TARGET_ND_SPEEDUP,
+    }  # fmt: skip
+    if overhead is not None:
+        targets[f"nd_overhead_without_stragglers<={TARGET_OVERHEAD:.1%}"] = bool(
+            overhead["jct_ratio"] and overhead["jct_ratio"] - 1 <= TARGET_OVERHEAD
+        )
+    return {
+        "mode": "quick" if quick else "full",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "cpus": os.cpu_count(),
+        "jct_s": jct,
+        "train_s": train,
+        "speedup_nd_over_none": speedup,
+        "nd_over_ideal": vs_ideal,
+        "overhead": overhead,
+        "targets": targets,
+        "scenario": {**asdict(scenario), "dataset_size": scenario.dataset_size},
+        "injections": {f"{si:g}": scenario.injections(si) for si in intensities},
+        "transient_pattern": transient_pattern(scenario, max(intensities or [0.8]), 6),
+        "runs": [
+            {
+                "column": o.column,
+                "intensity": o.intensity,
+                "jct_s": round(o.jct_s, 3),
+                "train_s": o.train_s,
+                "ok": o.ok,
+                **o.detail,
+            }
+            for o in outcomes
+        ],
+    }
+
+
+def _cell(value: float | None) -> str:
+    return "failed" if value is None else f"{value:.1f}"
+
+
+def table_rows(results: dict[str, Any]) -> list[list[str]]:
+    header = ["SI", *COLUMNS, "nd speedup vs none", "nd / ideal"]
+    rows = [header]
+    for si, cols in results["jct_s"].items():
+        speed = results["speedup_nd_over_none"].get(si)
+        ratio = results["nd_over_ideal"].get(si)
+        rows.append(
+            [
+                si,
+                *(_cell(cols.get(c)) for c in COLUMNS),
+                "-" if speed is None else f"{speed:.2f}x ({(speed - 1) * 100:+.1f}%)",
+                "-" if ratio is None else f"{ratio:.3f}",
+            ]
+        )
+    return rows
+
+
+def render_text(results: dict[str, Any]) -> str:
+    rows = table_rows(results)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["JCT in seconds (wall, launch to exit), 8 workers on loopback hosts"]
+    lines += ["  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
+    lines += _notes(results)
+    return "\n".join(lines)
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    rows = table_rows(results)
+    out = [
+        f"# Straggler benchmark ({results['mode']}, {results['date']}, {results['cpus']} CPUs)",
+        "",
+        "AntDT Table III, worker side: JCT in seconds (wall time, launch to exit).",
+        "",
+        "| " + " | ".join(rows[0]) + " |",
+        "|" + "|".join("---" for _ in rows[0]) + "|",
+    ]
+    out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    out += ["", *(f"- {n.strip()}" for n in _notes(results)), ""]
+    return "\n".join(out)
+
+
+def _notes(results: dict[str, Any]) -> list[str]:
+    notes = []
+    over = results.get("overhead")
+    if over:
+        notes.append(
+            f"controller overhead without stragglers: nd / none = {over['jct_ratio']} (JCT), "
+            f"{over['train_ratio']} (training loop), medians of {over['pairs']} runs each"
+        )
+    for name, met in results["targets"].items():
+        notes.append(f"target {name}: {'met' if met else 'NOT met'}")
+    sc = results["scenario"]
+    notes.append(
+        f"policies: {sc['nd']} | {sc['lb_bsp']} | --control-interval {sc['control_interval_s']}"
+    )
+    return notes
+
+
+def write_results(results: dict[str, Any], out: Path) -> Path:
+    """Write the JSON to ``out`` and the Markdown table beside it; returns the .md path."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    md = out.with_suffix(".md")
+    md.write_text(render_markdown(results))
+    return md
+
+
+# ------------------------------------------------------------------ main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join((__doc__ or "").split("\n\n")[1:]),
+    )
+    parser.add_argument("--quick", action="store_true", help="intensity 0.8 only, shorter job")
+    parser.add_argument(
+        "--out", type=Path, help="JSON file (default benchmarks/results/stragglers[.quick].json)"
+    )
+    parser.add_argument(
+        "--overhead-pairs",
+        type=int,
+        help="none/nd runs without stragglers for the overhead check (default: 2, quick 0)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the run directories")
+    opts = parser.parse_args(argv)
+    if opts.overhead_pairs is not None and opts.overhead_pairs < 0:
+        parser.error("--overhead-pairs must be 0 or more")
+    if opts.out is None:
+        opts.out = RESULTS / ("stragglers.quick.json" if opts.quick else "stragglers.json")
+    if opts.out.suffix != ".json":
+        parser.error(f"--out {opts.out}: give a .json file (the Markdown table goes beside it)")
+    if opts.overhead_pairs is None:
+        opts.overhead_pairs = 0 if opts.quick else 2
+    return opts
+
+
+def _say(o: Outcome) -> None:
+    state = "ok" if o.ok else f"FAILED: {o.detail.get('error', '')[-300:]}"
+    more = f" train {o.train_s or 0:.1f} s actions={o.detail.get('actions') or {}}"
+    print(f"  SI {o.intensity:g} {o.column:<8} {o.jct_s:6.1f} s{more} {state}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_args(argv)
+    scenario = QUICK if opts.quick else FULL
+    intensities = QUICK_INTENSITIES if opts.quick else INTENSITIES
+    outcomes: list[Outcome] = []
+    began = time.monotonic()
+    with loopback_cluster(opts.keep) as (hostfile, env, work):
+        if opts.keep:
+            print(f"run directories: {work}", flush=True)
+
+        def dt(column: str, si: float) -> Outcome:
+            outcome = run_dtlaunch(scenario, column, si, hostfile=hostfile, env=env, work=work)
+            _say(outcome)
+            return outcome
+
+        # No stragglers: ideal (= none without injection), and nd beside it for the overhead.
+        base = [dt("ideal", 0.0)]
+        nd_clean: list[Outcome] = []
+        for _ in range(opts.overhead_pairs):
+            nd_clean.append(dt("nd", 0.0))
+            base.append(dt("ideal", 0.0))
+        outcomes += base
+        overhead = _overhead(base, nd_clean) if nd_clean else None
+        for si in intensities:
+            outcomes += [dt("none", si), run_torchrun(scenario, si, env=env)]
+            _say(outcomes[-1])
+            outcomes += [dt("lb-bsp", si), dt("nd", si)]
+    results = summarize(scenario, outcomes, quick=opts.quick, overhead=overhead)
+    results["bench_wall_s"] = round(time.monotonic() - began, 1)
+    print(render_text(results))
+    md = write_results(results, opts.out)
+    print(f"wrote {opts.out} and {md} ({results['bench_wall_s']:.0f} s)")
+    ok = all(o.ok for o in outcomes) and all(results["targets"].values())
+    return 0 if ok else 1
+
+
+def _overhead(none_runs: list[Outcome], nd_runs: list[Outcome]) -> dict[str, Any]:
+    """nd / none without stragglers: medians, so one noisy run does not decide."""
+
+    def med(values: list[float | None]) -> float | None:
+        vals = [v for v in values if v is not None and math.isfinite(v)]
+        return statistics.median(vals) if vals else None
+
+    none_j = med([o.jct_s for o in none_runs if o.ok])
+    nd_j = med([o.jct_s for o in nd_runs if o.ok])
+    none_t, nd_t = med([o.train_s for o in none_runs]), med([o.train_s for o in nd_runs])
+    return {
+        "pairs": len(nd_runs),
+        "none_jct_s": [round(o.jct_s, 3) for o in none_runs],
+        "nd_jct_s": [round(o.jct_s, 3) for o in nd_runs],
+        "jct_ratio": _ratio(nd_j, none_j),
+        "train_ratio": _ratio(nd_t, none_t),
+        "nd_actions": [o.detail.get("actions") for o in nd_runs],
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
