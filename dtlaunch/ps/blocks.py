@@ -27,6 +27,7 @@ __all__ = [
     "Block",
     "ParamSpec",
     "Placement",
+    "check_layout",
     "place_lpt",
     "plan",
     "split_blocks",
@@ -195,3 +196,20 @@ def _block(block_id: int, index: int, spec: ParamSpec, start: int, end: int) -> 
         dtype=spec.dtype,
         nbytes=math.prod(shape) * spec.itemsize,
     )
+
+
+def check_layout(placement: Placement, specs: Sequence[ParamSpec], servers: int) -> None:
+    """Raises: ConfigError when ``placement`` does not fit the parameters or servers."""
+    if placement.servers != servers:
+        raise ConfigError(
+            f"the placement is for {placement.servers} servers, {servers} endpoints were given"
+        )
+    for block in placement.blocks:
+        if not 0 <= block.param < len(specs) or specs[block.param].name != block.name:
+            raise ConfigError(
+                f"placement block {block.block_id} ({block.name}) does not match this model's "
+                "parameters; every worker must build the same model"
+            )
+    covered = {b.param for b in placement.blocks}
+    if covered != set(range(len(specs))):
+        raise ConfigError("the placement does not cover every parameter of the model")

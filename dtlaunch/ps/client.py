@@ -24,16 +24,25 @@ follows versions: a push carries the version its gradient was computed on, and
 the next pull waits until that push's step is applied (BSP) or takes what is
 there (ASP, and after a push the server refused because the step went on
 without it, as BACKUP_WORKERS does with a late worker; ``dropped`` says so).
+
+A server that dies is noticed (``dtlaunch.ps.exchange``: pings, incarnations)
+and, once a new process serves its endpoint, resynced: the client offers the
+blocks it last pulled from it with their version (the server keeps the newer of
+that and its snapshot), re-sends its last gradient if the server's version shows
+it was lost (from ``p.grad``, when it is still the tensor that was pushed and
+unchanged; else a zero-weight push, so the step does not wait for it), then
+sends its request again. Between ``push`` and the next ``pull``, leave
+``p.grad`` alone (``zero_grad`` after ``pull``, as in the loop above) and do not
+change the parameters, and a restart loses no gradient.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +50,15 @@ import torch
 import zmq
 
 from dtlaunch.errors import ConfigError, DtlaunchError
-from dtlaunch.ps.blocks import Block, ParamSpec, Placement, plan
+from dtlaunch.ps.blocks import Block, ParamSpec, Placement, check_layout, plan
 from dtlaunch.ps.config import (
     ENV_KEYS,
     block_bytes_from,
     endpoints_from,
     timeout_from,
+    worker_rank_from,
 )
+from dtlaunch.ps.exchange import Exchanger, PsError, Request, ServerRestarted, ServerTiming
 from dtlaunch.ps.frames import as_buffer, block_spec, optimizer_to_wire, tensor_from_frame
 from dtlaunch.ps.optim import OptimizerConfig
 from dtlaunch.ps.transport import ServerLink, new_context
@@ -62,7 +73,6 @@ from dtlaunch.wire.messages import (
     PsPull,
     PsPush,
     PsPushAck,
-    PsReply,
 )
 
 __all__ = ["Client", "PsError", "ServerTiming"]
@@ -70,20 +80,7 @@ __all__ = ["Client", "PsError", "ServerTiming"]
 logger = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_S = 2.0
-
-
-class PsError(DtlaunchError):
-    """A parameter server refused a request or did not answer in time."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class ServerTiming:
-    """One exchange with one server, for the Monitor (PSLD §4.1's Pred(r, s))."""
-
-    server: int
-    op: str  # "pull" or "push"
-    bytes: int  # tensor bytes moved
-    seconds: float  # from sending the request to having the answer
+MAX_RESYNCS = 5  # a server that restarts again during a resync is resynced again
 
 
 class Client:
@@ -130,14 +127,14 @@ class Client:
             lr_decay=lr_decay,
         ).validate()
         self.endpoints = list(servers) if servers is not None else endpoints_from(env)
-        self.worker = worker if worker is not None else _rank_from(env)
+        self.worker = worker if worker is not None else worker_rank_from(env)
         self._job = job
         self._timeout = timeout if timeout is not None else timeout_from(env)
         self._params = [p for _, p in model.named_parameters()]
         specs = self._specs = _param_specs(model)
         size = block_bytes if block_bytes is not None else block_bytes_from(env)
         self.placement = placement or plan(specs, len(self.endpoints), size)
-        _check_layout(self.placement, specs, len(self.endpoints))
+        check_layout(self.placement, specs, len(self.endpoints))
         if keys is None:
             keys_dir = env.get(ENV_KEYS)
             if not keys_dir:
@@ -145,18 +142,25 @@ class Client:
             keys = load_peer_keys(Path(keys_dir))
         self._keys = keys
         self._ctx = new_context()
-        self._links: list[ServerLink] = []
-        self._request_ids = itertools.count(1)
-        self._versions = [0] * len(self.endpoints)  # version each server's blocks were pulled at
-        self._want = [0] * len(self.endpoints)  # min_version of the next pull
+        self._exch = Exchanger(self._timeout)
+        n = len(self.endpoints)
+        self._versions = [0] * n  # version each server's blocks were pulled at
+        self._want = [0] * n  # min_version of the next pull
+        # The last accepted push to each server: its step, and the server version
+        # from which the server's parameters include it (resync re-sends it below).
+        self._pushed_step = [0] * n
+        self._applied_by = [0] * n
+        self._pushed_samples = 0
+        self._pushed_grads: list[tuple[weakref.ref[torch.Tensor] | None, int]] = []
+        self._pushing = False  # p.grad holds the gradient being pushed, not the last one
         self._zero_grads: dict[int, torch.Tensor] = {}
-        self.timings: list[ServerTiming] = []
         self.dropped: list[int] = []  # servers that refused the last push (step went on)
         self._closed = False
         try:
             for endpoint in self.endpoints:
-                identity = b"worker:%d:%d" % (self.worker, os.getpid())
-                self._links.append(ServerLink(self._ctx, endpoint, keys, identity))
+                self._exch.links.append(self._link(endpoint))
+                self._exch.endpoints.append(endpoint)
+                self._exch.incarnations.append(0)
             self._seed()
         except BaseException:
             self.close(notify=False)
@@ -169,11 +173,21 @@ class Client:
         """The version of each server's parameters as of the last pull."""
         return list(self._versions)
 
+    @property
+    def timings(self) -> list[ServerTiming]:
+        """Per-server timings not taken yet (``take_timings``), oldest first."""
+        return self._exch.timings
+
+    @property
+    def restarts(self) -> int:
+        """Server restarts this client noticed and resynced."""
+        return self._exch.restarts
+
     def pull(self) -> None:
         """Fill the model's parameters from every server (waits for the pushed step)."""
-        requests: dict[int, tuple[Message, list[Any]]] = {
+        requests: dict[int, Request] = {
             j: (PsPull(request_id=0, min_version=self._want[j], blocks=self._ids(j)), [])
-            for j in range(len(self._links))
+            for j in range(len(self._exch.links))
         }
         started = time.perf_counter()
 
@@ -187,7 +201,7 @@ class Client:
             self._versions[j] = reply.version
             return sum(len(f) for f in frames)
 
-        self._exchange("pull", requests, take)
+        self._exch.run("pull", requests, take, on_restart=self._resync)
         self._record_comm(time.perf_counter() - started)
 
     def push(self, samples: int | None = None) -> None:
@@ -203,18 +217,11 @@ class Client:
             samples = int(job.samples_in_step) if job is not None else 1
         if type(samples) is not int or samples < 0:
             raise ConfigError(f"push(samples=...) must be an int >= 0, got {samples!r}")
-        requests: dict[int, tuple[Message, list[Any]]] = {}
-        for j in range(len(self._links)):
-            ids = self._ids(j)
-            payloads = [as_buffer(self._grad_view(self.placement.blocks[b])) for b in ids]
-            msg = PsPush(
-                request_id=0,
-                worker=self.worker,
-                step=self._versions[j],
-                samples=samples,
-                blocks=ids,
-            )
-            requests[j] = (msg, payloads)
+        requests: dict[int, Request] = {
+            j: self._push_request(j, self._versions[j], samples, zeros=False)
+            for j in range(len(self._exch.links))
+        }
+        marks = [_grad_mark(p) for p in self._params]
         self.dropped = []
         started = time.perf_counter()
 
@@ -223,12 +230,20 @@ class Client:
                 raise PsError(f"server {j} answered a push with {reply.TYPE}")
             if reply.accepted:
                 self._want[j] = reply.step + 1
+                self._note_applied(j, reply)
             else:
                 self._want[j] = reply.version
+                self._applied_by[j] = 0
                 self.dropped.append(j)
             return 0
 
-        self._exchange("push", requests, take)
+        self._pushing = True
+        try:
+            self._exch.run("push", requests, take, on_restart=self._resync)
+        finally:
+            self._pushing = False
+        self._pushed_samples, self._pushed_grads = samples, marks
+        self.dropped.sort()
         self._record_comm(time.perf_counter() - started)
 
     def use_placement(self, placement: Placement, servers: Sequence[str] | None = None) -> None:
@@ -240,31 +255,36 @@ class Client:
             ConfigError: the placement does not fit this model or the server list.
         """
         endpoints = list(servers) if servers is not None else list(self.endpoints)
-        _check_layout(placement, self._specs, len(endpoints))
+        check_layout(placement, self._specs, len(endpoints))
         if placement.version < self.placement.version:
             raise ConfigError(
                 f"placement version {placement.version} is older than the one in use "
                 f"({self.placement.version})"
             )
-        links = []
+        exch = self._exch
+        links, incarnations = [], []
         for j, endpoint in enumerate(endpoints):
             if j < len(self.endpoints) and self.endpoints[j] == endpoint:
-                links.append(self._links[j])
+                links.append(exch.links[j])
+                incarnations.append(exch.incarnations[j])
             else:
-                identity = b"worker:%d:%d" % (self.worker, os.getpid())
-                links.append(ServerLink(self._ctx, endpoint, self._keys, identity))
-        for j, link in enumerate(self._links):
+                links.append(self._link(endpoint))
+                incarnations.append(0)
+        for link in exch.links:
             if link not in links:
-                self._links[j].close()
+                link.close()
         # Servers advance in lockstep under BSP; a new server starts at the version
         # its blocks were moved at, which is the newest any server has.
         want, version = max(self._want), max(self._versions)
-        self._links, self.endpoints, self.placement = links, endpoints, placement
-        self._want, self._versions = [want] * len(links), [version] * len(links)
+        exch.links, exch.endpoints, exch.incarnations = links, endpoints, incarnations
+        self.endpoints, self.placement = endpoints, placement
+        n = len(links)
+        self._want, self._versions = [want] * n, [version] * n
+        self._pushed_step, self._applied_by = [0] * n, [0] * n
 
     def take_timings(self) -> list[ServerTiming]:
         """Per-server timings since the last call (for the Monitor), oldest first."""
-        taken, self.timings = self.timings, []
+        taken, self._exch.timings = self._exch.timings, []
         return taken
 
     def close(self, *, notify: bool = True) -> None:
@@ -272,15 +292,16 @@ class Client:
         if self._closed:
             return
         self._closed = True
-        if notify and self._links:
-            requests: dict[int, tuple[Message, list[Any]]] = {
-                j: (PsLeave(request_id=0, worker=self.worker), []) for j in range(len(self._links))
+        links = self._exch.links
+        if notify and links:
+            requests: dict[int, Request] = {
+                j: (PsLeave(request_id=0, worker=self.worker), []) for j in range(len(links))
             }
             try:
-                self._exchange("leave", requests, lambda j, r, f: 0, timeout=CLOSE_TIMEOUT_S)
+                self._exch.run("leave", requests, lambda j, r, f: 0, timeout=CLOSE_TIMEOUT_S)
             except DtlaunchError as exc:
                 logger.warning("ps: leaving: %s", exc)
-        for link in self._links:
+        for link in links:
             link.close()
         self._ctx.term()
 
@@ -302,31 +323,49 @@ class Client:
     def _grad_view(self, block: Block) -> torch.Tensor:
         grad = self._params[block.param].grad
         if grad is None:
-            zero = self._zero_grads.get(block.block_id)
-            if zero is None:
-                zero = self._zero_grads[block.block_id] = torch.zeros(
-                    block.shape, dtype=self._params[block.param].dtype
-                )
-            return zero
+            return self._zero_grad(block)
         view = grad if grad.dim() == 0 else grad[block.row_start : block.row_end]
         return view if view.is_contiguous() else view.contiguous()
 
-    def _seed(self) -> None:
-        wire_opt = optimizer_to_wire(self.config)
+    def _link(self, endpoint: str) -> ServerLink:
+        identity = b"worker:%d:%d" % (self.worker, os.getpid())
+        return ServerLink(self._ctx, endpoint, self._keys, identity)
 
-        def init(j: int, with_data: bool) -> tuple[Message, list[Any]]:
-            blocks = self.placement.blocks_on(j)
-            views = [self._param_view(b).detach() for b in blocks]
-            specs = [block_spec(b.block_id, v) for b, v in zip(blocks, views, strict=True)]
-            msg = PsInit(
-                request_id=0,
-                worker=self.worker,
-                optimizer=wire_opt,
-                blocks=specs,
-                with_data=with_data,
+    def _init_request(self, j: int, with_data: bool) -> Request:
+        """Seed server ``j`` with, or offer it, this worker's copy of its blocks."""
+        blocks = self.placement.blocks_on(j)
+        views = [self._param_view(b).detach() for b in blocks]
+        msg = PsInit(
+            request_id=0,
+            worker=self.worker,
+            optimizer=optimizer_to_wire(self.config),
+            blocks=[block_spec(b.block_id, v) for b, v in zip(blocks, views, strict=True)],
+            with_data=with_data,
+            version=self._versions[j],
+        )
+        return msg, [as_buffer(v) for v in views] if with_data else []
+
+    def _push_request(self, j: int, step: int, samples: int, *, zeros: bool) -> Request:
+        ids = self._ids(j)
+        grad = self._zero_grad if zeros else self._grad_view
+        payloads = [as_buffer(grad(self.placement.blocks[b])) for b in ids]
+        msg = PsPush(request_id=0, worker=self.worker, step=step, samples=samples, blocks=ids)
+        return msg, payloads
+
+    def _note_applied(self, j: int, ack: PsPushAck) -> None:
+        # BSP: the step's update makes version step + 1; ASP: the ack's version.
+        self._pushed_step[j] = ack.step
+        self._applied_by[j] = max(ack.step + 1, ack.version)
+
+    def _zero_grad(self, block: Block) -> torch.Tensor:
+        zero = self._zero_grads.get(block.block_id)
+        if zero is None:
+            zero = self._zero_grads[block.block_id] = torch.zeros(
+                block.shape, dtype=self._params[block.param].dtype
             )
-            return msg, [as_buffer(v) for v in views] if with_data else []
+        return zero
 
+    def _seed(self) -> None:
         unseeded: list[int] = []
 
         def take(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
@@ -336,70 +375,102 @@ class Client:
                 unseeded.append(j)
             return 0
 
-        self._exchange("init", {j: init(j, False) for j in range(len(self._links))}, take)
+        servers = range(len(self._exch.links))
+        self._exch.run("init", {j: self._init_request(j, False) for j in servers}, take)
         if unseeded:
-            self._exchange("seed", {j: init(j, True) for j in unseeded}, take)
+            self._exch.run("seed", {j: self._init_request(j, True) for j in unseeded}, take)
 
-    def _exchange(
-        self,
-        op: str,
-        requests: Mapping[int, tuple[Message, list[Any]]],
-        take: Any,
-        *,
-        timeout: float | None = None,
-    ) -> None:
-        """Send every request, then handle each answer as it arrives (in parallel)."""
-        poller = zmq.Poller()
-        pending: dict[int, int] = {}  # server -> request id
-        sent_at: dict[int, float] = {}
-        sent_bytes: dict[int, int] = {}
-        for j, (msg, payloads) in requests.items():
-            request_id = next(self._request_ids)
-            msg = dataclasses.replace(msg, request_id=request_id)  # type: ignore[call-arg]
-            sent_at[j] = time.perf_counter()
-            self._links[j].send(msg, payloads)
-            sent_bytes[j] = sum(memoryview(p).nbytes for p in payloads)
-            pending[j] = request_id
-            poller.register(self._links[j].sock, zmq.POLLIN)
-        socket_of = {self._links[j].sock: j for j in pending}
-        deadline = time.monotonic() + (self._timeout if timeout is None else timeout)
-        while pending:
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0:
-                names = ", ".join(f"{j} ({self.endpoints[j]})" for j in sorted(pending))
-                raise PsError(
-                    f"{op}: no answer from parameter server(s) {names} within "
-                    f"{self._timeout:.0f}s; check that they run (DTLAUNCH_PS_TIMEOUT sets the wait)"
-                )
-            for sock, _ in poller.poll(min(left_ms, 1000)):
-                j = socket_of[sock]
-                got = self._links[j].recv_now()
-                if got is None or j not in pending:
-                    continue
-                reply, frames = got
-                if getattr(reply, "request_id", None) != pending[j]:
-                    continue  # an answer to an earlier request that timed out
-                if isinstance(reply, PsReply) and not reply.ok:
-                    raise PsError(
-                        f"{op}: parameter server {j} ({self.endpoints[j]}): {reply.detail}"
+    def _resync(self, j: int, incarnation: int) -> None:
+        """Bring restarted server ``j`` up to date (see the module docstring)."""
+        for _ in range(MAX_RESYNCS):
+            logger.warning(
+                "ps: server %d (%s) restarted (incarnation %d); offering my copy at version %d",
+                j,
+                self.endpoints[j],
+                incarnation,
+                self._versions[j],
+            )
+            try:
+                if self._offer(j) >= self._applied_by[j]:
+                    pass  # the server's parameters include this worker's last gradient
+                elif self._pushing:  # only under ASP: that gradient is gone from p.grad
+                    logger.warning(
+                        "ps: server %d lost this worker's gradient of step %d",
+                        j,
+                        self._pushed_step[j],
                     )
-                received = take(j, reply, frames)
-                del pending[j]
-                poller.unregister(sock)
-                if op in ("pull", "push"):
-                    self.timings.append(
-                        ServerTiming(
-                            server=j,
-                            op=op,
-                            bytes=received + sent_bytes[j],
-                            seconds=time.perf_counter() - sent_at[j],
-                        )
-                    )
+                    self._applied_by[j] = 0
+                else:
+                    self._repush(j)
+                return
+            except ServerRestarted as again:
+                incarnation = again.incarnation
+        raise PsError(
+            f"parameter server {j} ({self.endpoints[j]}) restarted {MAX_RESYNCS} times while "
+            "this worker resynced it; check its log"
+        )
+
+    def _offer(self, j: int) -> int:
+        """Offer server ``j`` this worker's copy; returns the version of the copy the
+        server holds after (its ``recovered_at``)."""
+        answer: list[PsInitReply] = []
+
+        def take(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
+            if not isinstance(reply, PsInitReply):
+                raise PsError(f"server {j} answered PsInit with {reply.TYPE}")
+            answer.append(reply)
+            return 0
+
+        self._exch.run("resync", {j: self._init_request(j, False)}, take, on_restart=_restarted)
+        held = answer[-1]
+        takes_copies = held.version == held.recovered_at  # no update of its own yet
+        if not held.seeded or (takes_copies and held.version < self._versions[j]):
+            request = self._init_request(j, True)
+            self._exch.run("resync", {j: request}, take, on_restart=_restarted)
+        return answer[-1].recovered_at
+
+    def _repush(self, j: int) -> None:
+        """Send the last accepted gradient again: the restarted server lost it."""
+        intact = len(self._pushed_grads) == len(self._params) and all(
+            _grad_mark(p) == mark for p, mark in zip(self._params, self._pushed_grads, strict=True)
+        )
+        if not intact:
+            logger.warning(
+                "ps: p.grad changed since the push of step %d; server %d applies that step "
+                "without this worker's gradient (leave p.grad alone until the next pull)",
+                self._pushed_step[j],
+                j,
+            )
+        samples = self._pushed_samples if intact else 0
+        request = self._push_request(j, self._pushed_step[j], samples, zeros=not intact)
+
+        def take(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
+            if not isinstance(reply, PsPushAck):
+                raise PsError(f"server {j} answered a push with {reply.TYPE}")
+            if reply.accepted:  # else a newer copy, which has it, was taken meanwhile
+                self._note_applied(j, reply)
+            return 0
+
+        self._exch.run("repush", {j: request}, take, on_restart=_restarted)
 
     def _record_comm(self, seconds: float) -> None:
         job = self._job if self._job is not None else current_job()
         if job is not None:
             job.record_comm(seconds)
+
+
+def _restarted(server: int, incarnation: int) -> None:
+    raise ServerRestarted(server, incarnation)
+
+
+def _grad_mark(param: torch.Tensor) -> tuple[weakref.ref[torch.Tensor] | None, int]:
+    """Which tensor ``param.grad`` is and its in-place version counter: equal marks
+    mean the gradient is the one pushed, unchanged (a weak reference: never keeps
+    a gradient the user dropped alive)."""
+    grad = param.grad
+    if grad is None:
+        return None, 0
+    return weakref.ref(grad), int(getattr(grad, "_version", 0))
 
 
 def _param_specs(model: torch.nn.Module) -> list[ParamSpec]:
@@ -421,30 +492,3 @@ def _param_specs(model: torch.nn.Module) -> list[ParamSpec]:
     if not specs:
         raise ConfigError("the model has no parameters to keep on parameter servers")
     return specs
-
-
-def _check_layout(placement: Placement, specs: Sequence[ParamSpec], servers: int) -> None:
-    if placement.servers != servers:
-        raise ConfigError(
-            f"the placement is for {placement.servers} servers, {servers} endpoints were given"
-        )
-    for block in placement.blocks:
-        if not 0 <= block.param < len(specs) or specs[block.param].name != block.name:
-            raise ConfigError(
-                f"placement block {block.block_id} ({block.name}) does not match this model's "
-                "parameters; every worker must build the same model"
-            )
-    covered = {b.param for b in placement.blocks}
-    if covered != set(range(len(specs))):
-        raise ConfigError("the placement does not cover every parameter of the model")
-
-
-def _rank_from(env: Mapping[str, str]) -> int:
-    for name in ("DTLAUNCH_RANK", "RANK", "DMLC_WORKER_ID"):
-        raw = env.get(name)
-        if raw:
-            try:
-                return int(raw)
-            except ValueError:
-                raise ConfigError(f"{name}={raw!r} is not an integer") from None
-    return 0

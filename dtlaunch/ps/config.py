@@ -31,6 +31,7 @@ __all__ = [
     "endpoints_from",
     "server_config",
     "timeout_from",
+    "worker_rank_from",
 ]
 
 ENV_KEYS = "DTLAUNCH_KEYS"
@@ -128,6 +129,21 @@ def block_bytes_from(env: Mapping[str, str]) -> int:
 def timeout_from(env: Mapping[str, str]) -> float:
     raw = env.get(ENV_TIMEOUT)
     return DEFAULT_TIMEOUT_S if not raw else _seconds(ENV_TIMEOUT, raw)
+
+
+def worker_rank_from(env: Mapping[str, str]) -> int:
+    """A worker's rank from the launcher's variables (0 when none is set).
+
+    Raises: ConfigError when the variable is not an integer.
+    """
+    for name in ("DTLAUNCH_RANK", "RANK", "DMLC_WORKER_ID"):
+        raw = env.get(name)
+        if raw:
+            try:
+                return int(raw)
+            except ValueError:
+                raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    return 0
 
 
 def _int(label: str, text: str, *, low: int) -> int:

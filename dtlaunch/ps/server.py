@@ -9,6 +9,11 @@ Requests it cannot answer yet wait in the loop, never in a thread: a pull for a
 version not applied yet, an export before its ``at_version`` or while a step is
 open. Every request names a ``request_id`` its answer echoes; a refused request
 gets ``PsReply(ok=False, detail=why)``, and the server goes on.
+
+Failover: every answer carries the process's random ``incarnation``, and a
+pull or push addressed to an earlier one is refused, so clients notice a
+restart and resync first (``_on_init`` takes a worker's newer copy). What that
+guarantees and what it can lose: ``dtlaunch.ps``'s docstring.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -49,6 +55,7 @@ from dtlaunch.wire.messages import (
     PsLeave,
     PsMembership,
     PsParams,
+    PsPing,
     PsPull,
     PsPush,
     PsPushAck,
@@ -88,6 +95,9 @@ class PsServer:
 
     def __init__(self, config: ServerConfig, keys: PeerKeys) -> None:
         self.config = config
+        # A new random id per process: clients that see it change know the server
+        # restarted and lost what it held since its snapshot (see the module docstring).
+        self.incarnation = secrets.randbits(48) + 1
         self.store = ParamStore(mode=config.mode, workers=config.workers, backup=config.backup)
         if config.restore is not None and not config.restore.exists() and config.restore_optional:
             # A restarted server that died before its first snapshot: nothing to
@@ -119,12 +129,18 @@ class PsServer:
             PsImport: self._on_import,
             PsStatsRequest: self._on_stats,
             PsShutdown: self._on_shutdown,
+            PsPing: self._on_ping,
         }
 
     def serve(self, stop: threading.Event | None = None) -> None:
         self._running = True
         logger.info(
-            "ps server %d serving on %s (%s)", self.config.rank, self.endpoint, self.config.mode
+            "ps server %d serving on %s (%s, incarnation %d, version %d)",
+            self.config.rank,
+            self.endpoint,
+            self.config.mode,
+            self.incarnation,
+            self.store.version,
         )
         try:
             while self._running and not (stop is not None and stop.is_set()):
@@ -171,6 +187,15 @@ class PsServer:
         if handler is None:
             logger.warning("ps: %s is not a request for a server; dropped", incoming.message.TYPE)
             return
+        stale = getattr(incoming.message, "incarnation", 0)
+        if stale not in (0, self.incarnation) and isinstance(incoming.message, PsPull | PsPush):
+            # Sent to an earlier process of this server: the client resyncs, then resends.
+            self._refuse(
+                incoming,
+                f"server {self.config.rank} restarted (incarnation {stale} is gone, "
+                f"this is {self.incarnation}); offer your copy, then resend",
+            )
+            return
         try:
             handler(incoming)
         except (ConfigError, WireError) as exc:
@@ -181,41 +206,81 @@ class PsServer:
         logger.warning("ps: refused %s: %s", incoming.message.TYPE, why)
         self._sock.send(
             incoming.peer,
-            PsReply(request_id=request_id, ok=False, detail=why, version=self.store.version),
+            PsReply(
+                request_id=request_id,
+                ok=False,
+                detail=why,
+                version=self.store.version,
+                incarnation=self.incarnation,
+            ),
         )
 
     def _reply(self, incoming: Incoming, detail: str = "") -> None:
         request_id = getattr(incoming.message, "request_id", 0)
         self._sock.send(
             incoming.peer,
-            PsReply(request_id=request_id, ok=True, detail=detail, version=self.store.version),
+            PsReply(
+                request_id=request_id,
+                ok=True,
+                detail=detail,
+                version=self.store.version,
+                incarnation=self.incarnation,
+            ),
         )
 
     # ------------------------------------------------------------ data plane
 
     def _on_init(self, incoming: Incoming) -> None:
+        """Seed an unseeded server, or take a worker's newer copy (resync after a restart)."""
         msg = incoming.message
         assert isinstance(msg, PsInit)
-        if not self.store.seeded and msg.with_data:
-            tensors = self._tensors(incoming, msg.blocks)
-            self.store.seed(optimizer_from_wire(msg.optimizer), tensors)
-            logger.info("seeded by worker %d: %d blocks", msg.worker, len(tensors))
-            self._answer_pulls()
-        elif self.store.seeded:
+        if msg.version < 0:
+            raise ConfigError(f"PsInit.version {msg.version} must be 0 or more")
+        store = self.store
+        if store.seeded:
             for spec in msg.blocks:
-                held = self.store.params.get(spec.block_id)
+                held = store.params.get(spec.block_id)
                 if held is not None and block_spec(spec.block_id, held) != spec:
                     raise ConfigError(
                         f"block {spec.block_id} is {list(held.shape)} {held.dtype} here, the "
                         f"worker's is {spec.shape} {spec.dtype}: every worker must build "
                         "the same model"
                     )
+        if msg.with_data and (not store.seeded or msg.version > store.version):
+            held_version = store.version
+            tensors = self._tensors(incoming, msg.blocks)
+            if not store.seeded:
+                store.seed(optimizer_from_wire(msg.optimizer), tensors, msg.version)
+                logger.info(
+                    "seeded by worker %d: %d blocks at version %d",
+                    msg.worker,
+                    len(tensors),
+                    msg.version,
+                )
+            elif store.offer(msg.version, tensors):
+                logger.warning(
+                    "took worker %d's copy of %d blocks at version %d (held %d; optimizer "
+                    "state kept)",
+                    msg.worker,
+                    len(tensors),
+                    msg.version,
+                    held_version,
+                )
+            self._answer_pulls()
+            self._answer_exports()
         self._sock.send(
             incoming.peer,
             PsInitReply(
-                request_id=msg.request_id, seeded=self.store.seeded, version=self.store.version
+                request_id=msg.request_id,
+                seeded=store.seeded,
+                version=store.version,
+                incarnation=self.incarnation,
+                recovered_at=store.recovered_at,
             ),
         )
+
+    def _on_ping(self, incoming: Incoming) -> None:
+        self._reply(incoming)
 
     def _on_pull(self, incoming: Incoming) -> None:
         msg = incoming.message
@@ -224,6 +289,8 @@ class PsServer:
         if self.store.seeded and missing:
             raise ConfigError(f"blocks {missing} are not on this server; the placement changed")
         if not self.store.seeded or self.store.version < msg.min_version:
+            # A client has one pull out per server: a newer one replaces the older.
+            self._waiting_pulls = [w for w in self._waiting_pulls if w.peer != incoming.peer]
             self._waiting_pulls.append(incoming)
             return
         self._send_params(incoming.peer, msg)
@@ -232,7 +299,12 @@ class PsServer:
         store = self.store
         tracker = self._sock.send(
             peer,
-            PsParams(request_id=msg.request_id, version=store.version, blocks=msg.blocks),
+            PsParams(
+                request_id=msg.request_id,
+                version=store.version,
+                blocks=msg.blocks,
+                incarnation=self.incarnation,
+            ),
             [as_buffer(store.params[b]) for b in msg.blocks],
             track=True,
         )
@@ -273,6 +345,7 @@ class PsServer:
                 step=msg.step,
                 accepted=result.accepted,
                 version=self.store.version,
+                incarnation=self.incarnation,
             ),
         )
         self._after_update(result.update)
@@ -403,6 +476,7 @@ class PsServer:
                 workers=sorted(store.members),
                 blocks=sorted(store.params),
                 updates=[u for u in self.updates if u.version > msg.since_version],
+                incarnation=self.incarnation,
             ),
         )
 

@@ -3,9 +3,9 @@
 The file is ``torch.save`` of plain containers (tensors, ints, floats, strings),
 read back with ``weights_only=True``. It is written to a temporary name, fsynced
 and renamed, so a server killed mid-write leaves the previous snapshot intact.
-What a restore loses: the updates applied after the snapshot was taken (the
-parameters' freshest copy may then be a worker's last pull; optimizer state since
-the snapshot is gone).
+What a restore alone loses: the updates applied after the snapshot was taken;
+the workers' resync then brings back the parameters from their last pulls, so
+only the optimizer state since the snapshot is gone (``dtlaunch.ps.server``).
 """
 
 from __future__ import annotations

@@ -18,6 +18,17 @@ Consistency modes:
 
 Membership changes re-check the open step, so a step waiting for a worker that
 was removed completes at once: a BSP step never waits for a worker that left.
+
+After a restart the store may take a worker's copy of its blocks (``offer``)
+when it is newer than what it holds: the parameters jump to that version, the
+optimizer state is kept (or initialised), and an open step is dropped, since
+every gradient in it was computed on an older version that copy already
+includes. ``recovered_at`` is the version of the copy the store holds (a
+snapshot's or a worker's): updates before it were applied by an earlier process.
+Copies are taken only until the store applies an update of its own (under BSP,
+a step cannot complete before every member has offered its copy; under ASP the
+first push commits the store to its copy, and each worker sends its last
+gradient again if that copy lacks it).
 """
 
 from __future__ import annotations
@@ -69,6 +80,7 @@ class ParamStore:
         self.states: dict[int, BlockState] = {}
         self.optimizer: OptimizerConfig | None = None
         self.version = 0
+        self.recovered_at = 0  # versions below it were applied by an earlier process
         self.members: set[int] = set(workers)
         self.backup = backup
         self._acc: dict[int, torch.Tensor] = {}
@@ -82,13 +94,50 @@ class ParamStore:
     def seeded(self) -> bool:
         return self.optimizer is not None
 
-    def seed(self, optimizer: OptimizerConfig, blocks: Mapping[int, torch.Tensor]) -> None:
-        """Take initial parameters (copies them: the frames they come in are reused)."""
+    def seed(
+        self, optimizer: OptimizerConfig, blocks: Mapping[int, torch.Tensor], version: int = 0
+    ) -> None:
+        """Take initial parameters (copies them: the frames they come in are reused).
+
+        ``version`` is above 0 when a worker re-seeds a restarted server that had
+        no snapshot with its last pull.
+        """
         self.optimizer = optimizer.validate()
         for block_id, value in blocks.items():
             param = value.clone()
             self.params[block_id] = param
             self.states[block_id] = new_state(optimizer, param)
+        self.version = self.recovered_at = version
+
+    def offer(self, version: int, blocks: Mapping[int, torch.Tensor]) -> bool:
+        """Take a worker's copy of the blocks if it is newer than the store's.
+
+        Copies the tensors; keeps each block's optimizer state (initialises it
+        for a block without one); drops the open step. Returns whether it took it
+        (not once the store applied an update of its own: see the module docstring).
+
+        Raises:
+            ConfigError: not seeded, or blocks that do not match this server's.
+        """
+        if self.optimizer is None:
+            raise ConfigError("this server is not seeded yet; seed it before offering a copy")
+        if version <= self.version or self.version != self.recovered_at:
+            return False
+        if set(blocks) != set(self.params):
+            raise ConfigError(
+                f"the offered copy has blocks {sorted(blocks)}, this server holds "
+                f"{sorted(self.params)}; the worker's placement is stale"
+            )
+        for block_id, value in blocks.items():
+            # A fresh tensor: sends in flight keep reading the old one.
+            self.params[block_id] = value.clone()
+            self.in_flight.pop(block_id, None)
+            if block_id not in self.states:
+                self.states[block_id] = new_state(self.optimizer, self.params[block_id])
+        self._acc.clear()
+        self._contrib = {}
+        self.version = self.recovered_at = version
+        return True
 
     def adopt(
         self,
@@ -109,6 +158,7 @@ class ParamStore:
             self.states[block_id] = state
             self._acc.pop(block_id, None)
         self.version = max(self.version, version)
+        self.recovered_at = max(self.recovered_at, version)
 
     def release(self, block_ids: Sequence[int]) -> None:
         for block_id in block_ids:
@@ -166,9 +216,15 @@ class ParamStore:
             )
         started = time.perf_counter()
         if self.mode == "asp":
+            if samples == 0:  # no records behind it: weight 0, as in a BSP step
+                return PushResult(True, None)
             return PushResult(True, self._apply_asp(worker, step, samples, grads, started))
         if step < self.version:
-            return PushResult(False, None)  # the step went ahead without it (BACKUP)
+            # The step went ahead without it (BACKUP), or, before ``recovered_at``,
+            # an earlier process applied it: with backup 0 only once every member's
+            # gradient was in, so this one too; with backup > 0 it cannot be known,
+            # and "dropped" sends its records back to the DDS rather than lose them.
+            return PushResult(step < self.recovered_at and self.backup == 0, None)
         if worker in self._contrib:
             raise ConfigError(f"worker {worker} pushed twice for step {step}")
         for block_id, grad in grads.items():

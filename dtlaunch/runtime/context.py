@@ -206,17 +206,26 @@ class Job:
         """How many times ``step()`` was called."""
         return self._stream.steps
 
-    def batches(self) -> Iterator[list[int]]:
+    def batches(self, *, wait: float | None = None) -> Iterator[list[int]]:
         """Lists of record indices, ``local_batch_size`` long (the last may be shorter).
 
         Ends when the supervisor has nothing more for this worker and every held
         lease is read. Calling it again continues the same stream.
+
+        With ``wait`` (seconds) a worker that holds no data yields an empty list
+        after that long instead of blocking until some comes: a BSP parameter-server
+        loop then pushes zero samples and steps, so the others' step is not held up
+        by a worker waiting for shards that they hold (at the start and end of the
+        data, or after a restart).
         """
+        if wait is not None and not wait >= 0:
+            raise ValueError(f"batches(wait=...) must be 0 or more seconds, got {wait!r}")
         while not self._closed:
-            batch = self._stream.next_batch()
+            batch = self._stream.next_batch(first_wait=wait)
             if batch is None:
                 return
-            self._timer.batch_taken(len(batch))
+            if batch:
+                self._timer.batch_taken(len(batch))
             yield batch
 
     def step(self) -> None:

@@ -109,6 +109,7 @@ _INT_MIN: dict[str, int] = {
     "store_rank": 0,
     "store_port": 1,
     "master_port": 1,
+    "source_rank": 0,
     # parameter server (messages' "version" is not here: Hello.version is a str)
     "worker": 0,
     "server": 0,
@@ -117,6 +118,8 @@ _INT_MIN: dict[str, int] = {
     "min_version": 0,
     "at_version": 0,
     "since_version": 0,
+    "incarnation": 0,
+    "recovered_at": 0,
     # status
     "restarts": 0,
     "shards_done": 0,

@@ -404,12 +404,16 @@ class RegroupReady(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RegroupGo(Message):
-    """To the survivors: join generation ``gen`` at ``master_addr:master_port``."""
+    """To the survivors, and to the waiting replacement: join generation ``gen``
+    at ``master_addr:master_port``; the replacement also learns who sends it the
+    state (``source_rank``) and its local batch size (0: the default)."""
 
     TYPE: ClassVar[str] = "regroup_go"
     gen: int
     master_addr: str
     master_port: int
+    source_rank: int = 0
+    batch_size: int = 0
 
 
 # ------------------------------------------- status (read-only, dtlaunch status)
@@ -550,6 +554,7 @@ class PsInit(Message):
     optimizer: PsOptimizer
     blocks: list[PsBlockSpec]
     with_data: bool = False
+    version: int = 0  # the version of the offered copy (a worker's last pull; resync)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -558,6 +563,8 @@ class PsInitReply(Message):
     request_id: int
     seeded: bool  # the server holds parameters for these blocks
     version: int
+    incarnation: int = 0  # the server process's random id: a new one means it restarted
+    recovered_at: int = 0  # the version of the copy this process started from (resync)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -568,6 +575,7 @@ class PsPull(Message):
     request_id: int
     min_version: int
     blocks: list[int]
+    incarnation: int = 0  # the server incarnation the client knows (0: none yet)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -578,6 +586,7 @@ class PsParams(Message):
     request_id: int
     version: int
     blocks: list[int]
+    incarnation: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -590,6 +599,7 @@ class PsPush(Message):
     step: int
     samples: int
     blocks: list[int]
+    incarnation: int = 0  # the server incarnation the client knows (0: none yet)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -601,6 +611,7 @@ class PsPushAck(Message):
     step: int
     accepted: bool
     version: int
+    incarnation: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -677,6 +688,7 @@ class PsStats(Message):
     workers: list[int]
     blocks: list[int]
     updates: list[PsUpdate]
+    incarnation: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -694,6 +706,15 @@ class PsReply(Message):
     ok: bool
     version: int = 0
     detail: str = ""
+    incarnation: int = 0  # the answering server's; a refused request may name a newer one
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsPing(Message):
+    """Is the server (still) there, and which incarnation is it? Answered by PsReply."""
+
+    TYPE: ClassVar[str] = "ps_ping"
+    request_id: int
 
 
 PS_MESSAGE_TYPES: tuple[type[Message], ...] = (
@@ -713,6 +734,7 @@ PS_MESSAGE_TYPES: tuple[type[Message], ...] = (
     PsStats,
     PsShutdown,
     PsReply,
+    PsPing,
 )
 
 

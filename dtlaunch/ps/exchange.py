@@ -1,0 +1,201 @@
+"""Requests to parameter servers, all at once, that notice a server's restart.
+
+A client sends one request to each server it needs and handles each answer as
+it arrives. A server silent for ``PROBE_AFTER_S`` gets a ``PsPing`` (again and
+again, backing off to ``PROBE_MAX_S``): an answer from the same process means
+the request is only waiting (a BSP pull waits for the slowest worker's push);
+no answer means the server is gone, and the pings queue in the DEALER until a
+new process binds the same endpoint (ZeroMQ reconnects by itself).
+
+Every answer names the server's *incarnation*, a random id per process, and
+pulls and pushes name the one the client knows; a server refuses a request sent
+to an earlier process. So an answer with a new incarnation means the process
+restarted and our request was lost: ``on_restart(server, incarnation)`` brings
+the new process up to date (the client's resync) and the request goes again,
+with a fresh id, so a late answer to the old one is ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import zmq
+
+from dtlaunch.errors import DtlaunchError
+from dtlaunch.ps.transport import ServerLink
+from dtlaunch.wire.messages import Message, PsPing, PsReply
+
+__all__ = [
+    "PROBE_AFTER_S",
+    "PROBE_MAX_S",
+    "Exchanger",
+    "PsError",
+    "ServerRestarted",
+    "ServerTiming",
+]
+
+PROBE_AFTER_S = 0.5  # a loopback answer takes milliseconds; a ping costs ~100 bytes
+PROBE_MAX_S = 2.0  # bounds how long a restarted server goes unnoticed
+
+Request = tuple[Message, list[Any]]  # a message and its tensor payloads
+Take = Callable[[int, Message, list[zmq.Frame]], int]  # -> tensor bytes received
+OnRestart = Callable[[int, int], None]  # (server, new incarnation)
+
+
+class PsError(DtlaunchError):
+    """A parameter server refused a request or did not answer in time."""
+
+
+class ServerRestarted(PsError):
+    """A server answered from a new process where the caller cannot resync."""
+
+    def __init__(self, server: int, incarnation: int) -> None:
+        super().__init__(f"parameter server {server} restarted (incarnation {incarnation})")
+        self.server = server
+        self.incarnation = incarnation
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ServerTiming:
+    """One exchange with one server, for the Monitor (PSLD §4.1's Pred(r, s))."""
+
+    server: int
+    op: str  # "pull" or "push"
+    bytes: int  # tensor bytes moved
+    seconds: float  # from sending the request to having the answer
+
+
+@dataclasses.dataclass(slots=True)
+class _Pending:
+    request_id: int
+    sent_at: float  # perf_counter, for timings
+    sent_bytes: int
+    deadline: float  # monotonic
+    next_probe: float
+    probe_every: float
+    probes: set[int]
+
+
+class Exchanger:
+    """The links to the servers, their known incarnations, and ``run``."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.links: list[ServerLink] = []
+        self.endpoints: list[str] = []
+        self.incarnations: list[int] = []  # 0: not heard from yet
+        self.timings: list[ServerTiming] = []
+        self.restarts = 0  # server restarts noticed (resyncs started)
+        self._ids = itertools.count(1)
+
+    def run(
+        self,
+        op: str,
+        requests: Mapping[int, Request],
+        take: Take,
+        *,
+        on_restart: OnRestart | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """Send every request, then ``take`` each answer as it arrives.
+
+        Without ``on_restart`` an answer from a new incarnation is taken as it is.
+
+        Raises:
+            PsError: a server refused, or did not answer within ``timeout``
+                (default: the exchanger's) of the last (re)send.
+            ServerRestarted: from ``on_restart``, when it raises it.
+        """
+        wait_s = self.timeout if timeout is None else timeout
+        poller = zmq.Poller()
+        pending: dict[int, _Pending] = {}
+        for j, (msg, payloads) in requests.items():
+            pending[j] = self._send(j, msg, payloads, wait_s)
+            poller.register(self.links[j].sock, zmq.POLLIN)
+        socket_of = {self.links[j].sock: j for j in pending}
+        while pending:
+            now = time.monotonic()
+            for j, p in pending.items():
+                if now >= p.deadline:
+                    raise PsError(
+                        f"{op}: no answer from parameter server {j} ({self.endpoints[j]}) "
+                        f"within {wait_s:.0f}s; check that it runs (DTLAUNCH_PS_TIMEOUT sets "
+                        "the wait)"
+                    )
+                if now >= p.next_probe:
+                    probe_id = next(self._ids)
+                    self.links[j].send(PsPing(request_id=probe_id))
+                    p.probes.add(probe_id)
+                    p.probe_every = min(2 * p.probe_every, PROBE_MAX_S)
+                    p.next_probe = now + p.probe_every
+            soonest = min(min(p.next_probe, p.deadline) for p in pending.values())
+            for sock, _ in poller.poll(max(1, int((soonest - now) * 1000) + 1)):
+                j = socket_of[sock]
+                got = self.links[j].recv_now()
+                if got is None or j not in pending:
+                    continue
+                reply, frames = got
+                p = pending[j]
+                reply_id = getattr(reply, "request_id", None)
+                if reply_id != p.request_id and reply_id not in p.probes:
+                    continue  # an answer to a request given up on or sent again
+                incarnation = getattr(reply, "incarnation", 0)
+                known = self.incarnations[j]
+                if incarnation and incarnation != known:
+                    self.incarnations[j] = incarnation
+                    if known and on_restart is not None:
+                        self.restarts += 1
+                        on_restart(j, incarnation)
+                        msg, payloads = requests[j]
+                        pending[j] = self._send(j, msg, payloads, wait_s)
+                        continue
+                if reply_id != p.request_id:
+                    continue  # a ping answered by the same process: the request waits
+                if isinstance(reply, PsReply) and not reply.ok:
+                    raise PsError(
+                        f"{op}: parameter server {j} ({self.endpoints[j]}): {reply.detail}"
+                    )
+                received = take(j, reply, frames)
+                del pending[j]
+                poller.unregister(sock)
+                if op in ("pull", "push"):
+                    self.timings.append(
+                        ServerTiming(
+                            server=j,
+                            op=op,
+                            bytes=received + p.sent_bytes,
+                            seconds=time.perf_counter() - p.sent_at,
+                        )
+                    )
+
+    def _send(self, j: int, msg: Message, payloads: list[Any], wait_s: float) -> _Pending:
+        request_id = next(self._ids)
+        changes: dict[str, Any] = {"request_id": request_id}
+        if "incarnation" in _field_names(type(msg)):
+            changes["incarnation"] = self.incarnations[j]
+        sent_at = time.perf_counter()
+        self.links[j].send(dataclasses.replace(msg, **changes), payloads)
+        now = time.monotonic()
+        return _Pending(
+            request_id=request_id,
+            sent_at=sent_at,
+            sent_bytes=sum(memoryview(b).nbytes for b in payloads),
+            deadline=now + wait_s,
+            next_probe=now + PROBE_AFTER_S,
+            probe_every=PROBE_AFTER_S,
+            probes=set(),
+        )
+
+
+_FIELDS: dict[type[Message], frozenset[str]] = {}
+
+
+def _field_names(cls: type[Message]) -> frozenset[str]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = frozenset(f.name for f in dataclasses.fields(cls))
+    return names
