@@ -20,7 +20,7 @@ from dtlaunch.supervisor.nodes import JoinSpec
 from dtlaunch.supervisor.placement import place
 from dtlaunch.supervisor.regroup import RegroupCoordinator
 from dtlaunch.wire.messages import Exited, Kill, RegroupReady, Spawn
-from tests.jobs import REPO, SCRIPTS, events, hostfile, run, summary
+from tests.jobs import REPO, SCRIPTS, events, hostfile, job_env, run, summary
 
 torch = pytest.importorskip("torch")
 
@@ -46,11 +46,11 @@ def test_coordinator_regroups_only_when_every_worker_attached_and_one_at_a_time(
     assert not coord.can_regroup(1)  # one in flight
     assert coord.survivors() == [0, 1]
     # Only the store host's answer for this generation counts, once.
-    assert coord.ready(1, RegroupReady(gen=1, step=5, store_port=4000)) is None
-    assert coord.ready(0, RegroupReady(gen=2, step=5, store_port=4000)) is None
-    pending = coord.ready(0, RegroupReady(gen=1, step=5, store_port=4000))
+    assert coord.ready(1, RegroupReady(gen=1, step=5, store_port=4000), "h0") is None
+    assert coord.ready(0, RegroupReady(gen=2, step=5, store_port=4000), "h0") is None
+    pending = coord.ready(0, RegroupReady(gen=1, step=5, store_port=4000), "h0")
     assert pending is not None and pending.join_env() == {"DTLAUNCH_JOIN": "1:0:6"}
-    assert coord.ready(0, RegroupReady(gen=1, step=5, store_port=4000)) is None
+    assert coord.ready(0, RegroupReady(gen=1, step=5, store_port=4000), "h0") is None
     assert coord.expired(100.0) is None  # the store is up: the survivors' own timeout rules
     coord.worker_gone(2)
     assert coord.attached(2) is pending  # the newcomer joined and attached: done
@@ -169,8 +169,14 @@ def test_nd_replaces_a_host_bound_straggler_on_the_spare_host_without_restarting
     assert result.returncode == 0, result.stdout + result.stderr
     log = events(run_dir)
     regroups = [e for e in log if e["kind"] == "regroup"]
-    assert [e["phase"] for e in regroups] == ["begin", "store", "done"], regroups
+    # Another host: the replacement starts first and warms up while worker 2
+    # trains on; the group pauses only from "begin" to "done".
+    assert [e["phase"] for e in regroups] == ["prewarm", "begin", "store", "done"], regroups
     assert regroups[0]["rank"] == 2 and regroups[0]["target_host"] == a2
+    retired = [e for e in log if e["kind"] == "exit" and e.get("retired")]
+    assert [(e["rank"], e["host"]) for e in retired] == [(2, a1)]
+    spawn = [e for e in log if e["kind"] == "spawn" and e["rank"] == 2][-1]
+    assert spawn["host"] == a2 and "dtlaunch.runtime.prewarm" in spawn["argv"]
     moved = [e for e in log if e["kind"] == "moved"]
     assert [(e["old_host"], e["new_host"]) for e in moved] == [(a1, a2)]
     # No group restart: ranks 0 and 1 ran in one process each from start to end.
@@ -181,7 +187,7 @@ def test_nd_replaces_a_host_bound_straggler_on_the_spare_host_without_restarting
         assert finals[rank]["first_step"] == 0
     newcomer = finals[2]
     assert newcomer["host"] == a2
-    assert newcomer["first_step"] == regroups[1]["step"] > 0
+    assert newcomer["first_step"] == regroups[2]["step"] > 0
     assert len({f["last_step"] for f in finals.values()}) == 1
     # The newcomer got the model and optimizer state: every rank ends identical.
     assert finals[0]["params"] == finals[1]["params"] == newcomer["params"]
@@ -212,3 +218,46 @@ def test_a_busy_spare_host_is_not_a_restart_target():
     )  # fmt: skip
     assert state.procs["worker-1"].host == "spare"
     assert state.free_spare("spare") is None  # worker 1 runs there now
+
+
+@pytest.mark.integration
+def test_without_a_spare_host_the_straggler_is_replaced_in_place(tmp_path):
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    run_dir = tmp_path / "run"
+    args = [
+        "run", "--workers", "3", "--run-dir", str(run_dir),
+        "--dataset-size", "1800", "--shard-size", "60", "--global-batch", "30",
+        "--policy", "nd:l_trans=2,l_per=4,restart_cost=1,cooldown=1000",
+        "--control-interval", "0.5",
+        "--inject", "persistent:role=worker,ranks=2,delay=0.3",
+        "--output", "0",
+        str(SCRIPTS / "elastic_worker.py"), str(ledger), "0.05",
+    ]  # fmt: skip
+    result = run(args, env=job_env(), timeout=240.0, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    log = events(run_dir)
+    phases = [e["phase"] for e in log if e["kind"] == "regroup"]
+    assert phases == ["begin", "store", "done"], phases
+    assert {e["rank"] for e in log if e["kind"] == "restart"} == {2}
+    finals = [json.loads((ledger / f"{rank}.json").read_text()) for rank in range(3)]
+    assert finals[0]["params"] == finals[1]["params"] == finals[2]["params"]
+    assert finals[2]["first_step"] > 0 and finals[0]["first_step"] == 0
+
+
+def test_a_prewarmed_replacement_is_announced_when_ready_and_told_where_to_join():
+    coord = RegroupCoordinator(world_size=3, timeout_s=10.0)
+    for rank in range(3):
+        coord.attached(rank)
+    msg = coord.begin(1, target_host="spare", reason="slow", now=1.0, prewarmed=True)
+    assert coord.announce(0, 2.0) is None  # not the rank being replaced
+    assert coord.join_go(1) is None  # no store yet
+    assert coord.announce(1, 3.0) == msg and coord.announce(1, 3.5) is None
+    coord.ready(0, RegroupReady(gen=msg.gen, step=9, store_port=4100), "10.0.0.1")
+    go = coord.join_go(1)
+    assert go is not None and (go.master_addr, go.master_port, go.source_rank) == (
+        "10.0.0.1",
+        4100,
+        0,
+    )
+    assert coord.pending is not None and coord.pending.announced_at == 3.0

@@ -161,8 +161,9 @@ def test_benchmark_scenario_scales_antdt_and_its_pattern_is_seeded():
 
 def test_benchmark_results_table_and_files(tmp_path):
     bench = load_benchmark()
-    times = {"ideal": (0.0, 40.0, 18.0), "none": (0.8, 88.0, 40.0), "torchrun": (0.8, 80.0, 39.0),
-             "lb-bsp": (0.8, 60.0, 25.0), "nd": (0.8, 42.0, 20.0)}  # fmt: skip
+    # (intensity, wall time from launch, training time = the JCT)
+    times = {"ideal": (0.0, 58.0, 40.0), "none": (0.8, 106.0, 88.0), "torchrun": (0.8, 98.0, 80.0),
+             "lb-bsp": (0.8, 78.0, 60.0), "nd": (0.8, 61.0, 42.0)}  # fmt: skip
     outcomes = [
         bench.Outcome(column=c, intensity=si, jct_s=j, train_s=t, ok=True, detail={})
         for c, (si, j, t) in times.items()
@@ -171,6 +172,7 @@ def test_benchmark_results_table_and_files(tmp_path):
     assert results["jct_s"] == {
         "0.8": {"none": 88.0, "torchrun": 80.0, "lb-bsp": 60.0, "nd": 42.0, "ideal": 40.0}
     }
+    assert results["wall_s"]["0.8"]["nd"] == 61.0
     assert results["speedup_nd_over_none"]["0.8"] == pytest.approx(88 / 42, abs=1e-3)
     assert all(results["targets"].values())  # 42 <= 1.1 x 40 and 88 / 42 >= 2
     text = bench.render_text(results)

@@ -114,10 +114,12 @@ _Item = Lease | _End | _Failed
 class SupervisorClient:
     """A ``LeaseSource`` backed by the supervisor; see the module docstring."""
 
-    def __init__(self, conn: Connection, *, prefetch: int) -> None:
+    def __init__(self, conn: Connection, *, prefetch: int, joining: bool = False) -> None:
         self._conn = conn
         self._prefetch = prefetch
-        self._identity = b"worker:%d" % conn.rank
+        # A replacement waiting to join has its own identity: the worker it
+        # replaces is still connected under "worker:<rank>".
+        self._identity = (b"join:%d" if joining else b"worker:%d") % conn.rank
         # Shared with the training thread.
         self._items: queue.Queue[_Item] = queue.Queue()
         self._queued_lock = threading.Lock()
@@ -246,7 +248,7 @@ class SupervisorClient:
                     f"the supervisor did not say where regroup generation {gen} meets "
                     f"within {timeout:.0f}s"
                 ) from None
-            if go.gen == gen:
+            if go.gen == gen or gen == 0:  # 0: whichever comes (a waiting replacement)
                 return go
 
     def actions(self) -> list[Message]:

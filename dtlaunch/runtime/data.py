@@ -54,8 +54,11 @@ class NotReady:
 
 NOT_READY = NotReady()
 # How long a batch that already holds records waits for the next lease before it
-# is handed out short (see BatchStream.next_batch).
-SHORT_BATCH_WAIT_S = 1.0
+# is handed out short (see BatchStream.next_batch). Prefetching keeps the next
+# lease at hand in mid-data, so a miss mostly means the queue has run dry (the
+# end of an epoch, when the others hold the last shards): waiting then only
+# stretches every synchronous step, so the wait is short.
+SHORT_BATCH_WAIT_S = 0.1
 
 
 class LeaseSource(Protocol):

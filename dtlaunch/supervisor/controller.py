@@ -38,6 +38,12 @@ class Controller:
             if began is not None:
                 self.restart_cost_s = max(0.0, now - min(r.age_s for r in reports) - began)
         for report in sorted(reports, key=lambda r: r.step):
+            injected += report.injected_s
+            if report.samples == 0:
+                # An idle step (no data at hand, e.g. at the end of the data) says
+                # nothing about this worker's speed; as a fast step it would skew
+                # the windows and the batch plan.
+                continue
             self.monitor.report_worker(
                 rank,
                 now=max(0.0, now - report.age_s),
@@ -47,8 +53,14 @@ class Controller:
                 comm_s=report.comm_s,
                 samples=report.samples,
             )
-            injected += report.injected_s
         return injected
+
+    def restart_measured(self, rank: int, cost_s: float) -> None:
+        """What replacing ``rank`` cost the job, measured by whoever carried it out
+        (an elastic regroup: only the survivors' pause, not the replacement's start)."""
+        self.restart_cost_s = max(0.0, cost_s)
+        self._restart_began.pop(rank, None)
+        self._replaced.discard(rank)
 
     def worker_gone(self, rank: int) -> None:
         """A worker ended: its windows start empty, its restart (if ours) is over."""

@@ -28,12 +28,17 @@ class LaunchContext:
     state_dirs: dict[str, str]  # the agent's folder on that host
 
 
-def process_argv(spec: JobSpec, python: str, role: str = "worker") -> list[str]:
+def process_argv(
+    spec: JobSpec, python: str, role: str = "worker", *, prewarm: bool = False
+) -> list[str]:
     if role == "server" and builtin_ps(spec):
         return [python, "-u", "-m", "dtlaunch.ps"]
+    # A replacement started ahead of its regroup warms up in dtlaunch's wrapper,
+    # which then runs the script as python would.
+    wrapper = ["-m", "dtlaunch.runtime.prewarm"] if prewarm else []
     if spec.module:
-        return [python, "-u", "-m", spec.script, *spec.script_args]
-    return [python, "-u", spec.script, *spec.script_args]
+        return [python, "-u", *wrapper, "-m", spec.script, *spec.script_args]
+    return [python, "-u", *wrapper, spec.script, *spec.script_args]
 
 
 def process_env(
@@ -140,7 +145,7 @@ def build_spawn(ctx: LaunchContext, slot: ProcSlot, master_addr: str, master_por
         role=slot.role,
         rank=slot.rank,
         attempt=slot.attempt,
-        argv=process_argv(ctx.spec, ctx.python, slot.role),
+        argv=process_argv(ctx.spec, ctx.python, slot.role, prewarm=slot.prewarm),
         env=process_env(ctx, slot, master_addr, master_port),
         cwd=ctx.workdir,
     )

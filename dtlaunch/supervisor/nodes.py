@@ -111,6 +111,7 @@ class ProcSlot:
     # in an elastic allreduce group, how that attempt joins the survivors.
     next_host: str = ""
     join: JoinSpec | None = None
+    prewarm: bool = False  # the next spawn waits, warm, to join the survivors
     # Built-in PS: the port a server binds (set before each spawn), and for a
     # worker the servers' endpoints in rank order.
     ps_port: int = 0

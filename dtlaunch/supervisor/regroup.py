@@ -8,9 +8,9 @@ back to restarting the group. The supervisor sends and receives the messages.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from dtlaunch.wire.messages import Regroup, RegroupReady
+from dtlaunch.wire.messages import Regroup, RegroupGo, RegroupReady
 
 __all__ = ["PendingRegroup", "RegroupCoordinator"]
 
@@ -24,6 +24,11 @@ class PendingRegroup:
     reason: str
     started: float
     batch_size: int  # the leaving worker's local batch size, for its replacement
+    # The replacement was started ahead (on another host) and waits to join; the
+    # Regroup goes out once it is ready (announced).
+    prewarmed: bool = False
+    announced: bool = True
+    announced_at: float = 0.0  # from here the group pauses for the hand-over
 
     def join_env(self) -> dict[str, str]:
         """What the newcomer's SDK reads (``dtlaunch.runtime.elastic.ENV_JOIN``)."""
@@ -39,6 +44,7 @@ class RegroupCoordinator:
         self.gen = 0
         self.pending: PendingRegroup | None = None
         self.store_port = 0  # of the pending regroup, once its store listens
+        self.store_addr = ""
         self._attached: set[int] = set()
         self._batch_sizes: dict[int, int] = {}
 
@@ -71,8 +77,17 @@ class RegroupCoordinator:
             and len(self._attached) == self.world_size
         )
 
-    def begin(self, rank: int, *, target_host: str | None, reason: str, now: float) -> Regroup:
-        """Start replacing ``rank``; the message goes to every worker."""
+    def begin(
+        self,
+        rank: int,
+        *,
+        target_host: str | None,
+        reason: str,
+        now: float,
+        prewarmed: bool = False,
+    ) -> Regroup:
+        """Start replacing ``rank``; the message goes to every worker, at once or,
+        for a ``prewarmed`` replacement, when ``announce()`` says it is ready."""
         self.gen += 1
         store_rank = min(r for r in range(self.world_size) if r != rank)
         self.pending = PendingRegroup(
@@ -83,19 +98,49 @@ class RegroupCoordinator:
             reason=reason,
             started=now,
             batch_size=self._batch_sizes.get(rank, 0),
+            prewarmed=prewarmed,
+            announced=not prewarmed,
+            announced_at=now,
         )
         self.store_port = 0
+        self.store_addr = ""
         return Regroup(gen=self.gen, leaving_rank=rank, store_rank=store_rank)
 
-    def ready(self, rank: int, msg: RegroupReady) -> PendingRegroup | None:
-        """The store host's answer; the pending regroup when it is the one expected."""
+    def announce(self, rank: int, now: float) -> Regroup | None:
+        """The prewarmed replacement of ``rank`` is ready: the Regroup to send now."""
+        pending = self.pending
+        if pending is None or pending.announced or rank != pending.leaving_rank:
+            return None
+        self.pending = replace(pending, announced=True, announced_at=now)
+        return Regroup(gen=pending.gen, leaving_rank=rank, store_rank=pending.store_rank)
+
+    def ready(self, rank: int, msg: RegroupReady, addr: str) -> PendingRegroup | None:
+        """The store host's answer (it listens at ``addr``); the pending regroup
+        when it is the one expected."""
         pending = self.pending
         if pending is None or msg.gen != pending.gen or rank != pending.store_rank:
             return None
         if self.store_port:
             return None  # a duplicate
         self.store_port = msg.store_port
+        self.store_addr = addr
         return pending
+
+    def join_go(self, rank: int) -> RegroupGo | None:
+        """Where the prewarmed replacement of ``rank`` meets the survivors, once its
+        predecessor is gone and the store listens."""
+        pending = self.pending
+        if pending is None or not pending.prewarmed or rank != pending.leaving_rank:
+            return None
+        if not self.store_port:
+            return None
+        return RegroupGo(
+            gen=pending.gen,
+            master_addr=self.store_addr,
+            master_port=self.store_port,
+            source_rank=pending.store_rank,
+            batch_size=pending.batch_size,
+        )
 
     def expired(self, now: float) -> PendingRegroup | None:
         """The pending regroup if its store is still not up after the timeout (the

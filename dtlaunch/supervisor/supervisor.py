@@ -35,9 +35,9 @@ from dtlaunch.supervisor.jobstate import (
     WorkerGone,
 )
 from dtlaunch.supervisor.launcher import AgentProcess, HostInfo, Launcher
-from dtlaunch.supervisor.nodes import JoinSpec
 from dtlaunch.supervisor.output import OutputRouter
 from dtlaunch.supervisor.regroup import RegroupCoordinator
+from dtlaunch.supervisor.regroup_driver import JOIN_PREFIX, RegroupDriver
 from dtlaunch.supervisor.status import STATUS_PREFIX, StatusTracker
 from dtlaunch.wire.messages import (
     Ack,
@@ -55,7 +55,6 @@ from dtlaunch.wire.messages import (
     Output,
     Ping,
     RegisterDataset,
-    RegroupGo,
     RegroupReady,
     Rehello,
     Spawned,
@@ -105,7 +104,21 @@ class Supervisor:
     ) -> None:
         self._dds = dds
         self._status = status  # answers read-only status clients
-        self._regroup = regroup  # allreduce mode: replace stragglers without a group restart
+        # allreduce mode: replace stragglers without a group restart
+        self._regroup = (
+            RegroupDriver(
+                regroup,
+                state=state,
+                recorder=recorder,
+                send=router.send,
+                apply=self._apply,
+                clock=clock,
+                worker_prefix=WORKER_PREFIX,
+                measured=controller.restart_measured if controller is not None else None,
+            )
+            if regroup is not None
+            else None
+        )
         self._controller = controller
         self._resume = resume
         self._adopt = adopt or set()
@@ -201,7 +214,9 @@ class Supervisor:
                 task.add_done_callback(self._launch_tasks.discard)
             elif isinstance(command, WorkerGone):
                 if self._regroup is not None:
-                    self._regroup.worker_gone(command.rank)
+                    self._spawn_task(
+                        self._regroup.worker_gone(command.rank), f"regroup-{command.rank}"
+                    )
                 if self._controller is not None:
                     self._controller.worker_gone(command.rank)
                 if self._dds is not None:
@@ -263,7 +278,8 @@ class Supervisor:
             self._apply(self.state.tick(self._clock()))
             if self._controller is not None and self.state.phase is Phase.RUNNING:
                 await self._control(self._clock())
-                self._regroup_timeout(self._clock())
+                if self._regroup is not None:
+                    self._regroup.check_timeout(self._clock())
 
     async def _control(self, now: float) -> None:
         """Ask the policy; record each decision with its inputs; carry it out."""
@@ -285,88 +301,22 @@ class Supervisor:
                     message_lr = AdjustLRMessage(factor=factor, apply_at_step=action.apply_at_step)
                     await self._router.send(WORKER_PREFIX + str(rank).encode(), message_lr)
             elif isinstance(action, KillRestart):
-                await self._kill_restart(action, now)
+                if self._regroup is not None:
+                    await self._regroup.kill_restart(action, now)
+                else:
+                    self._apply(
+                        self.state.kill_restart(
+                            action.role,
+                            action.rank,
+                            action.reason,
+                            now,
+                            target_host=self.state.free_spare(action.target_host),
+                        )
+                    )
             if isinstance(action, AdjustBatchSize):
                 self._batch_plan.update(action.sizes)
                 if self._regroup is not None:
-                    self._regroup.batch_sizes(action.sizes)
-
-    async def _kill_restart(self, action: KillRestart, now: float) -> None:
-        """Replace a straggler: around the survivors when they can hand over their
-        state (every worker attached), else by restarting it (and, in allreduce
-        mode, its group)."""
-        regroup = self._regroup
-        # The policy names a spare host; one that already runs a process is not spare.
-        target = self.state.free_spare(action.target_host)
-        if action.role != "worker" or regroup is None or not regroup.can_regroup(action.rank):
-            self._apply(
-                self.state.kill_restart(
-                    action.role, action.rank, action.reason, now, target_host=target
-                )
-            )
-            return
-        msg = regroup.begin(action.rank, target_host=target, reason=action.reason, now=now)
-        self._recorder.emit(
-            "regroup",
-            phase="begin",
-            gen=msg.gen,
-            rank=action.rank,
-            store_rank=msg.store_rank,
-            target_host=target,
-        )
-        for rank in range(regroup.world_size):
-            await self._router.send(WORKER_PREFIX + str(rank).encode(), msg)
-
-    async def _regroup_ready(self, rank: int, msg: RegroupReady) -> None:
-        """The survivors' store listens: tell them where, replace the straggler."""
-        assert self._regroup is not None
-        pending = self._regroup.ready(rank, msg)
-        if pending is None:
-            log.info("regroup answer from worker %d for generation %d ignored", rank, msg.gen)
-            return
-        addr = self.state.address_of(f"worker-{pending.store_rank}")
-        self._recorder.emit(
-            "regroup",
-            phase="store",
-            gen=pending.gen,
-            step=msg.step,
-            store=f"{addr}:{msg.store_port}",
-            waited_s=round(self._clock() - pending.started, 3),
-        )
-        go = RegroupGo(gen=pending.gen, master_addr=addr, master_port=msg.store_port)
-        for survivor in self._regroup.survivors():
-            await self._router.send(WORKER_PREFIX + str(survivor).encode(), go)
-        join = JoinSpec(master_addr=addr, master_port=msg.store_port, env=pending.join_env())
-        self._apply(
-            self.state.kill_restart(
-                "worker",
-                pending.leaving_rank,
-                pending.reason,
-                self._clock(),
-                target_host=pending.target_host,
-                join=join,
-            )
-        )
-
-    def _regroup_timeout(self, now: float) -> None:
-        """Workers that never reached the agreed step (not a bsp_batches loop?): fall
-        back to a plain KILL_RESTART, which restarts the group."""
-        expired = self._regroup.expired(now) if self._regroup is not None else None
-        if expired is None:
-            return
-        log.warning(
-            "the group did not re-form within %.0fs; restarting worker %d the plain way",
-            self._regroup.timeout_s if self._regroup else 0.0,
-            expired.leaving_rank,
-        )
-        self._recorder.emit(
-            "regroup", phase="abandoned", gen=expired.gen, rank=expired.leaving_rank
-        )
-        self._apply(
-            self.state.kill_restart(
-                "worker", expired.leaving_rank, expired.reason, now, target_host=expired.target_host
-            )
-        )
+                    self._regroup.coordinator.batch_sizes(action.sizes)
 
     async def _receive_loop(self) -> None:
         while True:
@@ -393,6 +343,8 @@ class Supervisor:
             )
         elif peer.startswith(WORKER_PREFIX) and self._dds is not None:
             await self._from_worker(peer, msg)
+        elif peer.startswith(JOIN_PREFIX):
+            await self._from_joiner(peer, msg)
         elif isinstance(msg, Hello):
             if msg.run_id != self._run_id:
                 log.warning("hello from %r for another run %s; ignored", peer, msg.run_id)
@@ -408,6 +360,18 @@ class Supervisor:
             return
         else:
             log.debug("unexpected %s from %r", type(msg).__name__, peer)
+
+    async def _from_joiner(self, peer: bytes, msg: Message) -> None:
+        """A prewarmed replacement waiting to join (``dtlaunch.runtime.prewarm``)."""
+        if not isinstance(msg, Hello) or self._regroup is None:
+            return  # pings keep it alive; nothing else is expected from it
+        if msg.run_id != self._run_id or msg.rank < 0:
+            log.warning("join hello from %r for run %s ignored", peer, msg.run_id)
+            return
+        await self._router.send(
+            peer, Welcome(run_id=self._run_id, heartbeat_interval=self._interval)
+        )
+        await self._regroup.joiner_hello(msg.rank)
 
     async def _from_worker(self, peer: bytes, msg: Message) -> None:
         """Data-sharding requests; each runs as its own task so that many share
@@ -449,17 +413,9 @@ class Supervisor:
         elif isinstance(msg, (RegisterDataset, FetchShards, AckShards)):
             self._spawn_task(self._dds.handle(peer, rank, msg), f"dds-{rank}")
         elif isinstance(msg, Attached) and self._regroup is not None:
-            done = self._regroup.attached(rank)
-            if done is not None:
-                self._recorder.emit(
-                    "regroup",
-                    phase="done",
-                    gen=done.gen,
-                    rank=rank,
-                    took_s=round(self._clock() - done.started, 3),
-                )
+            self._regroup.attached(rank)
         elif isinstance(msg, RegroupReady) and self._regroup is not None:
-            await self._regroup_ready(rank, msg)
+            await self._regroup.store_ready(rank, msg)
         elif isinstance(msg, StepReports):
             # Recorded (policy or not) so that replay can plot the run and re-decide
             # it offline; columns keep the line short. ``t`` is when each step ended,

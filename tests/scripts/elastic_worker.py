@@ -17,8 +17,8 @@ import torch.distributed as dist
 import dtlaunch
 
 ledger, step_s = Path(sys.argv[1]), float(sys.argv[2])
-dist.init_process_group("gloo")
 job = dtlaunch.init()
+dist.init_process_group("gloo")
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)

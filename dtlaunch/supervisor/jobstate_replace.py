@@ -1,0 +1,121 @@
+"""KILL_RESTART in ``JobState``: restart a process (on a spare host when asked),
+join an elastic allreduce group, or hand over to a replacement started ahead."""
+
+from __future__ import annotations
+
+from dtlaunch.supervisor.jobstate_base import JobStateBase
+from dtlaunch.supervisor.nodes import (
+    LIVE_PROC_STATES,
+    AgentState,
+    Command,
+    JoinSpec,
+    Phase,
+    ProcState,
+    SendToAgent,
+)
+from dtlaunch.wire.messages import Kill
+
+__all__ = ["Replacements"]
+
+
+class Replacements(JobStateBase):
+    def kill_restart(
+        self,
+        role: str,
+        rank: int,
+        reason: str,
+        now: float,
+        *,
+        target_host: str | None = None,
+        join: JoinSpec | None = None,
+    ) -> list[Command]:
+        """KILL_RESTART (AntDT Table II): stop the process, start it again with the
+        same rank, on ``target_host`` when given (a spare host) else on its own.
+
+        With ``join`` the new attempt joins the survivors of an elastic allreduce
+        group (their store and what to receive) instead of a fresh group. The
+        restart follows its Exited like any restart (attempt + 1). Only a running
+        process is restarted; anything else has moved on already.
+        """
+        slot = self.procs.get(f"{role}-{rank}")
+        if slot is None or slot.state is not ProcState.RUNNING or self.phase is not Phase.RUNNING:
+            return []
+        if target_host is not None and target_host not in self.agents:
+            raise ValueError(f"KILL_RESTART target {target_host!r} is not a host of this job")
+        slot.state = ProcState.STOPPING
+        slot.restart_after_stop = True
+        slot.restart_reason = f"KILL_RESTART: {reason}"
+        slot.next_host = target_host or ""
+        slot.join = join
+        return [
+            SendToAgent(host=slot.host, message=self._kill_message(slot)),
+            self._proc_event(
+                "kill_restart",
+                slot,
+                reason=reason,
+                attempt=slot.attempt,
+                target_host=target_host or slot.host,
+                regroup=join is not None,
+            ),
+        ]
+
+    def replace_prewarmed(
+        self, rank: int, target_host: str, reason: str, now: float
+    ) -> list[Command]:
+        """KILL_RESTART onto another host without a gap: the replacement starts
+        now on ``target_host`` and waits, warm, to join the survivors
+        (``dtlaunch.runtime.prewarm``); the old process trains on until
+        ``retire()`` stops it. The slot is the new attempt from here on."""
+        slot = self.procs.get(f"worker-{rank}")
+        if slot is None or slot.state is not ProcState.RUNNING or self.phase is not Phase.RUNNING:
+            return []
+        if target_host not in self.agents or target_host == slot.host:
+            raise ValueError(f"a prewarmed replacement needs another host, got {target_host!r}")
+        self.retiring[slot.proc_id] = (slot.host, slot.attempt)
+        out: list[Command] = [
+            self._proc_event(
+                "kill_restart",
+                slot,
+                reason=reason,
+                attempt=slot.attempt,
+                target_host=target_host,
+                regroup=True,
+                prewarm=True,
+            ),
+            self._restart(slot, f"KILL_RESTART: {reason}", now),
+            self._proc_event("moved", slot, old_host=slot.host, new_host=target_host),
+        ]
+        slot.host = target_host
+        slot.prewarm = True
+        return out + self._reconcile(now)
+
+    def retire(self, proc_id: str) -> list[Command]:
+        """Stop the process a prewarmed replacement takes over from."""
+        retiring = self.retiring.get(proc_id)
+        if retiring is None:
+            return []
+        host, attempt = retiring
+        kill = Kill(proc_id=proc_id, attempt=attempt, grace_s=self.timing.kill_grace)
+        return [SendToAgent(host=host, message=kill)]
+
+    def free_spare(self, preferred: str | None) -> str | None:
+        """Where a KILL_RESTART should go: ``preferred`` if it is a spare host with
+        nothing running, else the first such spare host; None (its own host) when
+        no spare host is free or none was asked for."""
+        if preferred is None:
+            return None
+        busy = {
+            s.host
+            for s in self.procs.values()
+            if s.state in LIVE_PROC_STATES or s.state is ProcState.PENDING
+        }
+        free = [h for h in [preferred, *self.spare_hosts] if h in self.spare_hosts]
+        return next((h for h in free if h not in busy), None)
+
+    def address_of(self, proc_id: str) -> str:
+        """The address other hosts reach ``proc_id``'s host at ("" if unknown)."""
+        slot = self.procs.get(proc_id)
+        agent = self.agents.get(slot.host) if slot is not None else None
+        if slot is None or agent is None or agent.state is not AgentState.UP:
+            return ""
+        return self._master_addr_of(slot.host, agent.host_addr)

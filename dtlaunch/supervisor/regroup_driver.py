@@ -1,0 +1,197 @@
+"""Carries out KILL_RESTART in an allreduce job: the messages of the regroup
+protocol (``dtlaunch.runtime.elastic``), around the I/O-free ``RegroupCoordinator``
+and ``JobState``.
+
+Two ways to replace worker ``r``:
+
+* **prewarmed** (the target is another host): its replacement starts at once
+  under ``dtlaunch.runtime.prewarm`` and imports what it needs while ``r`` still
+  trains; when it says Hello (as ``join:r``) the workers get ``Regroup``; when
+  the survivors' store is up ``r`` is stopped, and once it is gone the
+  replacement hears where to meet. The survivors wait only for the hand-over.
+* **in place** (same host, where two attempts of one rank cannot run side by
+  side): ``Regroup`` at once; when the store is up, ``r`` is killed and its
+  replacement started with the store in its environment.
+
+A group that does not get its store up within the coordinator's timeout falls
+back to a plain restart (its peers then restart through the group scope).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from dtlaunch.events import EventRecorder
+from dtlaunch.supervisor.actions import KillRestart
+from dtlaunch.supervisor.jobstate import Command, JobState
+from dtlaunch.supervisor.nodes import JoinSpec
+from dtlaunch.supervisor.regroup import RegroupCoordinator
+from dtlaunch.wire.messages import Message, RegroupGo, RegroupReady
+
+__all__ = ["JOIN_PREFIX", "RegroupDriver"]
+
+log = logging.getLogger(__name__)
+
+JOIN_PREFIX = b"join:"  # a prewarmed replacement's identity until it joins
+
+
+class RegroupDriver:
+    def __init__(
+        self,
+        coordinator: RegroupCoordinator,
+        *,
+        state: JobState,
+        recorder: EventRecorder,
+        send: Callable[[bytes, Message], Awaitable[None]],
+        apply: Callable[[list[Command]], None],
+        clock: Callable[[], float],
+        worker_prefix: bytes,
+        measured: Callable[[int, float], None] | None = None,
+    ) -> None:
+        self.coordinator = coordinator
+        self._state = state
+        self._recorder = recorder
+        self._send = send
+        self._apply = apply
+        self._clock = clock
+        self._worker = worker_prefix
+        self._measured = measured  # (rank, seconds the group paused) for the policy
+
+    async def kill_restart(self, action: KillRestart, now: float) -> None:
+        """Replace a straggler: around the survivors when they can hand over their
+        state (every worker attached), else by restarting it (and, in allreduce
+        mode, its group)."""
+        coord = self.coordinator
+        # The policy names a spare host; one that already runs a process is not spare.
+        target = self._state.free_spare(action.target_host)
+        if action.role != "worker" or not coord.can_regroup(action.rank):
+            self._apply(
+                self._state.kill_restart(
+                    action.role, action.rank, action.reason, now, target_host=target
+                )
+            )
+            return
+        slot = self._state.procs[f"worker-{action.rank}"]
+        prewarmed = target is not None and target != slot.host
+        msg = coord.begin(
+            action.rank, target_host=target, reason=action.reason, now=now, prewarmed=prewarmed
+        )
+        self._recorder.emit(
+            "regroup",
+            phase="prewarm" if prewarmed else "begin",
+            gen=msg.gen,
+            rank=action.rank,
+            store_rank=msg.store_rank,
+            target_host=target,
+        )
+        if prewarmed:
+            assert target is not None
+            self._apply(self._state.replace_prewarmed(action.rank, target, action.reason, now))
+        else:
+            await self._to_all_workers(msg)
+
+    async def joiner_hello(self, rank: int) -> None:
+        """A prewarmed replacement is ready: the group may act now."""
+        msg = self.coordinator.announce(rank, self._clock())
+        if msg is None:
+            return
+        pending = self.coordinator.pending
+        self._recorder.emit(
+            "regroup",
+            phase="begin",
+            gen=msg.gen,
+            rank=rank,
+            store_rank=msg.store_rank,
+            warmed_s=round(self._clock() - pending.started, 3) if pending else 0.0,
+        )
+        await self._to_all_workers(msg)
+
+    async def store_ready(self, rank: int, msg: RegroupReady) -> None:
+        """The survivors' store listens: tell them where, stop the straggler."""
+        coord = self.coordinator
+        pending = coord.pending
+        addr = self._state.address_of(f"worker-{pending.store_rank}") if pending else ""
+        pending = coord.ready(rank, msg, addr)
+        if pending is None:
+            log.info("regroup answer from worker %d for generation %d ignored", rank, msg.gen)
+            return
+        self._recorder.emit(
+            "regroup",
+            phase="store",
+            gen=pending.gen,
+            step=msg.step,
+            store=f"{addr}:{msg.store_port}",
+            waited_s=round(self._clock() - pending.started, 3),
+        )
+        go = RegroupGo(gen=pending.gen, master_addr=addr, master_port=msg.store_port)
+        for survivor in coord.survivors():
+            await self._send(self._worker + str(survivor).encode(), go)
+        proc_id = f"worker-{pending.leaving_rank}"
+        if pending.prewarmed:
+            self._apply(self._state.retire(proc_id))
+            return
+        join = JoinSpec(master_addr=addr, master_port=msg.store_port, env=pending.join_env())
+        self._apply(
+            self._state.kill_restart(
+                "worker",
+                pending.leaving_rank,
+                pending.reason,
+                self._clock(),
+                target_host=pending.target_host,
+                join=join,
+            )
+        )
+
+    async def worker_gone(self, rank: int) -> None:
+        """A worker process ended; if it was replaced by a waiting one, let that join."""
+        self.coordinator.worker_gone(rank)
+        go = self.coordinator.join_go(rank)
+        if go is not None:
+            await self._send(JOIN_PREFIX + str(rank).encode(), go)
+
+    def attached(self, rank: int) -> None:
+        done = self.coordinator.attached(rank)
+        if done is not None:
+            now = self._clock()
+            self._recorder.emit(
+                "regroup",
+                phase="done",
+                gen=done.gen,
+                rank=rank,
+                took_s=round(now - done.started, 3),
+                paused_s=round(now - done.announced_at, 3),
+            )
+            if self._measured is not None:
+                self._measured(rank, now - done.announced_at)
+
+    def check_timeout(self, now: float) -> None:
+        """A group whose store never came up (not a bsp_batches loop? a replacement
+        that never started?): fall back to a plain KILL_RESTART."""
+        expired = self.coordinator.expired(now)
+        if expired is None:
+            return
+        log.warning(
+            "the group did not re-form within %.0fs; restarting worker %d the plain way",
+            self.coordinator.timeout_s,
+            expired.leaving_rank,
+        )
+        self._recorder.emit(
+            "regroup", phase="abandoned", gen=expired.gen, rank=expired.leaving_rank
+        )
+        proc_id = f"worker-{expired.leaving_rank}"
+        if expired.prewarmed:
+            self._apply(self._state.retire(proc_id))
+        self._apply(
+            self._state.kill_restart(
+                "worker",
+                expired.leaving_rank,
+                expired.reason,
+                now,
+                target_host=None if expired.prewarmed else expired.target_host,
+            )
+        )
+
+    async def _to_all_workers(self, msg: Message) -> None:
+        for rank in range(self.coordinator.world_size):
+            await self._send(self._worker + str(rank).encode(), msg)
