@@ -166,6 +166,20 @@ def report(rank: int, *, job_start: float, train_start: float, steps: int, recor
 # ------------------------------------------------------------------ dtlaunch
 
 
+def build_model(lr: float) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The same initial model on every rank, and its optimizer.
+
+    Called before ``init_process_group``: the first optimizer imports
+    torch._dynamo, which (torch 2.13) keeps references to any process group
+    existing at that moment, so ``destroy_process_group()`` cannot free it and
+    gloo's threads, still releasing the last collective's tensors, can abort the
+    interpreter's exit (SIGABRT).
+    """
+    torch.manual_seed(0)
+    model = torch.nn.Linear(FEATURES, 1)
+    return model, torch.optim.SGD(model.parameters(), lr=lr)
+
+
 def init_process_group() -> None:
     """gloo from torchrun's env vars; a lone ``python synthetic.py`` is rank 0 of 1."""
     if "RANK" not in os.environ:
@@ -187,11 +201,9 @@ def run_dtlaunch(args: argparse.Namespace) -> None:
         seed=args.seed,
         prefetch=args.prefetch,
     )
+    model, optimizer = build_model(args.lr)
     init_process_group()
     v = capacities(args.capacity, job.world_size)[job.rank]
-    torch.manual_seed(0)
-    model = torch.nn.Linear(FEATURES, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     # A KILL_RESTART then replaces only the straggler: the newcomer gets the model
     # and optimizer state from a survivor, and the survivors keep theirs.
     job.attach(model, optimizer)
@@ -239,6 +251,7 @@ def static_batches(
 
 
 def run_torchrun(args: argparse.Namespace) -> None:
+    model, optimizer = build_model(args.lr)
     init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()
     v = capacities(args.capacity, world)[rank]
@@ -251,9 +264,6 @@ def run_torchrun(args: argparse.Namespace) -> None:
     dist.broadcast(start, src=0)  # one clock for the transient windows, as DTLAUNCH_JOB_START
     job_start = float(start.item())
     rng = random.Random(args.seed)  # read only, as the SDK does: the same coins
-    torch.manual_seed(0)
-    model = torch.nn.Linear(FEATURES, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     data = features(args.dataset_size, args.seed)
     train_start = time.time()
     steps = records = 0

@@ -29,15 +29,19 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint file")
     args = parser.parse_args()
 
-    dist.init_process_group("gloo")  # env:// — MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
-    rank, world = dist.get_rank(), dist.get_world_size()
-    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-
     torch.manual_seed(0)
     true_w = torch.randn(16, 1)
     model = torch.nn.Linear(16, 1, bias=False)
     torch.nn.init.zeros_(model.weight)
+    # Build the optimizer before the process group: the first optimizer imports
+    # torch._dynamo, which (torch 2.13) keeps references to any process group that
+    # exists then, so destroy_process_group() cannot free it and gloo's threads can
+    # abort the interpreter's exit (SIGABRT) while releasing the last collective.
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+
+    dist.init_process_group("gloo")  # env:// — MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
+    rank, world = dist.get_rank(), dist.get_world_size()
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
     start_step = 0
     if args.checkpoint is not None and args.checkpoint.exists():

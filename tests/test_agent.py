@@ -18,6 +18,7 @@ import pytest
 import zmq.asyncio
 
 import dtlaunch
+from dtlaunch.agent.agent import FREE_PORTS
 from dtlaunch.agent.oom import find_oom_counter_file
 from dtlaunch.wire.codec import to_dict
 from dtlaunch.wire.keys import create_run_keys, load_peer_keys
@@ -169,7 +170,7 @@ def test_hello_spawn_output_exited(tmp_path):
             expected = ("agent", "run-1", "hostA", agent.pid, dtlaunch.__version__)
             assert fields(hello, "role", "run_id", "host", "pid", "version") == expected
             assert (hello.procs, hello.host_addr) == ([], "127.0.0.1")
-            assert len(set(hello.free_ports)) == 4 and all(p > 0 for p in hello.free_ports)
+            assert len(set(hello.free_ports)) == FREE_PORTS and all(p > 0 for p in hello.free_ports)
             await h.router.send(peer, Welcome(run_id="run-1", heartbeat_interval=0.2))
             code = """
                 import os, sys

@@ -195,7 +195,8 @@ def test_live_tracker_combines_node_table_controller_and_events():
     controller = Controller(parse_policy("nd:l_trans=2,l_per=6"), interval=1.0, spare_hosts=[])
     for i in range(30):
         for rank in range(3):
-            step = StepReport(step=i, batch_size=10, compute_s=0.4 if rank == 0 else 0.1)
+            compute = 0.4 if rank == 0 else 0.1
+            step = StepReport(step=i, batch_size=10, samples=10, compute_s=compute)
             controller.observe(rank, [step], 1.0 + i * 0.1)
     state.procs["worker-1"].unresponsive = True
     snap = tracker.snapshot(state=state, dds=None, controller=controller, now=4.0)

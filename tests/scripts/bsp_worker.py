@@ -12,11 +12,15 @@ import torch.distributed as dist
 import dtlaunch
 
 ledger, slow_rank, slow_s = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-dist.init_process_group("gloo")
-job = dtlaunch.init()
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
+# Build the optimizer before the process group: the first optimizer imports
+# torch._dynamo, which (torch 2.13) keeps references to any process group that
+# exists then, so destroy_process_group() cannot free it and gloo's threads can
+# abort the interpreter's exit (SIGABRT) while releasing the last collective.
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+dist.init_process_group("gloo")
+job = dtlaunch.init()
 features = torch.randn(job.dataset.dataset_size, 4, generator=torch.Generator().manual_seed(1))
 with (ledger / f"{job.rank}.txt").open("w") as out:
     for batch in job.bsp_batches():

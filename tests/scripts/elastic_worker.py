@@ -17,11 +17,15 @@ import torch.distributed as dist
 import dtlaunch
 
 ledger, step_s = Path(sys.argv[1]), float(sys.argv[2])
-job = dtlaunch.init()
-dist.init_process_group("gloo")
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
+# Build the optimizer before the process group: the first optimizer imports
+# torch._dynamo, which (torch 2.13) keeps references to any process group that
+# exists then, so destroy_process_group() cannot free it and gloo's threads can
+# abort the interpreter's exit (SIGABRT) while releasing the last collective.
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+job = dtlaunch.init()
+dist.init_process_group("gloo")
 job.attach(model, optimizer)
 first_step = job.step_count
 features = torch.randn(job.dataset.dataset_size, 4, generator=torch.Generator().manual_seed(1))
