@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dtlaunch.wire.keys import RunKeys
+from tests.elastic_run import ElasticRun, run_elastic_job
 from tests.runtime_fake import make_keys
 from tests.sshd import SshdServer, running_sshd
 
@@ -17,6 +18,13 @@ def sshd() -> Iterator[SshdServer]:
     """A real OpenSSH sshd on 127.0.0.1-3 (one port), for the whole test session."""
     with running_sshd() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def elastic_run(sshd: SshdServer, tmp_path_factory: pytest.TempPathFactory) -> ElasticRun:
+    """A finished allreduce job in which nd replaced a host-bound straggler on the
+    spare host (see tests/elastic_run.py)."""
+    return run_elastic_job(sshd, tmp_path_factory.mktemp("elastic"))
 
 
 @pytest.fixture

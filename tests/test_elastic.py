@@ -20,7 +20,8 @@ from dtlaunch.supervisor.nodes import JoinSpec
 from dtlaunch.supervisor.placement import place
 from dtlaunch.supervisor.regroup import RegroupCoordinator
 from dtlaunch.wire.messages import Exited, Kill, RegroupReady, Spawn
-from tests.jobs import REPO, SCRIPTS, events, hostfile, job_env, run, summary
+from tests.elastic_run import DATASET
+from tests.jobs import REPO, SCRIPTS, events, job_env, run, summary
 
 torch = pytest.importorskip("torch")
 
@@ -149,23 +150,10 @@ def test_jobstate_moves_the_replaced_worker_to_the_spare_host_with_the_survivors
 
 @pytest.mark.integration
 def test_nd_replaces_a_host_bound_straggler_on_the_spare_host_without_restarting_the_others(
-    sshd, tmp_path
+    elastic_run,
 ):
-    a0, a1, a2 = sshd.addresses
-    hosts = hostfile(sshd, tmp_path / "hosts", [f"{a0} slots=2", f"{a1} slots=1", f"{a2} spare"])
-    ledger = tmp_path / "ledger"
-    ledger.mkdir()
-    run_dir = tmp_path / "run"
-    args = [
-        "run", "-H", str(hosts), "--workers", "3", "--run-dir", str(run_dir),
-        "--dataset-size", "2400", "--shard-size", "60", "--global-batch", "30",
-        "--policy", "nd:l_trans=2,l_per=4,restart_cost=1", "--control-interval", "0.5",
-        # Resource contention on one host: moving off it escapes the delay.
-        "--inject", f"persistent:role=worker,hosts={a1},delay=0.3",
-        "--output", "0",
-        str(SCRIPTS / "elastic_worker.py"), str(ledger), "0.05",
-    ]  # fmt: skip
-    result = run(args, env=sshd.env(), timeout=240.0, cwd=REPO)
+    _, a1, a2 = elastic_run.hosts
+    run_dir, ledger, result = elastic_run.run_dir, elastic_run.ledger, elastic_run.result
     assert result.returncode == 0, result.stdout + result.stderr
     log = events(run_dir)
     regroups = [e for e in log if e["kind"] == "regroup"]
@@ -196,7 +184,7 @@ def test_nd_replaces_a_host_bound_straggler_on_the_spare_host_without_restarting
     for path in ledger.glob("*.txt"):
         for line in path.read_text().splitlines():
             trained.update(int(x) for x in line.split())
-    assert trained == set(range(2400))
+    assert trained == set(range(DATASET))
     data = summary(run_dir)
     assert data["status"] == "succeeded" and data["actions"]["KILL_RESTART"] == 1
     assert [(r["rank"], r["host"]) for r in data["restarts"]] == [(2, a1)]
@@ -228,7 +216,8 @@ def test_without_a_spare_host_the_straggler_is_replaced_in_place(tmp_path):
     args = [
         "run", "--workers", "3", "--run-dir", str(run_dir),
         "--dataset-size", "1800", "--shard-size", "60", "--global-batch", "30",
-        "--policy", "nd:l_trans=2,l_per=4,restart_cost=1,cooldown=1000",
+        # in_place=1: no spare host, and the slowness is bound to the rank.
+        "--policy", "nd:l_trans=2,l_per=4,restart_cost=1,cooldown=1000,in_place=1",
         "--control-interval", "0.5",
         "--inject", "persistent:role=worker,ranks=2,delay=0.3",
         "--output", "0",

@@ -57,7 +57,13 @@ def test_worker_gets_torchrun_variables():
     )
     assert env["OMP_NUM_THREADS"] == "1"
     assert env["DTLAUNCH_SUPERVISOR"] == "tcp://10.0.0.1:5555"
+    assert env["DTLAUNCH_REPORT_INTERVAL"] == "1"  # the default 10 s interval: at most 1 s
     assert not any(k.startswith("DMLC_") for k in env)
+
+
+def test_step_reports_come_at_least_twice_per_control_interval():
+    env = build_spawn(_ctx(control_interval=0.5), _slot(), "10.0.0.9", 29500).env
+    assert env["DTLAUNCH_REPORT_INTERVAL"] == "0.25"
 
 
 def test_ps_mode_adds_ps_lite_variables_and_user_env_cannot_override_identity():

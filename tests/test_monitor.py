@@ -112,3 +112,21 @@ def test_zero_time_step_does_not_divide_by_zero():
     mon.report_worker(0, now=0, step=0, batch_size=4, compute_s=0.0, comm_s=0.0, samples=4)
     st = mon.snapshot(0).worker_short[0]
     assert st.throughput > 0 and st.mean_bpt > 0
+
+
+def test_the_controller_offers_only_free_spare_hosts_to_the_policy():
+    from dtlaunch.supervisor.controller import Controller
+    from dtlaunch.supervisor.policies import parse_policy
+    from dtlaunch.wire.messages import StepReport
+
+    policy = parse_policy("nd:l_trans=2,l_per=4,min_reports=2,restart_cost=0")
+    controller = Controller(policy, interval=1.0, spare_hosts=["s1", "s2"])
+    for i in range(40):
+        for rank in range(3):
+            compute = 0.4 if rank == 2 else 0.1
+            report = StepReport(step=i, batch_size=10, samples=10, compute_s=compute)
+            controller.observe(rank, [report], 0.1 * i)
+    # s1 now runs a process: only s2 is offered, and the kill goes there.
+    [kill] = controller.decide(4.0, remaining_steps=100, free_spare_hosts=["s2"])
+    assert (kill.rank, kill.target_host) == (2, "s2")
+    assert controller.monitor.snapshot(4.0).spare_hosts == ("s2",)

@@ -208,17 +208,25 @@ def test_nd_transient_straggler_adjusts_batch_sizes():
     assert a.inputs["transient"] == [3]
 
 
-def test_nd_balanced_workers_get_no_action():
+def test_nd_balances_a_worker_below_lambda_but_not_one_within_the_margin():
     pol = NdPolicy()
     mon = monitor_for(pol)
-    run(mon, {**FOUR, 3: 1.2}, start=0, end=300)
+    run(mon, {**FOUR, 3: 1.04}, start=0, end=300)  # 4 % slower: inside the 5 % margin
     [a] = pol.decide(mon.snapshot(300, remaining_steps=10_000))
     assert isinstance(a, NoAction)
+    slower = NdPolicy()
+    mon = monitor_for(slower)
+    run(mon, {**FOUR, 3: 1.3}, start=0, end=300)  # 1.3x the others: below lambda 1.5
+    [b] = slower.decide(mon.snapshot(300, remaining_steps=10_000))
+    assert isinstance(b, AdjustBatchSize) and b.sizes[3] < 32
+    assert b.inputs["transient"] == []  # not named a straggler, balanced all the same
+    assert "throughput changed" in b.reason
 
 
-def persistent_setup(pol, *, slow=None, end=300):
+def persistent_setup(pol, *, slow=None, end=300, spares=("spare1",)):
     mon = monitor_for(pol)
     run(mon, {**FOUR, 3: 4.0, **(slow or {})}, start=0, end=end)
+    mon.set_spare_capacity(len(spares), list(spares))
     return mon
 
 
@@ -237,10 +245,15 @@ def test_nd_persistent_worthwhile_kills_onto_spare_host():
     assert action_fields(k)["action"] == "KILL_RESTART"
 
 
-def test_nd_persistent_without_spare_restarts_on_same_host():
+def test_nd_persistent_without_a_free_spare_host_is_balanced_not_killed():
     pol = NdPolicy()
-    mon = persistent_setup(pol)
-    [k] = pol.decide(mon.snapshot(300, remaining_steps=1000, restart_cost_s=30.0))
+    mon = persistent_setup(pol, spares=())
+    [a] = pol.decide(mon.snapshot(300, remaining_steps=1000, restart_cost_s=30.0))
+    assert isinstance(a, AdjustBatchSize)  # the cluster is busy: balance instead
+    assert "no free spare host (the cluster is busy)" in " ".join(a.inputs["notes"])
+    in_place = NdPolicy({"in_place": "1"})
+    mon = persistent_setup(in_place, spares=())
+    [k] = in_place.decide(mon.snapshot(300, remaining_steps=1000, restart_cost_s=30.0))
     assert isinstance(k, KillRestart) and k.target_host is None
     assert "same host" in k.reason
 
@@ -273,6 +286,7 @@ def test_nd_one_kill_per_decision_then_cooldown_and_pending():
     mon = monitor_for(pol)
     fast = {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}
     run(mon, {**fast, 4: 3.0, 5: 4.0}, start=0, end=300)  # workers 4 and 5 persistently slow
+    mon.set_spare_capacity(2, ["spare1", "spare2"])
     snap = mon.snapshot(300, remaining_steps=1000, restart_cost_s=1.0)
     kills = [a for a in pol.decide(snap) if isinstance(a, KillRestart)]
     assert [(k.rank, k.role) for k in kills] == [(5, "worker")]  # the largest gain

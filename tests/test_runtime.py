@@ -22,6 +22,7 @@ from dtlaunch.sharding import DatasetSpec, epoch_order, shard_records
 from dtlaunch.wire.messages import (
     FetchShards,
     Ping,
+    StepReports,
 )
 from tests.runtime_fake import (
     REPO,
@@ -58,6 +59,10 @@ def test_records_batches_acks_and_prefetch(tmp_path, keys):
     batches = run.values("batch")
     assert all(len(b) == 7 for b in batches[:-1]) and 1 <= len(batches[-1]) <= 7
     assert run.one("end") == len(batches)
+    # Every step reached the Monitor, the last ones flushed by close().
+    reports = [r for _, m in fake.log if isinstance(m, StepReports) for r in m.reports]
+    assert [r.step for r in reports] == list(range(1, len(batches) + 1))
+    assert sum(r.samples for r in reports) == sum(len(b) for b in batches)
 
     # Batches cross shard boundaries: some batch holds records of two leases.
     leases = [lease for _, lease in fake.grants]

@@ -373,6 +373,8 @@ class SupervisorClient:
     async def _control_loop(self) -> None:
         while True:
             now = self._loop.time()
+            # Pump first: what close() queued (the last step reports) goes out too.
+            await self._pump(now)
             if self._close_deadline is not None:
                 if not self._pending_acks:
                     return
@@ -383,7 +385,6 @@ class SupervisorClient:
                         len(self._pending_acks),
                     )
                     return
-            await self._pump(now)
             delay = max(0.0, self._next_deadline() - self._loop.time())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)

@@ -29,7 +29,7 @@ from dtlaunch.inject import parse_injections
 from dtlaunch.runtime.client import Connection, SupervisorClient
 from dtlaunch.runtime.data import BatchStream, LeaseSource, local_batch_size
 from dtlaunch.runtime.standalone import StandaloneSource
-from dtlaunch.runtime.steps import StepTimer
+from dtlaunch.runtime.steps import REPORT_EVERY_S, StepTimer
 from dtlaunch.sharding import DatasetSpec, dataset_info
 from dtlaunch.wire.keys import load_peer_keys
 from dtlaunch.wire.messages import AdjustBatch, AdjustLR, Attached, Regroup
@@ -47,6 +47,7 @@ ENV_RUN_ID = "DTLAUNCH_RUN_ID"
 ENV_RANK = "DTLAUNCH_RANK"
 ENV_HEARTBEAT = "DTLAUNCH_HEARTBEAT_INTERVAL"
 ENV_INIT_TIMEOUT = "DTLAUNCH_INIT_TIMEOUT"
+ENV_REPORT_INTERVAL = "DTLAUNCH_REPORT_INTERVAL"
 DEFAULT_HEARTBEAT_S = 1.0
 # Long enough for a supervisor restarted with --resume to come back.
 DEFAULT_INIT_TIMEOUT_S = 300.0
@@ -168,6 +169,7 @@ class Job:
             ),
             job_start_wall=_env_float(os.environ, "DTLAUNCH_JOB_START", 0.0),
             seed=dataset.seed,
+            report_every_s=_env_float(os.environ, ENV_REPORT_INTERVAL, REPORT_EVERY_S),
         )
         self._pending_actions: list[AdjustBatch | AdjustLR] = []
         self._regroups: list[Regroup] = []  # heard, not yet handed to the elastic group
@@ -386,6 +388,9 @@ class Job:
             return
         self._closed = True
         atexit.unregister(self.close)
+        last = self._timer.flush()
+        if last:
+            self._source.report(last)
         global _current
         if _current is self:
             _current = None

@@ -4,7 +4,10 @@ A step runs from the first batch a worker takes after its previous ``step()``
 to the next ``step()``: its batch processing time (AntDT §II). Communication
 time is what the script reports with ``job.record_comm(seconds)`` (the
 weighted-allreduce helpers do it for you); the rest is compute. Reports are
-sent every few steps, not every step.
+sent every few steps or every ``report_every_s`` seconds, whichever comes first
+(the supervisor passes half its control interval, at most 1 s, in
+``DTLAUNCH_REPORT_INTERVAL``), so a policy deciding every interval sees
+windows at most half an interval old.
 
 Injected stragglers (``dtlaunch run --inject``, AntDT §VII-A-4) sleep when a
 step's first batch is taken, i.e. at the start of its compute: they count as
@@ -43,6 +46,7 @@ class StepTimer:
         injections: tuple[InjectionSpec, ...] = (),
         job_start_wall: float = 0.0,
         seed: int = 0,
+        report_every_s: float = REPORT_EVERY_S,
     ) -> None:
         self._role = role
         self._rank = rank
@@ -55,6 +59,7 @@ class StepTimer:
         self._samples = 0
         self._pending: list[TimedReport] = []
         self._last_sent = time.monotonic()
+        self._report_every_s = report_every_s
         self._injected = 0.0  # slept in the current step
         self._wait = 0.0  # waited for the other workers in the current step
         self._last_compute = 0.0  # the previous step's compute, without injected delay
@@ -115,8 +120,13 @@ class StepTimer:
         )
         self._pending.append(TimedReport(ended=now, report=report))
         self._started, self._comm, self._wait, self._samples = None, 0.0, 0.0, 0
-        if len(self._pending) >= REPORT_EVERY_STEPS or now - self._last_sent >= REPORT_EVERY_S:
-            due, self._pending = self._pending, []
-            self._last_sent = now
-            return due
+        due_by_time = now - self._last_sent >= self._report_every_s
+        if len(self._pending) >= REPORT_EVERY_STEPS or due_by_time:
+            return self.flush()
         return []
+
+    def flush(self) -> list[TimedReport]:
+        """Every report not sent yet (at the end of the job, the last steps')."""
+        due, self._pending = self._pending, []
+        self._last_sent = time.monotonic()
+        return due

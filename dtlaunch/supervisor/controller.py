@@ -69,11 +69,23 @@ class Controller:
         if rank in self._restart_began:
             self._replaced.add(rank)
 
-    def decide(self, now: float, *, remaining_steps: int | None) -> list[Action]:
-        """The policy's actions when a decision is due, else nothing."""
+    def decide(
+        self,
+        now: float,
+        *,
+        remaining_steps: int | None,
+        free_spare_hosts: list[str] | None = None,
+    ) -> list[Action]:
+        """The policy's actions when a decision is due, else nothing.
+
+        ``free_spare_hosts``: the spare hosts with nothing running now (None: keep
+        the list given at construction, e.g. when re-deciding offline).
+        """
         if now < self._next_decision:
             return []
         self._next_decision = now + self.interval
+        if free_spare_hosts is not None:
+            self.monitor.set_spare_capacity(len(free_spare_hosts), hosts=free_spare_hosts)
         snap = self.monitor.snapshot(
             now,
             remaining_steps=remaining_steps,

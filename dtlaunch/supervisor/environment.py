@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dtlaunch.config import JobSpec
+from dtlaunch.runtime.steps import REPORT_EVERY_S
 from dtlaunch.supervisor.jobstate import ProcSlot
 from dtlaunch.wire.messages import Spawn
 
@@ -76,6 +77,8 @@ def process_env(
         "DTLAUNCH_HEARTBEAT_INTERVAL": str(spec.heartbeat_interval),
         "DTLAUNCH_HOST": slot.host,
         "DTLAUNCH_JOB_START": repr(spec.created),
+        # Step reports at least twice per decision, so the policy sees fresh windows.
+        "DTLAUNCH_REPORT_INTERVAL": f"{min(REPORT_EVERY_S, spec.control_interval / 2):g}",
     }
     if spec.inject:
         env["DTLAUNCH_INJECT"] = ";".join(spec.inject)

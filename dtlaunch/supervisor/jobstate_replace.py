@@ -98,19 +98,24 @@ class Replacements(JobStateBase):
         kill = Kill(proc_id=proc_id, attempt=attempt, grace_s=self.timing.kill_grace)
         return [SendToAgent(host=host, message=kill)]
 
+    def free_spare_hosts(self) -> list[str]:
+        """Spare hosts with nothing running on them, in hostfile order: where a
+        KILL_RESTART can go (AntDT's "cluster not busy")."""
+        busy = {
+            s.host
+            for s in self.procs.values()
+            if s.state in LIVE_PROC_STATES or s.state is ProcState.PENDING
+        }
+        return [h for h in self.spare_hosts if h not in busy]
+
     def free_spare(self, preferred: str | None) -> str | None:
         """Where a KILL_RESTART should go: ``preferred`` if it is a spare host with
         nothing running, else the first such spare host; None (its own host) when
         no spare host is free or none was asked for."""
         if preferred is None:
             return None
-        busy = {
-            s.host
-            for s in self.procs.values()
-            if s.state in LIVE_PROC_STATES or s.state is ProcState.PENDING
-        }
-        free = [h for h in [preferred, *self.spare_hosts] if h in self.spare_hosts]
-        return next((h for h in free if h not in busy), None)
+        free = self.free_spare_hosts()
+        return preferred if preferred in free else next(iter(free), None)
 
     def address_of(self, proc_id: str) -> str:
         """The address other hosts reach ``proc_id``'s host at ("" if unknown)."""

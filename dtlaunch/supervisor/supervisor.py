@@ -285,7 +285,10 @@ class Supervisor:
         """Ask the policy; record each decision with its inputs; carry it out."""
         assert self._controller is not None
         remaining = self._dds.remaining_steps() if self._dds is not None else None
-        for action in self._controller.decide(now, remaining_steps=remaining):
+        decided = self._controller.decide(
+            now, remaining_steps=remaining, free_spare_hosts=self.state.free_spare_hosts()
+        )
+        for action in decided:
             self._recorder.emit(
                 "decision", policy=self._controller.policy.name, **action_fields(action)
             )

@@ -8,8 +8,13 @@ Every interval, from one ``MonitorSnapshot``:
    over servers. Only nodes whose long window is *full* count: at least
    ``min_reports`` reports spanning at least ``fill x l_per`` seconds, so a node
    that just (re)joined is never judged on a few steps.
-   A persistent straggler is killed and restarted (``KillRestart``, on the first
-   spare host if there is one, else on its own host) only when it pays:
+   A persistent straggler is killed and restarted (``KillRestart``) only when
+   the cluster is not busy and it pays. "Not busy" (AntDT: the job's pending
+   time is acceptable) is, on a fixed set of hosts, a *free spare host*: one
+   marked ``spare`` in the hostfile with nothing running on it. Restarting on
+   the straggler's own host does not escape contention on that host, so it is
+   done only with ``in_place=1`` (for slowness that lives in the process
+   itself). It pays when
 
        gain = (T_slow - T_mean) x remaining_steps  >  restart_cost_s
 
@@ -22,19 +27,22 @@ Every interval, from one ``MonitorSnapshot``:
    At most one KILL_RESTART per decision (the largest gain), none while the
    snapshot says a restart is pending, and none for ``cooldown`` seconds after
    the previous one.
-2. Transient stragglers (short window ``l_trans``): a worker whose short-window
-   equal-share BPT is ``>= lambda x`` the mean triggers ADJUST_BS (eq. 3, via the
-   shared ``Balancer`` with its margin hysteresis). Once sizes are unequal (an
-   earlier ADJUST_BS) the balancer also runs without a new straggler, so sizes
-   follow a straggler back when it recovers. No ADJUST_BS in a decision that kills
-   a worker: the restarted worker's sizes are planned once it reports again.
+2. Transient stragglers (short window ``l_trans``): ADJUST_BS (eq. 3, via the
+   shared ``Balancer``) whenever the optimal batch split beats the current one's
+   makespan by more than ``margin``. Workers whose short-window equal-share BPT
+   is ``>= lambda x`` the mean are named as the transient stragglers in the
+   reason. ADJUST_BS is cheap, so nd does not wait for a worker to cross lambda
+   to balance: two workers 1.3x slower than the rest cost a BSP step as much as
+   one 1.5x slower, and never cross lambda = 1.5 (the mean includes them). No
+   ADJUST_BS in a decision that kills a worker: the restarted worker's sizes
+   are planned once it reports again.
 3. Otherwise ``NoAction`` with the reasons.
 
 The mean includes the straggler itself, as in the paper; so with two workers and
 ``lambda = 1.5`` one must be 3x slower than the other to count.
 
 Parameters: ``lambda l_trans l_per margin min_batch apply_after min_reports fill
-cooldown restart_cost``.
+cooldown restart_cost in_place``.
 """
 
 from __future__ import annotations
@@ -88,6 +96,7 @@ class NdPolicy:
             raise ConfigError(f"policy nd: fill must be in [0, 1], got {self.fill:g}")
         self.cooldown = reader.number("cooldown", self.l_per, low=0.0)
         self.restart_cost = reader.number("restart_cost", DEFAULT_RESTART_COST_S, low=0.0)
+        self.in_place = reader.integer("in_place", 0, low=0) > 0
         reader.finish()
         self._next_kill_at = float("-inf")
 
@@ -173,6 +182,13 @@ class NdPolicy:
         if snap.remaining_steps is None:
             notes.append(f"persistent straggler {names}; remaining steps unknown, not killing")
             return None
+        target = snap.spare_hosts[0] if snap.spare_hosts else None
+        if target is None and not self.in_place:
+            notes.append(
+                f"persistent straggler {names}; no free spare host (the cluster is busy), "
+                "not killing (in_place=1 restarts on the same host)"
+            )
+            return None
         cost = snap.restart_cost_s if snap.restart_cost_s is not None else self.restart_cost
         worth = [c for c in found if c.gain_s > cost]
         if not worth:
@@ -184,7 +200,6 @@ class NdPolicy:
             return None
         best = max(worth, key=lambda c: c.gain_s)
         self._next_kill_at = snap.now + self.cooldown
-        target = snap.spare_hosts[0] if snap.spare_hosts else None
         return KillRestart(
             role=best.role,
             rank=best.rank,
@@ -221,13 +236,10 @@ class NdPolicy:
                 for r, st in sorted(snap.worker_short.items())
                 if st.mean_bpt_eq >= self.lam * mean
             ]
-        unequal = len({info.batch_size for info in snap.workers.values()}) > 1
-        if not slow and not unequal:
-            return None
         if slow:
             reason = f"transient straggler worker {', '.join(map(str, slow))} (lambda {self.lam:g})"
         else:
-            reason = "batch sizes unequal after an earlier ADJUST_BS; follow current throughput"
+            reason = f"worker throughput changed (none >= lambda {self.lam:g} x the mean)"
         plan = self.balancer.propose(
             snap, reason=reason, inputs={**inputs, "transient": slow, "notes": list(notes)}
         )
