@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.jobs import REPO, SCRIPTS, events, job_env, run, summary
+from tests.jobs import REPO, SCRIPTS, events, hostfile, job_env, run, summary
 
 pytest.importorskip("torch")
 
@@ -39,3 +39,58 @@ def test_builtin_servers_train_a_model_with_two_workers(tmp_path):
     data = summary(run_dir)
     assert (data["status"], data["mode"], data["servers"]) == ("succeeded", "ps", 2)
     assert data["failures"] == []  # the servers were stopped on purpose at the end
+
+
+@pytest.mark.integration
+def test_nd_moves_a_slow_server_to_the_spare_host_while_the_workers_train(sshd, tmp_path):
+    """AntDT-ND on the server side (§VI-A): server 1 runs on a contended host;
+    nd sees its update time in the long window, starts a fresh server on the
+    spare host, the blocks migrate at a step boundary, and the workers follow."""
+    a0, a1, a2 = sshd.addresses
+    hosts = hostfile(
+        sshd,
+        tmp_path / "hosts",
+        [f"{a0} slots=2 servers=1", f"{a1} slots=2 servers=1", f"{a2} spare"],
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    run_dir = tmp_path / "run"
+    args = [
+        "run", "-H", str(hosts), "--workers", "2", "--servers", "2", "--run-dir", str(run_dir),
+        "--dataset-size", "8000", "--shard-size", "200", "--global-batch", "40",
+        "--ps-block-bytes", "16", "--output", "0",
+        "--policy", "nd:l_trans=1,l_per=2,min_reports=3,restart_cost=0.1",
+        "--control-interval", "0.5",
+        "--inject", f"persistent:role=server,hosts={a1},delay=0.15",
+        str(SCRIPTS / "ps_bsp_worker.py"), str(out), "0.02",
+    ]  # fmt: skip
+    result = run(args, env=sshd.env(), timeout=240.0, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    log = events(run_dir)
+    placed = {(e["role"], e["rank"]): e["host"] for e in log if e["kind"] == "spawn"}
+    assert placed[("server", 1)] == a2  # the last spawn of server 1: on the spare host
+    kills = [e for e in log if e["kind"] == "decision" and e.get("action") == "KILL_RESTART"]
+    assert [(k["role"], k["rank"]) for k in kills] == [("server", 1)]
+    assert "persistent straggler: server 1" in kills[0]["reason"]
+    moves = [e for e in log if e["kind"] == "ps_move"]
+    assert [m["phase"] for m in moves] == ["begin", "moved", "done"], moves
+    assert moves[0]["to_endpoint"].startswith(f"tcp://{a2}:")
+    assert moves[1]["version"] > 0 and moves[1]["pause_s"] < 5.0
+    assert moves[2]["all_redirected"] is True
+    retired = [e for e in log if e["kind"] == "exit" and e.get("retired")]
+    assert [(e["role"], e["rank"], e["host"]) for e in retired] == [("server", 1, a1)]
+    # The servers' update times reached the Monitor, the injected delay apart.
+    fed = {e["rank"] for e in log if e["kind"] == "server_reports"}
+    assert fed == {0, 1}
+    assert any(e["kind"] == "injected" and e["role"] == "server" for e in log)
+    finals = [json.loads((out / f"{rank}.json").read_text()) for rank in (0, 1)]
+    assert finals[0]["params"] == finals[1]["params"]  # one model, on the new server too
+    assert finals[0]["final_loss"] < 1e-3
+    assert finals[0]["records"] + finals[1]["records"] == 8000
+    for f in finals:
+        assert f["moves"] == 1 and f["endpoints"][1] == moves[0]["to_endpoint"]
+    old_log = (run_dir / "logs" / "server-1.log").read_text()
+    assert f"to {moves[0]['to_endpoint']}" in old_log and "imported blocks" in old_log
+    data = summary(run_dir)
+    assert data["status"] == "succeeded" and data["actions"]["KILL_RESTART"] == 1
+    assert [(r["role"], r["rank"], r["host"]) for r in data["restarts"]] == [("server", 1, a1)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -128,4 +130,70 @@ def test_migrating_blocks_keeps_values_and_optimizer_state(keys_dir, tmp_path):
         for ctl in ctls:
             ctl.close()
         for s in servers:
+            s.stop()
+
+
+def test_a_server_replaced_mid_training_redirects_its_clients_and_loses_nothing(
+    keys_dir, tmp_path
+):
+    """Two BSP workers (threads); server 0's blocks move to a fresh process at a
+    step boundary while they train. They follow the redirect on their own, and
+    the result is the full-batch run's, Adam's state included."""
+    servers = [start(keys_dir, tmp_path, i, workers="0,1") for i in range(2)]
+    replacement = start(keys_dir, tmp_path / "new", 0, workers="0,1")  # unseeded
+    endpoints = [s.wait_ready() for s in servers]
+    new_endpoint = replacement.wait_ready()
+    keys = load_peer_keys(keys_dir)
+    halves = [(X[:6], Y[:6]), (X[6:], Y[6:])]
+    steps, moved_at = 8, {}
+    errors: list[BaseException] = []
+    models = [make_model() for _ in range(2)]
+    clients = [
+        Client(m, "adam", lr=0.05, servers=endpoints, keys=keys, worker=w, block_bytes=BLOCK_BYTES)
+        for w, m in enumerate(models)
+    ]
+    progress = threading.Barrier(3)
+
+    def worker(w: int) -> None:
+        ps, model, (x, y) = clients[w], models[w], halves[w]
+        try:
+            for step in range(steps):
+                ps.pull()
+                model.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                ps.push(len(x))
+                if step == 2:
+                    progress.wait(timeout=30)  # the mover starts while they train on
+            ps.pull()
+        except BaseException as exc:
+            errors.append(exc)
+            progress.abort()
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(2)]
+    old, new = ServerControl(endpoints[0], keys), ServerControl(new_endpoint, keys)
+    try:
+        for t in threads:
+            t.start()
+        progress.wait(timeout=30)
+        blocks = old.stats().blocks
+        moved_at["version"] = migrate(
+            old, new, blocks, at_version=old.stats().version + 1, redirect=True
+        )
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors, errors
+        assert 3 <= moved_at["version"] < steps
+        assert old.stats().blocks == [] and new.stats().blocks == blocks
+        assert old.stats().redirected == 2  # each client was told once, then went there
+        assert new.stats().version == steps
+        expected, _ = reference(steps)
+        for ps, model in zip(clients, models, strict=True):
+            assert ps.endpoints == [new_endpoint, endpoints[1]]
+            assert_params(model, expected)
+    finally:
+        for ps in clients:
+            ps.close()
+        old.close()
+        new.close()
+        for s in [*servers, replacement]:
             s.stop()

@@ -126,15 +126,15 @@ class Client:
             weight_decay=weight_decay,
             lr_decay=lr_decay,
         ).validate()
-        self.endpoints = list(servers) if servers is not None else endpoints_from(env)
+        endpoints = list(servers) if servers is not None else endpoints_from(env)
         self.worker = worker if worker is not None else worker_rank_from(env)
         self._job = job
         self._timeout = timeout if timeout is not None else timeout_from(env)
         self._params = [p for _, p in model.named_parameters()]
         specs = self._specs = _param_specs(model)
         size = block_bytes if block_bytes is not None else block_bytes_from(env)
-        self.placement = placement or plan(specs, len(self.endpoints), size)
-        check_layout(self.placement, specs, len(self.endpoints))
+        self.placement = placement or plan(specs, len(endpoints), size)
+        check_layout(self.placement, specs, len(endpoints))
         if keys is None:
             keys_dir = env.get(ENV_KEYS)
             if not keys_dir:
@@ -142,8 +142,8 @@ class Client:
             keys = load_peer_keys(Path(keys_dir))
         self._keys = keys
         self._ctx = new_context()
-        self._exch = Exchanger(self._timeout)
-        n = len(self.endpoints)
+        self._exch = Exchanger(self._timeout, connect=self._link)
+        n = len(endpoints)
         self._versions = [0] * n  # version each server's blocks were pulled at
         self._want = [0] * n  # min_version of the next pull
         # The last accepted push to each server: its step, and the server version
@@ -157,7 +157,7 @@ class Client:
         self.dropped: list[int] = []  # servers that refused the last push (step went on)
         self._closed = False
         try:
-            for endpoint in self.endpoints:
+            for endpoint in endpoints:
                 self._exch.links.append(self._link(endpoint))
                 self._exch.endpoints.append(endpoint)
                 self._exch.incarnations.append(0)
@@ -169,6 +169,11 @@ class Client:
     # ----------------------------------------------------------------- public
 
     @property
+    def endpoints(self) -> list[str]:
+        """Each server's endpoint, in rank order (it changes when a server's blocks move)."""
+        return list(self._exch.endpoints)
+
+    @property
     def versions(self) -> list[int]:
         """The version of each server's parameters as of the last pull."""
         return list(self._versions)
@@ -177,6 +182,11 @@ class Client:
     def timings(self) -> list[ServerTiming]:
         """Per-server timings not taken yet (``take_timings``), oldest first."""
         return self._exch.timings
+
+    @property
+    def moves(self) -> int:
+        """Servers this client followed to where their blocks migrated."""
+        return self._exch.moves
 
     @property
     def restarts(self) -> int:
@@ -277,7 +287,7 @@ class Client:
         # its blocks were moved at, which is the newest any server has.
         want, version = max(self._want), max(self._versions)
         exch.links, exch.endpoints, exch.incarnations = links, endpoints, incarnations
-        self.endpoints, self.placement = endpoints, placement
+        self.placement = placement
         n = len(links)
         self._want, self._versions = [want] * n, [version] * n
         self._pushed_step, self._applied_by = [0] * n, [0] * n

@@ -3,7 +3,9 @@
 The names are the contract with the supervisor and agent (which set them):
 
 * every process: ``DTLAUNCH_KEYS`` (peer key folder), ``DTLAUNCH_RANK``.
-* servers: ``DTLAUNCH_PS_BIND``, ``DTLAUNCH_PS_MODE``, ``DTLAUNCH_PS_BACKUP``,
+* servers: ``DTLAUNCH_INJECT`` (``role=server`` specs; with ``DTLAUNCH_HOST``,
+  ``DTLAUNCH_JOB_START`` and ``DTLAUNCH_SEED`` for their windows and coins),
+  ``DTLAUNCH_PS_BIND``, ``DTLAUNCH_PS_MODE``, ``DTLAUNCH_PS_BACKUP``,
   ``DTLAUNCH_PS_WORKERS`` (or ``DMLC_NUM_WORKER``), ``DTLAUNCH_PS_SNAPSHOT``,
   ``DTLAUNCH_PS_SNAPSHOT_INTERVAL``, ``DTLAUNCH_PS_RESTORE`` (``DTLAUNCH_PS_RESTORE_OPTIONAL=1``:
   a missing file means start unseeded),
@@ -16,17 +18,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from dtlaunch.errors import ConfigError
+from dtlaunch.inject import InjectionSpec, parse_injections
 from dtlaunch.ps.blocks import DEFAULT_BLOCK_BYTES
-from dtlaunch.ps.server import ServerConfig
 
 __all__ = [
     "ENV_BLOCK_BYTES",
     "ENV_KEYS",
     "ENV_SERVERS",
     "ENV_TIMEOUT",
+    "ServerConfig",
     "block_bytes_from",
     "endpoints_from",
     "server_config",
@@ -39,6 +43,26 @@ ENV_SERVERS = "DTLAUNCH_PS_SERVERS"
 ENV_BLOCK_BYTES = "DTLAUNCH_PS_BLOCK_BYTES"
 ENV_TIMEOUT = "DTLAUNCH_PS_TIMEOUT"
 DEFAULT_TIMEOUT_S = 600.0  # a BSP pull waits for the slowest worker's push
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerConfig:
+    rank: int
+    bind: str = "tcp://127.0.0.1:0"
+    mode: str = "bsp"  # "bsp" (BACKUP when backup > 0) or "asp"
+    workers: tuple[int, ...] = ()  # the workers a BSP step waits for at start
+    backup: int = 0
+    snapshot_path: Path | None = None
+    snapshot_interval_s: float = 0.0  # 0: only on PsSnapshotNow and shutdown
+    restore: Path | None = None
+    restore_optional: bool = False  # a missing restore file means "start unseeded"
+    endpoint_file: Path | None = None  # the bound endpoint is written here
+    # --inject specs for role=server, and what their windows and coins need
+    injections: tuple[InjectionSpec, ...] = ()
+    host: str = ""
+    job_start_wall: float = 0.0
+    seed: int = 0
+
+
 
 # option name -> environment variable
 _SERVER_ENV = {
@@ -102,6 +126,12 @@ def server_config(
         restore=Path(restore) if restore else None,
         restore_optional=env.get("DTLAUNCH_PS_RESTORE_OPTIONAL") == "1",
         endpoint_file=Path(endpoint_file) if endpoint_file else None,
+        injections=parse_injections(
+            t for t in env.get("DTLAUNCH_INJECT", "").split(";") if t.strip()
+        ),
+        host=env.get("DTLAUNCH_HOST", ""),
+        job_start_wall=_float("DTLAUNCH_JOB_START", env.get("DTLAUNCH_JOB_START") or "0"),
+        seed=_int("DTLAUNCH_SEED", env.get("DTLAUNCH_SEED") or "0", low=0),
     )
     return config, Path(keys)
 
@@ -153,6 +183,16 @@ def _int(label: str, text: str, *, low: int) -> int:
         raise ConfigError(f"{label}: {text!r} is not an integer") from None
     if value < low:
         raise ConfigError(f"{label}: {value} must be {low} or more")
+    return value
+
+
+def _float(label: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{label}: {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"{label}: {text!r} must be a finite number")
     return value
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -41,6 +42,7 @@ from dtlaunch.wire.messages import (
 __all__ = ["ExportedBlocks", "ServerControl", "migrate"]
 
 DEFAULT_TIMEOUT_S = 60.0
+STOP_POLL_S = 0.25  # how soon a request being waited for notices ``stop``
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -66,10 +68,17 @@ class ServerControl:
     """See the module docstring. Raises ``PsError`` when the server refuses or is silent."""
 
     def __init__(
-        self, endpoint: str, keys: PeerKeys, *, timeout: float = DEFAULT_TIMEOUT_S
+        self,
+        endpoint: str,
+        keys: PeerKeys,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        stop: threading.Event | None = None,
     ) -> None:
+        """``stop``: set it to give up a request being waited for (``PsError``)."""
         self.endpoint = endpoint
         self._timeout = timeout
+        self._stop = stop
         self._ctx = new_context()
         self._link = ServerLink(
             self._ctx, endpoint, keys, b"control:%d:%d" % (os.getpid(), id(self))
@@ -92,10 +101,24 @@ class ServerControl:
         return _ok(self._request(PsSnapshotNow(request_id=0))).detail
 
     def export(
-        self, blocks: Sequence[int], *, at_version: int = 0, remove: bool = True
+        self,
+        blocks: Sequence[int],
+        *,
+        at_version: int = 0,
+        remove: bool = True,
+        moved_to: str = "",
     ) -> ExportedBlocks:
+        """The blocks with their optimizer state, once the server's version is
+        ``at_version`` and no step is open; ``moved_to`` (with ``remove``) sends the
+        clients that still ask for them there."""
         reply, frames = self._request_frames(
-            PsExport(request_id=0, blocks=list(blocks), at_version=at_version, remove=remove)
+            PsExport(
+                request_id=0,
+                blocks=list(blocks),
+                at_version=at_version,
+                remove=remove,
+                moved_to=moved_to,
+            )
         )
         if not isinstance(reply, PsExported):
             raise PsError(f"{self.endpoint}: export answered with {reply.TYPE}")
@@ -135,8 +158,10 @@ class ServerControl:
         )
         deadline = time.monotonic() + self._timeout
         while (left := deadline - time.monotonic()) > 0:
-            if not self._link.sock.poll(int(left * 1000) + 1):
-                break
+            if self._stop is not None and self._stop.is_set():
+                raise PsError(f"{self.endpoint}: {msg.TYPE} abandoned (stopping)")
+            if not self._link.sock.poll(int(min(left, STOP_POLL_S) * 1000) + 1):
+                continue
             got = self._link.recv_now()
             if got is not None and getattr(got[0], "request_id", None) == request_id:
                 reply, frames = got
@@ -147,14 +172,22 @@ class ServerControl:
 
 
 def migrate(
-    source: ServerControl, target: ServerControl, blocks: Sequence[int], *, at_version: int = 0
+    source: ServerControl,
+    target: ServerControl,
+    blocks: Sequence[int],
+    *,
+    at_version: int = 0,
+    redirect: bool = False,
 ) -> int:
     """Move ``blocks`` from ``source`` to ``target`` with their optimizer state.
 
-    Returns the version they moved at. Workers must use the new placement for
-    every step after it (the supervisor pauses them at the step boundary).
+    Returns the version they moved at. With ``redirect`` the source sends the
+    clients that ask it for the blocks to the target (a server replaced as a
+    whole); without, the workers must switch to a new placement themselves
+    (``Client.use_placement``) from that version on.
     """
-    exported = source.export(blocks, at_version=at_version, remove=True)
+    moved_to = target.endpoint if redirect else ""
+    exported = source.export(blocks, at_version=at_version, remove=True, moved_to=moved_to)
     target.import_blocks(exported)
     return exported.message.version
 

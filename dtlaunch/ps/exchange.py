@@ -13,12 +13,17 @@ to an earlier process. So an answer with a new incarnation means the process
 restarted and our request was lost: ``on_restart(server, incarnation)`` brings
 the new process up to date (the client's resync) and the request goes again,
 with a fresh id, so a late answer to the old one is ignored.
+
+A server whose blocks migrated answers ``PsReply(moved_to=E)``: the link to it
+is replaced by one to ``E`` (``connect``) and the request goes again there. The
+new server is a new process: its incarnation is learnt from its first answer.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -44,6 +49,9 @@ PROBE_MAX_S = 2.0  # bounds how long a restarted server goes unnoticed
 Request = tuple[Message, list[Any]]  # a message and its tensor payloads
 Take = Callable[[int, Message, list[zmq.Frame]], int]  # -> tensor bytes received
 OnRestart = Callable[[int, int], None]  # (server, new incarnation)
+Connect = Callable[[str], ServerLink]  # endpoint -> a new link
+
+logger = logging.getLogger(__name__)
 
 
 class PsError(DtlaunchError):
@@ -83,13 +91,15 @@ class _Pending:
 class Exchanger:
     """The links to the servers, their known incarnations, and ``run``."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, connect: Connect | None = None) -> None:
         self.timeout = timeout
+        self.connect = connect  # None: a move (``moved_to``) is an error
         self.links: list[ServerLink] = []
         self.endpoints: list[str] = []
         self.incarnations: list[int] = []  # 0: not heard from yet
         self.timings: list[ServerTiming] = []
         self.restarts = 0  # server restarts noticed (resyncs started)
+        self.moves = 0  # servers followed to where their blocks migrated
         self._ids = itertools.count(1)
 
     def run(
@@ -155,6 +165,17 @@ class Exchanger:
                         continue
                 if reply_id != p.request_id:
                     continue  # a ping answered by the same process: the request waits
+                if isinstance(reply, PsReply) and not reply.ok and reply.moved_to:
+                    if self.connect is None:
+                        raise PsError(f"{op}: parameter server {j}: {reply.detail}")
+                    poller.unregister(sock)
+                    del socket_of[sock]
+                    self.move(j, reply.moved_to)
+                    msg, payloads = requests[j]
+                    pending[j] = self._send(j, msg, payloads, wait_s)
+                    poller.register(self.links[j].sock, zmq.POLLIN)
+                    socket_of[self.links[j].sock] = j
+                    continue
                 if isinstance(reply, PsReply) and not reply.ok:
                     raise PsError(
                         f"{op}: parameter server {j} ({self.endpoints[j]}): {reply.detail}"
@@ -171,6 +192,17 @@ class Exchanger:
                             seconds=time.perf_counter() - p.sent_at,
                         )
                     )
+
+    def move(self, j: int, endpoint: str) -> None:
+        """Server ``j`` is now the process at ``endpoint`` (its blocks migrated)."""
+        assert self.connect is not None
+        logger.info("parameter server %d moved: %s -> %s", j, self.endpoints[j], endpoint)
+        old = self.links[j]
+        self.links[j] = self.connect(endpoint)
+        self.endpoints[j] = endpoint
+        self.incarnations[j] = 0
+        self.moves += 1
+        old.close()
 
     def _send(self, j: int, msg: Message, payloads: list[Any], wait_s: float) -> _Pending:
         request_id = next(self._ids)

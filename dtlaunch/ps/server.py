@@ -19,18 +19,18 @@ guarantees and what it can lose: ``dtlaunch.ps``'s docstring.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
-import os
 import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from dtlaunch.errors import ConfigError, WireError
+from dtlaunch.ps.config import ServerConfig
 from dtlaunch.ps.frames import (
     as_buffer,
     block_spec,
@@ -38,15 +38,16 @@ from dtlaunch.ps.frames import (
     optimizer_to_wire,
     tensor_from_frame,
 )
-from dtlaunch.ps.optim import BlockState
-from dtlaunch.ps.snapshot import Snapshot, read_snapshot, write_snapshot
+from dtlaunch.ps.migration import blocks_from_frames, export_frames
+from dtlaunch.ps.moved import MovedBlocks
+from dtlaunch.ps.slowdown import ServerSlowdown
+from dtlaunch.ps.snapshot import Snapshot, read_snapshot, write_snapshot, write_text_atomically
 from dtlaunch.ps.store import ParamStore
 from dtlaunch.ps.transport import Incoming, ServerSocket, new_context
 from dtlaunch.wire.keys import PeerKeys
 from dtlaunch.wire.messages import (
     Message,
     PsBlockSpec,
-    PsBlockState,
     PsExport,
     PsExported,
     PsImport,
@@ -67,27 +68,13 @@ from dtlaunch.wire.messages import (
     PsUpdate,
 )
 
-__all__ = ["PsServer", "ServerConfig"]
+__all__ = ["PsServer", "ServerConfig"]  # ServerConfig: re-exported from config
 
 logger = logging.getLogger(__name__)
 
 POLL_MS = 100  # how often the loop looks at its stop flag and snapshot timer
 UPDATES_KEPT = 10_000
 SHUTDOWN_LINGER_MS = 1000
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ServerConfig:
-    rank: int
-    bind: str = "tcp://127.0.0.1:0"
-    mode: str = "bsp"  # "bsp" (BACKUP when backup > 0) or "asp"
-    workers: tuple[int, ...] = ()  # the workers a BSP step waits for at start
-    backup: int = 0
-    snapshot_path: Path | None = None
-    snapshot_interval_s: float = 0.0  # 0: only on PsSnapshotNow and shutdown
-    restore: Path | None = None
-    restore_optional: bool = False  # a missing restore file means "start unseeded"
-    endpoint_file: Path | None = None  # the bound endpoint is written here
 
 
 class PsServer:
@@ -108,6 +95,15 @@ class PsServer:
             self.store.adopt(snap.optimizer, snap.version, snap.blocks)
             logger.info("restored %d blocks at version %d", len(snap.blocks), snap.version)
         self.updates: collections.deque[PsUpdate] = collections.deque(maxlen=UPDATES_KEPT)
+        self._slowdown = ServerSlowdown(
+            config.injections,
+            rank=config.rank,
+            host=config.host,
+            job_start_wall=config.job_start_wall,
+            seed=config.seed,
+        )
+        self._moved = MovedBlocks()
+        self._waiting_pushes: list[Incoming] = []  # a migration's target before its import
         self._ctx = new_context()
         self._sock = ServerSocket(self._ctx, keys, config.bind)
         self.endpoint = self._sock.endpoint
@@ -117,7 +113,7 @@ class PsServer:
         self._running = False
         self._linger_ms = 0
         if config.endpoint_file is not None:
-            _write_atomically(config.endpoint_file, self.endpoint + "\n")
+            write_text_atomically(config.endpoint_file, self.endpoint + "\n")
         self._handlers: dict[type[Message], Callable[[Incoming], None]] = {
             PsInit: self._on_init,
             PsPull: self._on_pull,
@@ -149,7 +145,7 @@ class PsServer:
                     self._handle(incoming)
                 self._maybe_snapshot()
         finally:
-            if self._running and self.config.snapshot_path is not None and self.store.seeded:
+            if self._running and self.config.snapshot_path is not None and self.store.params:
                 self.snapshot()  # stopped by a signal: keep the freshest state
             self.close()
 
@@ -196,14 +192,28 @@ class PsServer:
                 f"this is {self.incarnation}); offer your copy, then resend",
             )
             return
+        if self._redirect(incoming):
+            return
         try:
             handler(incoming)
         except (ConfigError, WireError) as exc:
             self._refuse(incoming, str(exc))
 
-    def _refuse(self, incoming: Incoming, why: str) -> None:
+    def _redirect(self, incoming: Incoming) -> bool:
+        """Send a request for migrated blocks to where they went (``moved``)."""
+        where = self._moved.redirect(
+            incoming.message, incoming.peer, holds_blocks=bool(self.store.params)
+        )
+        if where:
+            self._refuse(incoming, f"the blocks moved to {where}", moved_to=where)
+        return bool(where)
+
+    def _refuse(self, incoming: Incoming, why: str, *, moved_to: str = "") -> None:
         request_id = getattr(incoming.message, "request_id", 0)
-        logger.warning("ps: refused %s: %s", incoming.message.TYPE, why)
+        if moved_to:
+            logger.info("ps: %s redirected to %s", incoming.message.TYPE, moved_to)
+        else:
+            logger.warning("ps: refused %s: %s", incoming.message.TYPE, why)
         self._sock.send(
             incoming.peer,
             PsReply(
@@ -212,6 +222,7 @@ class PsServer:
                 detail=why,
                 version=self.store.version,
                 incarnation=self.incarnation,
+                moved_to=moved_to,
             ),
         )
 
@@ -267,6 +278,7 @@ class PsServer:
                     held_version,
                 )
             self._answer_pulls()
+            self._answer_pushes()
             self._answer_exports()
         self._sock.send(
             incoming.peer,
@@ -324,6 +336,11 @@ class PsServer:
     def _on_push(self, incoming: Incoming) -> None:
         msg = incoming.message
         assert isinstance(msg, PsPush)
+        if not self.store.seeded:
+            # Only a migration's target sees this: a client redirected to it
+            # before the supervisor's import arrived. It waits like a pull.
+            self._waiting_pushes.append(incoming)
+            return
         specs = []
         for b in msg.blocks:
             held = self.store.params.get(b)
@@ -357,10 +374,19 @@ class PsServer:
             s.block_id: tensor_from_frame(f, s) for s, f in zip(specs, incoming.frames, strict=True)
         }
 
+    def _answer_pushes(self) -> None:
+        waiting, self._waiting_pushes = self._waiting_pushes, []
+        for incoming in waiting:
+            try:
+                self._on_push(incoming)
+            except (ConfigError, WireError) as exc:
+                self._refuse(incoming, str(exc))
+
     def _after_update(self, update: PsUpdate | None) -> None:
         if update is None:
             return
-        self.updates.append(update)
+        update = self._slowdown.apply(update)  # a contended server: slow before answering
+        self.updates.append(dataclasses.replace(update, ended_s=time.monotonic()))
         if update.dropped:
             logger.info(
                 "step %d applied without workers %s (backup %d)",
@@ -396,7 +422,7 @@ class PsServer:
         interval = self.config.snapshot_interval_s
         if (
             interval > 0
-            and self.store.seeded
+            and self.store.params  # a server that gave its blocks away keeps its last one
             and self.config.snapshot_path is not None
             and time.monotonic() - self._last_snapshot >= interval
         ):
@@ -413,13 +439,7 @@ class PsServer:
             return
         store = self.store
         assert store.optimizer is not None
-        records, payloads = [], []
-        for b in msg.blocks:
-            param, state = store.params[b], store.states[b]
-            names = sorted(state.tensors)
-            records.append(PsBlockState(block=block_spec(b, param), step=state.step, tensors=names))
-            payloads.append(as_buffer(param))
-            payloads += [as_buffer(state.tensors[n]) for n in names]
+        records, payloads = export_frames(store, msg.blocks)
         self._sock.send(
             incoming.peer,
             PsExported(
@@ -432,7 +452,14 @@ class PsServer:
         )
         if msg.remove:  # the frames keep the tensors alive until they are sent
             store.release(msg.blocks)
-            logger.info("exported blocks %s at version %d", msg.blocks, store.version)
+            if msg.moved_to:
+                self._moved.moved(msg.blocks, msg.moved_to)
+            logger.info(
+                "exported blocks %s at version %d%s",
+                msg.blocks,
+                store.version,
+                f" to {msg.moved_to}" if msg.moved_to else "",
+            )
 
     def _answer_exports(self) -> None:
         waiting, self._waiting_exports = self._waiting_exports, []
@@ -445,21 +472,12 @@ class PsServer:
     def _on_import(self, incoming: Incoming) -> None:
         msg = incoming.message
         assert isinstance(msg, PsImport)
-        expected = sum(1 + len(b.tensors) for b in msg.blocks)
-        if len(incoming.frames) != expected:
-            raise WireError(f"{len(incoming.frames)} frames, the blocks need {expected}")
-        frames = iter(incoming.frames)
-        blocks: dict[int, tuple[torch.Tensor, BlockState]] = {}
-        for record in msg.blocks:
-            spec = record.block
-            # Copies: the frames' memory belongs to ZeroMQ's message, not to us.
-            param = tensor_from_frame(next(frames), spec).clone()
-            state = {n: tensor_from_frame(next(frames), spec).clone() for n in record.tensors}
-            blocks[spec.block_id] = (param, BlockState(step=record.step, tensors=state))
+        blocks = blocks_from_frames(msg.blocks, incoming.frames)
         self.store.adopt(optimizer_from_wire(msg.optimizer), msg.version, blocks)
         logger.info("imported blocks %s at version %d", sorted(blocks), msg.version)
         self._reply(incoming)
         self._answer_pulls()
+        self._answer_pushes()
 
     def _on_stats(self, incoming: Incoming) -> None:
         msg = incoming.message
@@ -477,19 +495,14 @@ class PsServer:
                 blocks=sorted(store.params),
                 updates=[u for u in self.updates if u.version > msg.since_version],
                 incarnation=self.incarnation,
+                redirected=self._moved.redirected,
+                now_s=time.monotonic(),
             ),
         )
 
     def _on_shutdown(self, incoming: Incoming) -> None:
-        if self.config.snapshot_path is not None and self.store.seeded:
+        if self.config.snapshot_path is not None and self.store.params:
             self.snapshot()
         self._reply(incoming)
         self._linger_ms = SHUTDOWN_LINGER_MS  # let the answer reach the wire
         self._running = False
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -20,7 +20,7 @@ import torch
 from dtlaunch.errors import ConfigError
 from dtlaunch.ps.optim import BlockState, OptimizerConfig
 
-__all__ = ["FORMAT", "Snapshot", "read_snapshot", "write_snapshot"]
+__all__ = ["FORMAT", "Snapshot", "read_snapshot", "write_snapshot", "write_text_atomically"]
 
 FORMAT = "dtlaunch-ps-snapshot-1"
 
@@ -80,3 +80,10 @@ def read_snapshot(path: Path) -> Snapshot:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{path} is a damaged PS snapshot: {exc!r}") from exc
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -11,7 +11,7 @@ from collections import Counter
 from dtlaunch.supervisor.actions import Action, KillRestart, NoAction, action_name
 from dtlaunch.supervisor.policies import monitor_for
 from dtlaunch.supervisor.policies.base import Policy
-from dtlaunch.wire.messages import StepReport
+from dtlaunch.wire.messages import PsUpdate, StepReport
 
 
 class Controller:
@@ -54,6 +54,29 @@ class Controller:
                 samples=report.samples,
             )
         return injected
+
+    def observe_server(
+        self, rank: int, updates: list[PsUpdate], now: float, *, ages: list[float] | None = None
+    ) -> float:
+        """Feed a server's applied updates (its T_s), each ``ages[i]`` seconds old;
+        returns the delay injected in them."""
+        for i, update in enumerate(updates):
+            at = max(0.0, now - (ages[i] if ages is not None else 0.0))
+            self.monitor.report_server(rank, now=at, step=update.version, update_s=update.update_s)
+        return sum(u.injected_s for u in updates)
+
+    def server_replaced(self, rank: int, cost_s: float) -> None:
+        """Server ``rank``'s blocks now live in a new process: its windows start
+        over, and what the move cost the job (the workers' pause) is the price of
+        the next KILL_RESTART."""
+        self.monitor.server_gone(rank)
+        self._restarting.discard(("server", rank))
+        self.restart_cost_s = max(0.0, cost_s)
+
+    def server_restart_failed(self, rank: int) -> None:
+        """A server move gave up: the server is judged again from scratch."""
+        self.monitor.server_gone(rank)
+        self._restarting.discard(("server", rank))
 
     def restart_measured(self, rank: int, cost_s: float) -> None:
         """What replacing ``rank`` cost the job, measured by whoever carried it out

@@ -77,6 +77,7 @@ def process_env(
         "DTLAUNCH_HEARTBEAT_INTERVAL": str(spec.heartbeat_interval),
         "DTLAUNCH_HOST": slot.host,
         "DTLAUNCH_JOB_START": repr(spec.created),
+        "DTLAUNCH_SEED": str(spec.seed),  # the coins of transient injections
         # Step reports at least twice per decision, so the policy sees fresh windows.
         "DTLAUNCH_REPORT_INTERVAL": f"{min(REPORT_EVERY_S, spec.control_interval / 2):g}",
     }
@@ -136,7 +137,7 @@ def ps_env(ctx: LaunchContext, slot: ProcSlot) -> dict[str, str]:
     }
     if spec.ps_snapshot_interval > 0:
         env["DTLAUNCH_PS_SNAPSHOT_INTERVAL"] = str(spec.ps_snapshot_interval)
-    if slot.attempt > 0:
+    if slot.attempt > 0 and slot.attempt != slot.ps_fresh_attempt:
         env["DTLAUNCH_PS_RESTORE"] = snapshot
         env["DTLAUNCH_PS_RESTORE_OPTIONAL"] = "1"
     return env

@@ -327,6 +327,7 @@ def _build_supervisor(
             else None
         ),
         status=status,
+        ps_keys=keys.peer(),
         resume=history,
         adopt=set(known),
         restart_workers=(

@@ -188,16 +188,17 @@ class JobState(AgentLifecycle, Replacements, Endpoints):
             # replacement may join.
             del self.retiring[msg.proc_id]
             role, _, rank = msg.proc_id.rpartition("-")
-            return [
+            retired: list[Command] = [
                 EmitEvent(
                     kind="exit",
                     host=host,
                     role=role,
                     rank=int(rank),
                     data={"exit_code": msg.exit_code, "signal": msg.signal, "retired": True},
-                ),
-                WorkerGone(rank=int(rank)),
+                )
             ]
+            # A retired server handed its blocks over before it was stopped.
+            return [*retired, WorkerGone(rank=int(rank))] if role == "worker" else retired
         slot = self.procs.get(msg.proc_id)
         if slot is None or slot.attempt != msg.attempt or slot.state not in LIVE_PROC_STATES:
             return []
@@ -319,7 +320,8 @@ class JobState(AgentLifecycle, Replacements, Endpoints):
     ) -> list[Command]:
         out: list[Command] = [self._restart(trigger, reason, now)]
         for proc_id in list(self.retiring):  # a replaced worker still running goes too
-            out += self.retire(proc_id)
+            if proc_id.startswith("worker-"):  # (a server hands its blocks over first)
+                out += self.retire(proc_id)
         group_reason = f"group restart after {trigger.proc_id} failed ({reason})"
         for slot in self.procs.values():
             if slot.role != "worker" or slot is trigger:

@@ -31,6 +31,17 @@ class Endpoints(JobStateBase):
         slot.ps_servers = tuple(endpoints)
         return True
 
+    def server_endpoint(self, rank: int) -> str:
+        """Where built-in PS server ``rank`` listens now ("" while unknown)."""
+        slot = self.procs.get(f"server-{rank}")
+        if slot is None:
+            return ""
+        agent = self.agents.get(slot.host)
+        port = self._server_port(slot) if agent is not None else 0
+        if agent is None or port == 0:
+            return ""
+        return f"tcp://{self._master_addr_of(slot.host, agent.host_addr)}:{port}"
+
     def _servers(self) -> list[ProcSlot]:
         return [s for s in self.procs.values() if s.role == "server"]
 

@@ -66,11 +66,23 @@ class Replacements(JobStateBase):
         now on ``target_host`` and waits, warm, to join the survivors
         (``dtlaunch.runtime.prewarm``); the old process trains on until
         ``retire()`` stops it. The slot is the new attempt from here on."""
-        slot = self.procs.get(f"worker-{rank}")
+        return self._replace_ahead("worker", rank, target_host, reason, now)
+
+    def replace_server(self, rank: int, target_host: str, reason: str, now: float) -> list[Command]:
+        """KILL_RESTART of a built-in PS server onto another host: a fresh server
+        starts there (no snapshot restored: its blocks come by migration, see
+        ``supervisor.ps_servers``) while the old one serves on until ``retire()``.
+        The slot is the new attempt from here on."""
+        return self._replace_ahead("server", rank, target_host, reason, now)
+
+    def _replace_ahead(
+        self, role: str, rank: int, target_host: str, reason: str, now: float
+    ) -> list[Command]:
+        slot = self.procs.get(f"{role}-{rank}")
         if slot is None or slot.state is not ProcState.RUNNING or self.phase is not Phase.RUNNING:
             return []
         if target_host not in self.agents or target_host == slot.host:
-            raise ValueError(f"a prewarmed replacement needs another host, got {target_host!r}")
+            raise ValueError(f"a replacement started ahead needs another host, got {target_host!r}")
         self.retiring[slot.proc_id] = (slot.host, slot.attempt)
         out: list[Command] = [
             self._proc_event(
@@ -79,14 +91,18 @@ class Replacements(JobStateBase):
                 reason=reason,
                 attempt=slot.attempt,
                 target_host=target_host,
-                regroup=True,
-                prewarm=True,
+                regroup=role == "worker",
+                prewarm=role == "worker",
+                migrate=role == "server",
             ),
             self._restart(slot, f"KILL_RESTART: {reason}", now),
             self._proc_event("moved", slot, old_host=slot.host, new_host=target_host),
         ]
         slot.host = target_host
-        slot.prewarm = True
+        if role == "worker":
+            slot.prewarm = True
+        else:
+            slot.ps_fresh_attempt = slot.attempt
         return out + self._reconcile(now)
 
     def retire(self, proc_id: str) -> list[Command]:

@@ -116,6 +116,8 @@ class ProcSlot:
     # worker the servers' endpoints in rank order.
     ps_port: int = 0
     ps_servers: tuple[str, ...] = ()
+    # A server's attempt that starts empty (a migration's target): no snapshot restore.
+    ps_fresh_attempt: int = -1
 
     @property
     def proc_id(self) -> str:

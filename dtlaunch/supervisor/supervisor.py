@@ -36,9 +36,12 @@ from dtlaunch.supervisor.jobstate import (
 )
 from dtlaunch.supervisor.launcher import AgentProcess, HostInfo, Launcher
 from dtlaunch.supervisor.output import OutputRouter
+from dtlaunch.supervisor.ps_servers import ServerFleet
 from dtlaunch.supervisor.regroup import RegroupCoordinator
 from dtlaunch.supervisor.regroup_driver import JOIN_PREFIX, RegroupDriver
+from dtlaunch.supervisor.reports import record_worker_steps
 from dtlaunch.supervisor.status import STATUS_PREFIX, StatusTracker
+from dtlaunch.wire.keys import PeerKeys
 from dtlaunch.wire.messages import (
     Ack,
     AckShards,
@@ -100,6 +103,7 @@ class Supervisor:
         restart_workers: str = "",
         regroup: RegroupCoordinator | None = None,
         status: StatusTracker | None = None,
+        ps_keys: PeerKeys | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._dds = dds
@@ -120,6 +124,20 @@ class Supervisor:
             else None
         )
         self._controller = controller
+        # Built-in PS: feed the servers' update times to the Monitor, move stragglers.
+        self._fleet = (
+            ServerFleet(
+                state=state,
+                keys=ps_keys,
+                recorder=recorder,
+                apply=self._apply,
+                clock=clock,
+                controller=controller,
+                interval=controller.interval if controller is not None else heartbeat_interval,
+            )
+            if ps_keys is not None and state.builtin_ps
+            else None
+        )
         self._resume = resume
         self._adopt = adopt or set()
         self._restart_workers = restart_workers
@@ -153,6 +171,7 @@ class Supervisor:
             self._tasks = tg
             receiver = tg.create_task(self._receive_loop(), name="receive")
             ticker = tg.create_task(self._tick_loop(), name="tick")
+            fleet = tg.create_task(self._fleet.run(), name="ps") if self._fleet else None
             if self._resume is None:
                 self._apply(self.state.start(self._clock()))
             else:
@@ -170,6 +189,8 @@ class Supervisor:
             await self._done.wait()
             receiver.cancel()
             ticker.cancel()
+            if fleet is not None:
+                fleet.cancel()
             await self._terminate_stragglers()
             for task in self._launch_tasks:
                 task.cancel()
@@ -304,7 +325,10 @@ class Supervisor:
                     message_lr = AdjustLRMessage(factor=factor, apply_at_step=action.apply_at_step)
                     await self._router.send(WORKER_PREFIX + str(rank).encode(), message_lr)
             elif isinstance(action, KillRestart):
-                if self._regroup is not None:
+                fleet = self._fleet
+                if action.role == "server" and fleet and fleet.kill_restart(action, now):
+                    pass  # moved live onto a spare host (ps_servers)
+                elif self._regroup is not None:
                     await self._regroup.kill_restart(action, now)
                 else:
                     self._apply(
@@ -420,35 +444,9 @@ class Supervisor:
         elif isinstance(msg, RegroupReady) and self._regroup is not None:
             await self._regroup.store_ready(rank, msg)
         elif isinstance(msg, StepReports):
-            # Recorded (policy or not) so that replay can plot the run and re-decide
-            # it offline; columns keep the line short. ``t`` is when each step ended,
-            # in the event log's ``mono`` seconds (reports arrive batched).
-            at, reports = self._recorder.elapsed(), sorted(msg.reports, key=lambda r: r.step)
-            self._recorder.emit(
-                "reports",
-                role="worker",
-                rank=rank,
-                step=[r.step for r in reports],
-                batch_size=[r.batch_size for r in reports],
-                compute_s=[round(r.compute_s, 6) for r in reports],
-                comm_s=[round(r.comm_s, 6) for r in reports],
-                samples=[r.samples for r in reports],
-                injected_s=[round(r.injected_s, 6) for r in reports],
-                t=[round(max(0.0, at - r.age_s), 6) for r in reports],
+            record_worker_steps(
+                self._recorder, self._controller, rank, list(msg.reports), self._clock()
             )
-            injected = (
-                self._controller.observe(rank, list(msg.reports), self._clock())
-                if self._controller is not None
-                else 0.0
-            )
-            if injected > 0:
-                self._recorder.emit(
-                    "injected",
-                    role="worker",
-                    rank=rank,
-                    delay_s=round(injected, 4),
-                    steps=[r.step for r in msg.reports if r.injected_s > 0],
-                )
 
     async def _from_agent(self, peer: bytes, host: str, msg: Message, now: float) -> None:
         if host not in self.state.agents:

@@ -542,6 +542,8 @@ class PsUpdate(Record):
     samples: int  # records behind the applied gradients
     applied: list[int]  # workers whose gradients are in it
     dropped: list[int] = field(default_factory=list)  # BACKUP: late workers left out
+    injected_s: float = 0.0  # straggler delay injected into this update (--inject)
+    ended_s: float = 0.0  # the server's monotonic clock when it was done (see PsStats.now_s)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -648,6 +650,8 @@ class PsExport(Message):
     blocks: list[int]
     at_version: int = 0
     remove: bool = True  # stop holding them (a migration), or keep them (a copy)
+    # A migration's destination: requests for the blocks get a PsReply naming it.
+    moved_to: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -689,6 +693,8 @@ class PsStats(Message):
     blocks: list[int]
     updates: list[PsUpdate]
     incarnation: int = 0
+    redirected: int = 0  # clients told where migrated blocks went (``moved_to``)
+    now_s: float = 0.0  # the server's monotonic clock now: ``now_s - ended_s`` is an age
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -707,6 +713,7 @@ class PsReply(Message):
     version: int = 0
     detail: str = ""
     incarnation: int = 0  # the answering server's; a refused request may name a newer one
+    moved_to: str = ""  # the blocks asked for moved to this server: ask it instead
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,0 +1,258 @@
+"""The supervisor's side of the built-in parameter servers (``--servers M``).
+
+Two duties, both through ``dtlaunch.ps.control.ServerControl`` on a thread of
+their own (those sockets block; the supervisor's loop must not):
+
+* **Monitor feed.** Every control interval each running server is asked for the
+  updates it applied since the last ask: AntDT's T_s (§II), the injected delay
+  apart. They go to the Controller's Monitor, where nd looks for a persistent
+  server straggler (§VI-A), and to the event log (``server_reports``).
+* **KILL_RESTART of a server as a live move** (§VI-A with PSLD §5.2's versioned
+  migration). A fresh server starts on a free spare host
+  (``JobState.replace_server``) while the straggler serves on. Once the new one
+  listens, the straggler exports every block with its optimizer state at its
+  next step boundary and from then on sends each client that asks it to the
+  new server (``moved_to``); the new server imports the blocks at that version
+  and takes over the membership. Training waits only from that boundary to the
+  import; the clients follow on their own, at whatever point of their step the
+  redirect reaches them. The straggler is stopped once every member has been
+  sent on (or after ``REDIRECT_WAIT_S``). The pause measured is the policy's
+  next restart cost.
+
+A move that fails (the new server never listens, or the straggler never reaches
+a step boundary) is logged and recorded; the straggler keeps its blocks and the
+job goes on with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from dtlaunch.events import EventRecorder
+from dtlaunch.ps.control import ServerControl
+from dtlaunch.ps.exchange import PsError
+from dtlaunch.supervisor.actions import KillRestart
+from dtlaunch.supervisor.controller import Controller
+from dtlaunch.supervisor.jobstate import Command, JobState, ProcState
+from dtlaunch.supervisor.reports import record_server_updates
+from dtlaunch.wire.keys import PeerKeys
+from dtlaunch.wire.messages import PsStats, PsUpdate
+
+__all__ = ["ServerFleet"]
+
+log = logging.getLogger(__name__)
+
+STATS_TIMEOUT_S = 5.0  # a server sleeping an injected delay still answers within it
+START_TIMEOUT_S = 180.0  # a new server process: Python and torch on a busy host
+MOVE_TIMEOUT_S = 600.0  # the straggler's next step boundary (as long as a BSP pull waits)
+REDIRECT_WAIT_S = 60.0  # every member asks again within a step or two
+REDIRECT_POLL_S = 0.2
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class _Moved:
+    version: int  # the blocks' version at the move (the step boundary)
+    pause_s: float  # from that boundary to the import: what the workers waited
+    members: list[int]  # the workers a step waits for, handed over
+
+
+class ServerFleet:
+    def __init__(
+        self,
+        *,
+        state: JobState,
+        keys: PeerKeys,
+        recorder: EventRecorder,
+        apply: Callable[[list[Command]], None],
+        clock: Callable[[], float],
+        controller: Controller | None,
+        interval: float,
+    ) -> None:
+        self._state = state
+        self._keys = keys
+        self._recorder = recorder
+        self._apply = apply
+        self._clock = clock
+        self._controller = controller
+        self._interval = interval
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ps-control")
+        self._stop = threading.Event()
+        # Used on the pool's thread only: one link per server, and what was fed.
+        self._controls: dict[int, ServerControl] = {}
+        self._seen: dict[int, tuple[int, int]] = {}  # rank -> (incarnation, last version)
+        self._moving: set[int] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --------------------------------------------------------------- public
+
+    async def run(self) -> None:
+        """Feed the Monitor every interval until cancelled; then stop every move."""
+        try:
+            while True:
+                await asyncio.sleep(self._interval)
+                await self.poll()
+        finally:
+            self._stop.set()
+            for task in list(self._tasks):
+                task.cancel()
+            self._pool.submit(self._close_controls)
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def poll(self) -> None:
+        """Ask every running server for its new updates; feed and record them."""
+        for rank, endpoint in self._running():
+            try:
+                stats = await self._blocking(self._stats, rank, endpoint)
+            except PsError as exc:  # restarting, or busy past the timeout: next time
+                log.debug("server %d: no statistics this time: %s", rank, exc)
+                continue
+            updates = self._new_updates(rank, stats)
+            if updates:
+                record_server_updates(
+                    self._recorder,
+                    self._controller,
+                    rank,
+                    updates,
+                    self._clock(),
+                    server_now=stats.now_s,
+                )
+
+    def kill_restart(self, action: KillRestart, now: float) -> bool:
+        """Start moving server ``action.rank`` onto a free spare host; False when
+        it cannot move (no free spare host, not running, already moving)."""
+        rank = action.rank
+        slot = self._state.procs.get(f"server-{rank}")
+        target = self._state.free_spare(action.target_host)
+        old = self._state.server_endpoint(rank)
+        if (
+            slot is None
+            or slot.state is not ProcState.RUNNING
+            or target is None
+            or target == slot.host
+            or rank in self._moving
+            or not old
+        ):
+            return False
+        commands = self._state.replace_server(rank, target, action.reason, now)
+        if not commands:
+            return False
+        self._apply(commands)
+        self._moving.add(rank)
+        task = asyncio.get_running_loop().create_task(
+            self._move(rank, old, target), name=f"ps-move-{rank}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
+
+    # ----------------------------------------------------------------- moves
+
+    async def _move(self, rank: int, old: str, target: str) -> None:
+        new = self._state.server_endpoint(rank)
+        began = self._clock()
+        self._event(rank, "begin", from_endpoint=old, to_endpoint=new, target_host=target)
+        try:
+            if not new:
+                raise PsError(f"no port known for server {rank} on {target}")
+            moved = await self._blocking(self._migrate, old, new)
+            self._event(
+                rank,
+                "moved",
+                version=moved.version,
+                pause_s=round(moved.pause_s, 4),
+                took_s=round(self._clock() - began, 3),
+            )
+            everyone = await self._blocking(self._wait_redirects, old, len(moved.members))
+        except PsError as exc:
+            log.error("moving parameter server %d to %s failed: %s", rank, target, exc)
+            self._event(rank, "failed", error=str(exc))
+            if self._controller is not None:
+                self._controller.server_restart_failed(rank)
+            return
+        finally:
+            self._moving.discard(rank)
+        self._apply(self._state.retire(f"server-{rank}"))
+        self._event(rank, "done", all_redirected=everyone)
+        if self._controller is not None:
+            self._controller.server_replaced(rank, moved.pause_s)
+
+    def _migrate(self, old_endpoint: str, new_endpoint: str) -> _Moved:
+        keys, stop = self._keys, self._stop
+        with (
+            ServerControl(new_endpoint, keys, timeout=START_TIMEOUT_S, stop=stop) as new,
+            ServerControl(old_endpoint, keys, timeout=MOVE_TIMEOUT_S, stop=stop) as old,
+        ):
+            new.stats()  # answers once the new process listens
+            blocks = old.stats().blocks
+            exported = old.export(blocks, remove=True, moved_to=new_endpoint)
+            boundary = time.monotonic()
+            new.import_blocks(exported)
+            handed = old.stats()  # the members as of the move (none can join later)
+            new.membership(handed.workers, handed.backup)
+            return _Moved(
+                version=exported.message.version,
+                pause_s=time.monotonic() - boundary,
+                members=handed.workers,
+            )
+
+    def _wait_redirects(self, old_endpoint: str, members: int) -> bool:
+        deadline = time.monotonic() + REDIRECT_WAIT_S
+        with ServerControl(old_endpoint, self._keys, timeout=STATS_TIMEOUT_S) as old:
+            while time.monotonic() < deadline and not self._stop.is_set():
+                if old.stats().redirected >= members:
+                    return True
+                self._stop.wait(REDIRECT_POLL_S)
+        return False
+
+    def _event(self, rank: int, phase: str, **data: Any) -> None:
+        self._recorder.emit("ps_move", role="server", rank=rank, phase=phase, **data)
+
+    # ------------------------------------------------------------ statistics
+
+    def _running(self) -> list[tuple[int, str]]:
+        out = []
+        for slot in self._state.procs.values():
+            if slot.role != "server" or slot.state is not ProcState.RUNNING:
+                continue
+            endpoint = self._state.server_endpoint(slot.rank)
+            if endpoint and slot.rank not in self._moving:
+                out.append((slot.rank, endpoint))
+        return sorted(out)
+
+    def _stats(self, rank: int, endpoint: str) -> PsStats:
+        control = self._controls.get(rank)
+        if control is None or control.endpoint != endpoint:
+            if control is not None:
+                control.close()
+            control = self._controls[rank] = ServerControl(
+                endpoint, self._keys, timeout=STATS_TIMEOUT_S, stop=self._stop
+            )
+        return control.stats(since_version=self._seen.get(rank, (0, 0))[1])
+
+    def _new_updates(self, rank: int, stats: PsStats) -> list[PsUpdate]:
+        incarnation, last = self._seen.get(rank, (0, 0))
+        if stats.incarnation != incarnation:
+            last = 0  # a new process (restart, move): its own updates only
+        fresh = [u for u in stats.updates if u.version > last]
+        newest = max([last, *(u.version for u in fresh)])
+        self._seen[rank] = (stats.incarnation, newest)
+        return fresh
+
+    def _close_controls(self) -> None:
+        for control in self._controls.values():
+            control.close()
+        self._controls.clear()
+
+    async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, fn, *args)
+

@@ -1,0 +1,49 @@
+"""A BSP worker of the built-in parameter server that keeps going to the end:
+linear regression over DDS records, pull/push every step, an empty push (0
+records) while it holds no data, STEP_S of "compute" a step. Writes
+OUT/<rank>.json with the final loss and parameters, its steps, and where its
+servers ended up. usage: ps_bsp_worker.py OUT STEP_S"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import dtlaunch
+import dtlaunch.ps
+
+out, step_s = Path(sys.argv[1]), float(sys.argv[2])
+job = dtlaunch.init()
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+ps = dtlaunch.ps.Client(model, optimizer="sgd", lr=0.05)
+gen = torch.Generator().manual_seed(7)
+true_w = torch.randn(8, 1, generator=gen)
+features = torch.randn(job.dataset.dataset_size, 8, generator=gen)
+targets = features @ true_w + 0.5
+trained = 0
+for idx in job.batches(wait=0.05):
+    ps.pull()
+    model.zero_grad()
+    if idx:
+        torch.nn.functional.mse_loss(model(features[idx]), targets[idx]).backward()
+        time.sleep(step_s)
+    ps.push(len(idx))
+    trained += len(idx)
+    job.step()
+ps.pull()
+with torch.no_grad():
+    final = torch.nn.functional.mse_loss(model(features), targets).item()
+record = {
+    "final_loss": final,
+    "steps": job.step_count,
+    "records": trained,
+    "endpoints": ps.endpoints,
+    "moves": ps.moves,
+    "params": [p.detach().reshape(-1).tolist() for p in model.parameters()],
+}
+(out / f"{job.rank}.json").write_text(json.dumps(record))
+ps.close()
+job.close()
