@@ -94,3 +94,44 @@ def test_nd_moves_a_slow_server_to_the_spare_host_while_the_workers_train(sshd, 
     data = summary(run_dir)
     assert data["status"] == "succeeded" and data["actions"]["KILL_RESTART"] == 1
     assert [(r["role"], r["rank"], r["host"]) for r in data["restarts"]] == [("server", 1, a1)]
+
+
+@pytest.mark.integration
+def test_backup_workers_drop_the_slowest_gradient_and_its_records_are_read_again(tmp_path):
+    """BACKUP_WORKERS(1) (AntDT Table II): every step applies with the first two
+    of three gradients, so the injected straggler's are mostly dropped; the
+    records of a dropped step go back to the DDS, and every record ends up in an
+    applied step."""
+    out = tmp_path / "out"
+    out.mkdir()
+    run_dir = tmp_path / "run"
+    dataset = 3000
+    args = [
+        "run", "--workers", "3", "--servers", "1", "--run-dir", str(run_dir),
+        "--dataset-size", str(dataset), "--shard-size", "60", "--global-batch", "30",
+        "--ps-block-bytes", "16", "--output", "0", "--policy", "backup:b=1",
+        "--control-interval", "0.5", "--inject", "persistent:role=worker,ranks=2,delay=0.1",
+        str(SCRIPTS / "ps_bsp_worker.py"), str(out), "0.01",
+    ]  # fmt: skip
+    result = run(args, env=job_env(), timeout=240.0, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    log = events(run_dir)
+    [decision] = [e for e in log if e["kind"] == "decision" and e.get("action")]
+    assert (decision["action"], decision["count"]) == ("BACKUP_WORKERS", 1)
+    dropped = [w for e in log if e["kind"] == "server_reports" for d in e["dropped"] for w in d]
+    assert dropped and set(dropped) <= {0, 1, 2}
+    assert dropped.count(2) > len(dropped) / 2  # the straggler is the one left out
+    released = [e for e in log if e["kind"] == "shards_released"]
+    assert released and all("BACKUP_WORKERS" in e["reason"] for e in released)
+    finals = [json.loads((out / f"{rank}.json").read_text()) for rank in range(3)]
+    assert finals[2]["dropped_steps"] > 0
+    assert finals[0]["params"] == finals[1]["params"] == finals[2]["params"]
+    assert finals[0]["final_loss"] < 1e-3
+    applied: set[int] = set()
+    for rank in range(3):
+        for line in (out / f"{rank}.ledger").read_text().splitlines():
+            applied.update(int(x) for x in line.split())
+    assert applied == set(range(dataset))  # nothing lost
+    data = summary(run_dir)
+    assert data["status"] == "succeeded" and data["actions"] == {"BACKUP_WORKERS": 1}
+    assert data["shards_done"] == data["shards_total"] and data["duplicate_records"] > 0

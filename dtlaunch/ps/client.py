@@ -254,6 +254,9 @@ class Client:
             self._pushing = False
         self._pushed_samples, self._pushed_grads = samples, marks
         self.dropped.sort()
+        if self.dropped and samples > 0 and job is not None:
+            # BACKUP_WORKERS applied the step without us: the records go back.
+            job.mark_dropped()
         self._record_comm(time.perf_counter() - started)
 
     def use_placement(self, placement: Placement, servers: Sequence[str] | None = None) -> None:

@@ -90,6 +90,11 @@ class ServerControl:
         reply = self._request(PsMembership(request_id=0, workers=list(workers), backup=backup))
         return _ok(reply).version
 
+    def set_backup(self, backup: int) -> int:
+        """BACKUP_WORKERS' b alone (the workers a step waits for stay); returns the version."""
+        msg = PsMembership(request_id=0, workers=[], backup=backup, backup_only=True)
+        return _ok(self._request(msg)).version
+
     def stats(self, since_version: int = 0) -> PsStats:
         reply = self._request(PsStatsRequest(request_id=0, since_version=since_version))
         if not isinstance(reply, PsStats):

@@ -402,7 +402,8 @@ class PsServer:
     def _on_membership(self, incoming: Incoming) -> None:
         msg = incoming.message
         assert isinstance(msg, PsMembership)
-        update = self.store.set_members(msg.workers, msg.backup)
+        workers = self.store.members if msg.backup_only else msg.workers
+        update = self.store.set_members(sorted(workers), msg.backup)
         self._reply(incoming)
         self._after_update(update)
 

@@ -65,6 +65,7 @@ from dtlaunch.wire.messages import (
     Regroup,
     RegroupGo,
     Rehello,
+    ReleaseShards,
     ShardGrant,
     StepReports,
     Welcome,
@@ -225,6 +226,9 @@ class SupervisorClient:
     def ack(self, lease_ids: Sequence[int], step: int) -> None:
         self._call(self._add_acks, list(lease_ids), step)
 
+    def release(self, lease_ids: Sequence[int], step: int) -> None:
+        self._call(self._release, list(lease_ids), step)
+
     def report(self, reports: list[TimedReport]) -> None:
         self._call(self._add_reports, list(reports))
 
@@ -314,6 +318,15 @@ class SupervisorClient:
         for lease_id in lease_ids:
             self._pending_acks[lease_id] = (step, -math.inf)
         self._wake.set()
+
+    def _release(self, lease_ids: list[int], step: int) -> None:
+        # Not ours any more: a Hello after a supervisor restart must not claim
+        # them (the supervisor then releases them itself if this notice is lost).
+        for lease_id in lease_ids:
+            self._held.discard(lease_id)
+            self._pending_acks.pop(lease_id, None)
+        reason = f"step {step} of worker {self._conn.rank} was dropped (BACKUP_WORKERS)"
+        self._queue_send(ReleaseShards(lease_ids=lease_ids, step=step, reason=reason), False)
 
     def _queue_send(self, msg: Message, repeat_on_rehello: bool) -> None:
         self._outbox.append(msg)

@@ -175,6 +175,7 @@ class Job:
         self._regroups: list[Regroup] = []  # heard, not yet handed to the elastic group
         self._elastic: ElasticGroup | None = None
         self._lr_factor = 1.0
+        self._dropped = False  # mark_dropped(): the coming step() releases, not acks
         self._global_batch = dataset.global_batch
         self._closed = False
         self._pid = os.getpid()
@@ -239,11 +240,19 @@ class Job:
         """
         if self._closed:
             raise RuntimeError("Job.step() after Job.close()")
-        step = self._stream.step()
+        dropped, self._dropped = self._dropped, False
+        step = self._stream.drop_step() if dropped else self._stream.step()
         due = self._timer.end_step(step, self._stream.batch_size)
         if due:
             self._source.report(due)
         self._apply_actions(next_step=step + 1)
+
+    def mark_dropped(self) -> None:
+        """This step's gradients were left out of the update (BACKUP_WORKERS
+        applied the step without this worker): the coming ``step()`` gives the
+        shards its batches read back to the DDS, to be read again, instead of
+        marking them done. ``dtlaunch.ps.Client.push`` calls it for you."""
+        self._dropped = True
 
     def bsp_batches(self, *, wait: float = 0.05) -> Iterator[list[int]]:
         """Batches for a synchronous (BSP) loop over ``torch.distributed``.

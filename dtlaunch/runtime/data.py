@@ -76,6 +76,11 @@ class LeaseSource(Protocol):
         """These leases' records are all applied, as of ``step``; must not block."""
         ...
 
+    def release(self, lease_ids: Sequence[int], step: int) -> None:
+        """Give these leases back to be read again (their step was dropped); must
+        not block."""
+        ...
+
     def close(self, timeout: float) -> None:
         """Flush acks (waiting up to ``timeout`` seconds) and release resources."""
         ...
@@ -137,8 +142,9 @@ class BatchStream:
         self._records: list[int] = []
         self._pos = 0
         self._ended = False
-        # Per handed-out batch not yet covered by a step: the leases it completed.
-        self._uncovered: deque[list[int]] = deque()
+        # Per handed-out batch not yet covered by a step: the leases it completed,
+        # and every lease it read from.
+        self._uncovered: deque[tuple[list[int], set[int]]] = deque()
         self._steps = 0
         self._batches = 0
 
@@ -188,6 +194,7 @@ class BatchStream:
         """
         batch: list[int] = []
         completed: list[int] = []
+        touched: set[int] = set()
         while len(batch) < self._batch_size:
             exhausted = self._pos >= len(self._records)
             # A batch that holds the last record of a lease must not wait long for
@@ -201,22 +208,39 @@ class BatchStream:
             take = min(self._batch_size - len(batch), len(self._records) - self._pos)
             batch.extend(self._records[self._pos : self._pos + take])
             self._pos += take
+            touched.add(self._lease_id)
             if self._pos == len(self._records):
                 completed.append(self._lease_id)
         if not batch:
             return [] if first_wait is not None and not self._ended else None
-        self._uncovered.append(completed)
+        self._uncovered.append((completed, touched))
         self._batches += 1
         return batch
 
     def step(self) -> int:
         """One iteration's gradients are applied: ack the leases its batches finished."""
         self._steps += 1
-        covered = len(self._uncovered) if self._mode == "returned" else min(1, len(self._uncovered))
-        lease_ids = [lid for _ in range(covered) for lid in self._uncovered.popleft()]
+        lease_ids = [lid for completed, _ in self._covered() for lid in completed]
         if lease_ids:
             self._source.ack(lease_ids, self._steps)
         return self._steps
+
+    def drop_step(self) -> int:
+        """One iteration's gradients were left out (BACKUP_WORKERS): every lease
+        its batches read from goes back to the DDS whole, to be read again
+        (at least once), and the one being read is abandoned. Returns the step."""
+        self._steps += 1
+        released = sorted({lid for _, touched in self._covered() for lid in touched})
+        if self._lease_id in released:
+            self._records, self._pos = [], 0  # the next batch opens the next lease
+        if released:
+            self._source.release(released, self._steps)
+        return self._steps
+
+    def _covered(self) -> list[tuple[list[int], set[int]]]:
+        """The batches a ``step()`` now covers (see the module doc), taken off."""
+        count = len(self._uncovered) if self._mode == "returned" else min(1, len(self._uncovered))
+        return [self._uncovered.popleft() for _ in range(count)]
 
     def _open_next_lease(self, wait: float | None = None) -> bool:
         """Move to the next lease with records; False at the end of data, or when

@@ -8,6 +8,7 @@ rank 0 of 1. Acks have nobody to go to; they are only counted.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator, Sequence
 
 from dtlaunch.runtime.data import NotReady
@@ -23,13 +24,23 @@ class StandaloneSource:
 
     def __init__(self, spec: DatasetSpec) -> None:
         self._leases = self._all_leases(spec)
+        self._given: dict[int, Lease] = {}
+        self._again: deque[Lease] = deque()  # released leases, read again last (as the DDS does)
         self.acked: list[int] = []
 
     def next_lease(self) -> Lease | None:
-        return next(self._leases, None)
+        lease = next(self._leases, None)
+        if lease is None and self._again:
+            lease = self._again.popleft()
+        if lease is not None:
+            self._given[lease.lease_id] = lease
+        return lease
 
     def ack(self, lease_ids: Sequence[int], step: int) -> None:
         self.acked.extend(lease_ids)
+
+    def release(self, lease_ids: Sequence[int], step: int) -> None:
+        self._again.extend(self._given[i] for i in lease_ids if i in self._given)
 
     def close(self, timeout: float) -> None:
         return None

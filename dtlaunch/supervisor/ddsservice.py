@@ -33,6 +33,7 @@ from dtlaunch.wire.messages import (
     FetchShards,
     Message,
     RegisterDataset,
+    ReleaseShards,
     ShardGrant,
 )
 
@@ -129,6 +130,8 @@ class DdsService:
             await self._fetch(peer, rank, msg)
         elif isinstance(msg, AckShards):
             await self._ack(peer, rank, msg)
+        elif isinstance(msg, ReleaseShards):
+            await self._release(rank, msg)
 
     async def worker_hello(self, rank: int, attempt: int, leases: list[int]) -> None:
         """A worker (re)connected holding ``leases``: keep those, release its others."""
@@ -209,6 +212,15 @@ class DdsService:
         # Refused ids are dropped by the worker too: they are either DONE already
         # (a repeated ack after a resume) or no longer its shards.
         await self._send(peer, AckDone(lease_ids=list(msg.lease_ids)))
+
+    async def _release(self, rank: int, msg: ReleaseShards) -> None:
+        """A worker gives leases back (its step was dropped): only its own DOING
+        ones go back to the end of TODO; the rest it no longer holds anyway."""
+        if self.queue is None:
+            return
+        own = [lease_id for lease_id in msg.lease_ids if self.queue.holder(lease_id) == rank]
+        why = msg.reason or f"released by worker {rank} at step {msg.step}"
+        await self._commit(self.queue.release_leases(own), rank, why)
 
     # --------------------------------------------------------------- helpers
 

@@ -7,6 +7,8 @@ their own (those sockets block; the supervisor's loop must not):
   updates it applied since the last ask: AntDT's T_s (§II), the injected delay
   apart. They go to the Controller's Monitor, where nd looks for a persistent
   server straggler (§VI-A), and to the event log (``server_reports``).
+* **BACKUP_WORKERS(b)**: the b the policy set goes to every server, and again
+  to one that comes back without it (a restarted process starts with b = 0).
 * **KILL_RESTART of a server as a live move** (§VI-A with PSLD §5.2's versioned
   migration). A fresh server starts on a free spare host
   (``JobState.replace_server``) while the straggler serves on. Once the new one
@@ -91,6 +93,7 @@ class ServerFleet:
         self._seen: dict[int, tuple[int, int]] = {}  # rank -> (incarnation, last version)
         self._moving: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._backup: int | None = None  # BACKUP_WORKERS' b, once a policy set it
 
     # --------------------------------------------------------------- public
 
@@ -115,6 +118,11 @@ class ServerFleet:
             except PsError as exc:  # restarting, or busy past the timeout: next time
                 log.debug("server %d: no statistics this time: %s", rank, exc)
                 continue
+            if self._backup is not None and stats.backup != self._backup:
+                try:
+                    await self._blocking(self._set_backup, rank, self._backup)
+                except PsError as exc:
+                    log.warning("server %d: could not set backup workers: %s", rank, exc)
             updates = self._new_updates(rank, stats)
             if updates:
                 record_server_updates(
@@ -125,6 +133,11 @@ class ServerFleet:
                     self._clock(),
                     server_now=stats.now_s,
                 )
+
+    async def set_backup(self, count: int) -> None:
+        """BACKUP_WORKERS(count) on every server, now and from here on."""
+        self._backup = count
+        await self.poll()
 
     def kill_restart(self, action: KillRestart, now: float) -> bool:
         """Start moving server ``action.rank`` onto a free spare host; False when
@@ -237,6 +250,9 @@ class ServerFleet:
                 endpoint, self._keys, timeout=STATS_TIMEOUT_S, stop=self._stop
             )
         return control.stats(since_version=self._seen.get(rank, (0, 0))[1])
+
+    def _set_backup(self, rank: int, count: int) -> None:
+        self._controls[rank].set_backup(count)
 
     def _new_updates(self, rank: int, stats: PsStats) -> list[PsUpdate]:
         incarnation, last = self._seen.get(rank, (0, 0))

@@ -19,7 +19,13 @@ from dtlaunch import __version__
 from dtlaunch.errors import DtlaunchError
 from dtlaunch.events import EventRecorder
 from dtlaunch.hostfile import HostSpec
-from dtlaunch.supervisor.actions import AdjustBatchSize, AdjustLR, KillRestart, action_fields
+from dtlaunch.supervisor.actions import (
+    AdjustBatchSize,
+    AdjustLR,
+    BackupWorkers,
+    KillRestart,
+    action_fields,
+)
 from dtlaunch.supervisor.controller import Controller
 from dtlaunch.supervisor.ddsservice import DdsService
 from dtlaunch.supervisor.history import History as ResumeInfo
@@ -60,6 +66,7 @@ from dtlaunch.wire.messages import (
     RegisterDataset,
     RegroupReady,
     Rehello,
+    ReleaseShards,
     Spawned,
     SpawnFailed,
     StatusRequest,
@@ -324,6 +331,11 @@ class Supervisor:
                 for rank, factor in action.factors.items():
                     message_lr = AdjustLRMessage(factor=factor, apply_at_step=action.apply_at_step)
                     await self._router.send(WORKER_PREFIX + str(rank).encode(), message_lr)
+            elif isinstance(action, BackupWorkers):
+                if self._fleet is not None:
+                    await self._fleet.set_backup(action.count)
+                else:
+                    log.warning("BACKUP_WORKERS needs the built-in parameter servers; ignored")
             elif isinstance(action, KillRestart):
                 fleet = self._fleet
                 if action.role == "server" and fleet and fleet.kill_restart(action, now):
@@ -437,7 +449,7 @@ class Supervisor:
         elif isinstance(msg, DatasetReady):
             # A worker's query for the job's data set (it gave none to init()).
             await self._dds.send_dataset(peer)
-        elif isinstance(msg, (RegisterDataset, FetchShards, AckShards)):
+        elif isinstance(msg, (RegisterDataset, FetchShards, AckShards, ReleaseShards)):
             self._spawn_task(self._dds.handle(peer, rank, msg), f"dds-{rank}")
         elif isinstance(msg, Attached) and self._regroup is not None:
             self._regroup.attached(rank)

@@ -329,6 +329,17 @@ class AckShards(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ReleaseShards(Message):
+    """Give these leases back: the step that read them was dropped (BACKUP_WORKERS
+    left its gradient out), so their records go back to the DDS to be read again."""
+
+    TYPE: ClassVar[str] = "release_shards"
+    lease_ids: list[int]
+    step: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AckDone(Message):
     """The DONE records of these leases are durable."""
 
@@ -624,6 +635,7 @@ class PsMembership(Message):
     request_id: int
     workers: list[int]
     backup: int = 0
+    backup_only: bool = False  # change b alone; the workers stay as they are
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -767,6 +779,7 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     FetchShards,
     ShardGrant,
     AckShards,
+    ReleaseShards,
     AckDone,
     StepReports,
     AdjustBatch,

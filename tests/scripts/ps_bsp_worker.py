@@ -2,7 +2,9 @@
 linear regression over DDS records, pull/push every step, an empty push (0
 records) while it holds no data, STEP_S of "compute" a step. Writes
 OUT/<rank>.json with the final loss and parameters, its steps, and where its
-servers ended up. usage: ps_bsp_worker.py OUT STEP_S"""
+servers ended up, and OUT/<rank>.ledger with the records of every step whose
+gradient was applied (one step a line; a step BACKUP_WORKERS dropped is left
+out). usage: ps_bsp_worker.py OUT STEP_S"""
 
 import json
 import sys
@@ -23,7 +25,8 @@ gen = torch.Generator().manual_seed(7)
 true_w = torch.randn(8, 1, generator=gen)
 features = torch.randn(job.dataset.dataset_size, 8, generator=gen)
 targets = features @ true_w + 0.5
-trained = 0
+trained = dropped = 0
+ledger = (out / f"{job.rank}.ledger").open("w")
 for idx in job.batches(wait=0.05):
     ps.pull()
     model.zero_grad()
@@ -32,7 +35,13 @@ for idx in job.batches(wait=0.05):
         time.sleep(step_s)
     ps.push(len(idx))
     trained += len(idx)
+    if ps.dropped and idx:
+        dropped += 1
+    elif idx:
+        ledger.write(" ".join(map(str, idx)) + "\n")
+        ledger.flush()
     job.step()
+ledger.close()
 ps.pull()
 with torch.no_grad():
     final = torch.nn.functional.mse_loss(model(features), targets).item()
@@ -40,6 +49,7 @@ record = {
     "final_loss": final,
     "steps": job.step_count,
     "records": trained,
+    "dropped_steps": dropped,
     "endpoints": ps.endpoints,
     "moves": ps.moves,
     "params": [p.detach().reshape(-1).tolist() for p in model.parameters()],

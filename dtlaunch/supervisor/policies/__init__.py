@@ -2,7 +2,7 @@
 
 ``--policy`` text forms::
 
-    none | lb-bsp | nd                       a built-in with its defaults
+    none | lb-bsp | nd | backup              a built-in with its defaults
     nd:lambda=1.5,l_trans=30,l_per=120       a built-in with parameters
     pkg.mod:MyPolicy[:k=v,...]               a user's class, imported from pkg.mod
 
@@ -23,6 +23,7 @@ from typing import Any
 from dtlaunch.errors import ConfigError
 from dtlaunch.supervisor.actions import Action
 from dtlaunch.supervisor.monitor import Monitor, MonitorSnapshot
+from dtlaunch.supervisor.policies.backup import BackupPolicy
 from dtlaunch.supervisor.policies.base import (
     DEFAULT_L_PER,
     DEFAULT_L_TRANS,
@@ -35,6 +36,7 @@ from dtlaunch.supervisor.policies.none import NonePolicy
 
 __all__ = [
     "BUILTIN_POLICIES",
+    "BackupPolicy",
     "ExternalPolicy",
     "LbBspPolicy",
     "NdPolicy",
@@ -48,6 +50,7 @@ BUILTIN_POLICIES: dict[str, Callable[[dict[str, str]], Policy]] = {
     "none": NonePolicy,
     "lb-bsp": LbBspPolicy,
     "nd": NdPolicy,
+    "backup": BackupPolicy,
 }
 
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
