@@ -41,6 +41,7 @@ from dtlaunch.wire.messages import (
     RegroupGo,
     RegroupReady,
     Rehello,
+    ReleaseShards,
     ShardGrant,
     Shutdown,
     Spawn,
@@ -104,6 +105,7 @@ SAMPLES = [
     ShardGrant(request_id=5, retry_after=0.2),
     ShardGrant(request_id=6, finished=True),
     AckShards(lease_ids=[9, 10], step=77),
+    ReleaseShards(lease_ids=[11], step=78, reason="step 78 was dropped (BACKUP_WORKERS)"),
     AckDone(lease_ids=[9]),
     StepReports(
         reports=[
