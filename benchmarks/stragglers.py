@@ -1,4 +1,4 @@
-"""AntDT Table III, worker side: JCT of BSP vs AntDT-ND as straggler intensity grows.
+"""AntDT Table III: JCT of BSP vs AntDT-ND as straggler intensity grows.
 
 One invocation runs, one after the other on this machine, examples/synthetic.py
 with 8 workers on 8 loopback "hosts" (127.0.0.2-9, a real sshd, two spare hosts
@@ -9,6 +9,12 @@ with 8 workers on 8 loopback "hosts" (127.0.0.2-9, a real sshd, two spare hosts
     lb-bsp    batch-size balancing only (LB-BSP)
     nd        AntDT-ND: ADJUST_BS for transient, KILL_RESTART for persistent stragglers
     ideal     no injection, --policy none (one run, shared by every intensity)
+    backup    (full runs) BACKUP_WORKERS b=1 (Fig. 10's BW column): PS mode, 1 server
+
+and, in a full run, the server side of Table III: the same workload in PS mode
+(--servers 2, BSP), one server persistently slowed by 4 s x intensity per step
+(scaled like the rest), under none and nd (which moves it to a spare host),
+beside the PS ideal.
 
 Stragglers follow AntDT §VII-A-4, times scaled down (see ``Scenario``): transient
 (each host disturbed with probability 0.3 per period, for its first half, sleeping
@@ -20,10 +26,12 @@ from launch to exit (start-up included) is recorded beside it.
 
     python benchmarks/stragglers.py [--quick] [--out FILE.json] [--keep]
 
---quick: intensity 0.8 only, same columns. The full run adds 0.1-0.5 and the
-overhead check (nd vs none without stragglers, target 0.5 %). Targets at 0.8:
-nd <= 1.10 x ideal, >= 2.0x faster than none. Writes JSON (``jct_s``: intensity
--> column -> s) and a Markdown table beside it (benchmarks/results/).
+--quick: intensity 0.8 only, the worker side's five columns. The full run adds
+0.1-0.5, the overhead check (nd vs none without stragglers, target 0.5 %), the
+backup column and the server side. Targets at 0.8: nd <= 1.10 x ideal and >=
+2.0x faster than none (workers); nd >= 2.0x faster than none (servers). Writes
+JSON (``jct_s``: intensity -> column -> s; ``server.jct_s`` likewise) and the
+Markdown tables beside it (benchmarks/results/).
 """
 
 from __future__ import annotations
@@ -50,16 +58,27 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.stragglers_report import (  # noqa: E402
+    COLUMNS,
+    render_markdown,
+    render_text,
+    table_rows,
+    write_results,
+)
 from dtlaunch.inject import injected_delay, parse_injections  # noqa: E402
+
+__all__ = ["render_markdown", "table_rows"]  # also used by tests, beside main()
 
 RESULTS = REPO / "benchmarks" / "results"
 SYNTHETIC = REPO / "examples" / "synthetic.py"
-COLUMNS = ("none", "torchrun", "lb-bsp", "nd", "ideal")
 INTENSITIES = (0.1, 0.3, 0.5, 0.8)
 QUICK_INTENSITIES = (0.8,)
 WORKERS = 8
 WORKER_HOSTS = tuple(f"127.0.0.{i}" for i in range(2, 2 + WORKERS))
 SPARE_HOSTS = ("127.0.0.10", "127.0.0.11")
+SERVER_HOSTS = WORKER_HOSTS[:2]  # PS mode: server 0 and 1 beside workers 0 and 1
+SERVER_STRAGGLER_HOST = SERVER_HOSTS[1]
+TARGET_SERVER_SPEEDUP = 2.0
 TARGET_ND_VS_IDEAL = 1.10
 TARGET_ND_SPEEDUP = 2.0
 TARGET_OVERHEAD = 0.005
@@ -102,6 +121,8 @@ class Scenario:
         "restart_cost=4,cooldown=10"
     )
     lb_bsp: str = "lb-bsp:l_trans=1,l_per=3,apply_after=2,margin=0.02,min_batch=8"
+    backup: str = "backup:b=1"
+    server_delay_s: float = 4.0  # AntDT's persistent straggler, x intensity / time_scale
 
     @property
     def dataset_size(self) -> int:
@@ -120,6 +141,13 @@ class Scenario:
             f"period={self.period_s:g},duration={self.duration_s:g},sleep={sleep:.4g},"
             f"intensity={intensity:g}",
         ]
+
+    def server_injections(self, intensity: float) -> list[str]:
+        """One server, persistently slow (AntDT §VII-B-1b), bound to its host."""
+        if intensity <= 0:
+            return []
+        delay = self.server_delay_s * intensity / self.time_scale
+        return [f"persistent:role=server,hosts={SERVER_STRAGGLER_HOST},delay={delay:.4g}"]
 
     def script_args(self) -> list[str]:
         return [
@@ -188,21 +216,39 @@ def _synthetic_line(text: str) -> dict[str, float]:
     return {k: float(v) for k, v in zip(names, match.groups(), strict=True)}
 
 
-def run_dtlaunch(
-    scenario: Scenario, column: str, si: float, *, hostfile: Path, env: dict[str, str], work: Path
-) -> Outcome:
-    """One dtlaunch job of ``column`` at straggler intensity ``si``."""
-    policy = {"nd": scenario.nd, "lb-bsp": scenario.lb_bsp}.get(column, "none")
-    run_dir = work / f"{column}-{si:g}-{time.monotonic_ns()}"
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """The loopback hosts: hostfiles for 0, 1 and 2 servers, their env, a scratch dir."""
+
+    hostfiles: dict[int, Path]
+    env: dict[str, str]
+    work: Path
+
+
+def run_dtlaunch(scenario: Scenario, column: str, si: float, *, cluster: Cluster) -> Outcome:
+    """One dtlaunch job of ``column`` at straggler intensity ``si``.
+
+    Columns ``server:*`` are the server side (PS mode, 2 servers, a server
+    straggler); ``backup`` is PS mode with 1 server; the rest are allreduce.
+    """
+    side, _, name = column.rpartition(":")
+    servers = 2 if side == "server" else 1 if name == "backup" else 0
+    policy = {"nd": scenario.nd, "lb-bsp": scenario.lb_bsp, "backup": scenario.backup}.get(
+        name, "none"
+    )
+    injections = scenario.server_injections(si) if side else scenario.injections(si)
+    run_dir = cluster.work / f"{column.replace(':', '-')}-{si:g}-{time.monotonic_ns()}"
     argv = [
-        sys.executable, "-m", "dtlaunch", "run", "-H", str(hostfile), "--workers", str(WORKERS),
+        sys.executable, "-m", "dtlaunch", "run", "-H", str(cluster.hostfiles[servers]),
+        "--workers", str(WORKERS), "--servers", str(servers),
         "--run-dir", str(run_dir), "--output", "none", "--policy", policy,
         "--control-interval", f"{scenario.control_interval_s:g}", "--env", "OMP_NUM_THREADS=1",
         "--workdir", str(REPO),
     ]  # fmt: skip
-    for spec in scenario.injections(si):
+    for spec in injections:
         argv += ["--inject", spec]
-    argv += [str(SYNTHETIC), *scenario.script_args()]
+    argv += [str(SYNTHETIC), *scenario.script_args(), *(["--ps"] if servers else [])]
+    env = cluster.env
     returncode, output, wall = timed_run(argv, env)
     summary: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):
@@ -248,9 +294,10 @@ def run_torchrun(scenario: Scenario, intensity: float, *, env: dict[str, str]) -
 
 
 @contextlib.contextmanager
-def loopback_cluster(keep: bool) -> Iterator[tuple[Path, dict[str, str], Path]]:
-    """A real sshd on 127.0.0.2-11, a hostfile (8 worker hosts, 2 spares), the env
-    that reaches them, and a scratch folder for the run directories (kept if ``keep``)."""
+def loopback_cluster(keep: bool) -> Iterator[Cluster]:
+    """A real sshd on 127.0.0.2-11 and hostfiles: one worker slot on each of 8
+    hosts, 2 spares, and for PS mode a server slot beside workers 0 (and 1);
+    run directories go to a scratch folder (kept if ``keep``)."""
     import tests.sshd as sshd_module
 
     saved = sshd_module.ADDRESSES
@@ -265,12 +312,18 @@ def loopback_cluster(keep: bool) -> Iterator[tuple[Path, dict[str, str], Path]]:
             root = Path(tempfile.mkdtemp(prefix="stragglers-runs-"))
             if not keep:
                 stack.callback(shutil.rmtree, root, ignore_errors=True)
-            lines = [f"{h} slots=1" for h in WORKER_HOSTS]
-            lines += [f"{h} slots=1 spare" for h in SPARE_HOSTS]
-            hostfile = server.write_hostfile(root / "hosts", lines)
+            hostfiles = {}
+            for servers in (0, 1, 2):
+                with_server = SERVER_HOSTS[:servers]
+                lines = [
+                    f"{h} slots=2 servers=1" if h in with_server else f"{h} slots=1"
+                    for h in WORKER_HOSTS
+                ]
+                lines += [f"{h} slots=1 spare" for h in SPARE_HOSTS]
+                hostfiles[servers] = server.write_hostfile(root / f"hosts-{servers}", lines)
             env = dict(os.environ, PYTHONUNBUFFERED="1", **server.env())
             env.pop("DTLAUNCH_HOSTS", None)
-            yield hostfile, env, root
+            yield Cluster(hostfiles=hostfiles, env=env, work=root)
     finally:
         sshd_module.ADDRESSES = saved
 
@@ -285,10 +338,13 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def summarize(
     scenario: Scenario, outcomes: list[Outcome], *, quick: bool, overhead: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """The JSON document: ``jct_s`` maps intensity -> column -> seconds."""
+    """The JSON document: ``jct_s`` maps intensity -> column -> seconds; a full
+    run adds ``server`` (the server side, likewise)."""
     # JCT as AntDT measures it: "the training time from the start to the end of
     # the training" (rank 0's loop); wall time from launch, start-up included, is
     # kept beside it (8 processes importing torch on 2 cores take 15-25 s).
+    server_side = [o for o in outcomes if o.column.startswith("server:")]
+    everything, outcomes = outcomes, [o for o in outcomes if o not in server_side]
     ideal = [o for o in outcomes if o.column == "ideal" and o.ok]
     ideal_train = [o.train_s for o in ideal if o.train_s]
     ideal_s = statistics.median(ideal_train) if ideal_train else None
@@ -298,8 +354,9 @@ def summarize(
     train: dict[str, dict[str, float | None]] = {}
     for si in intensities:
         key = f"{si:g}"
-        jct[key] = {c: None for c in COLUMNS}
-        train[key] = {c: None for c in COLUMNS}
+        backup = [c for c in ("backup",) if any(o.column == c for o in outcomes)]
+        jct[key] = {c: None for c in (*COLUMNS, *backup)}
+        train[key] = {c: None for c in (*COLUMNS, *backup)}
         for o in outcomes:
             if o.intensity == si and o.column != "ideal" and o.ok:
                 jct[key][o.column] = round(o.train_s, 2) if o.train_s else None
@@ -316,6 +373,12 @@ def summarize(
         f"nd_speedup_over_none_at_{top}>={TARGET_ND_SPEEDUP}": bool(nd_speed)
         and nd_speed >= TARGET_ND_SPEEDUP,
     }  # fmt: skip
+    server = _server_side(server_side) if server_side else None
+    if server is not None:
+        speed = server["speedup"].get(top or "")
+        targets[f"server_nd_speedup_over_none_at_{top}>={TARGET_SERVER_SPEEDUP}"] = bool(
+            speed and speed >= TARGET_SERVER_SPEEDUP
+        )
     if overhead is not None:
         targets[f"nd_overhead_without_stragglers<={TARGET_OVERHEAD:.1%}"] = bool(
             overhead["jct_ratio"] and overhead["jct_ratio"] - 1 <= TARGET_OVERHEAD
@@ -329,9 +392,11 @@ def summarize(
         "speedup_nd_over_none": speedup,
         "nd_over_ideal": vs_ideal,
         "overhead": overhead,
+        "server": server,
         "targets": targets,
         "scenario": {**asdict(scenario), "dataset_size": scenario.dataset_size},
         "injections": {f"{si:g}": scenario.injections(si) for si in intensities},
+        "server_injections": {f"{si:g}": scenario.server_injections(si) for si in intensities},
         "transient_pattern": transient_pattern(scenario, max(intensities or [0.8]), 6),
         "runs": [
             {
@@ -342,81 +407,27 @@ def summarize(
                 "ok": o.ok,
                 **o.detail,
             }
-            for o in outcomes
+            for o in everything
         ],
     }
 
 
-def _cell(value: float | None) -> str:
-    return "failed" if value is None else f"{value:.1f}"
-
-
-def table_rows(results: dict[str, Any]) -> list[list[str]]:
-    header = ["SI", *COLUMNS, "nd speedup vs none", "nd / ideal"]
-    rows = [header]
-    for si, cols in results["jct_s"].items():
-        speed = results["speedup_nd_over_none"].get(si)
-        ratio = results["nd_over_ideal"].get(si)
-        rows.append(
-            [
-                si,
-                *(_cell(cols.get(c)) for c in COLUMNS),
-                "-" if speed is None else f"{speed:.2f}x ({(speed - 1) * 100:+.1f}%)",
-                "-" if ratio is None else f"{ratio:.3f}",
-            ]
-        )
-    return rows
-
-
-def render_text(results: dict[str, Any]) -> str:
-    rows = table_rows(results)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["JCT in seconds (training time, start to end), 8 workers on loopback hosts"]
-    lines += ["  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
-    lines += _notes(results)
-    return "\n".join(lines)
-
-
-def render_markdown(results: dict[str, Any]) -> str:
-    rows = table_rows(results)
-    out = [
-        f"# Straggler benchmark ({results['mode']}, {results['date']}, {results['cpus']} CPUs)",
-        "",
-        "AntDT Table III, worker side: JCT in seconds (training time, start to end; "
-        "wall time with start-up in the JSON).",
-        "",
-        "| " + " | ".join(rows[0]) + " |",
-        "|" + "|".join("---" for _ in rows[0]) + "|",
-    ]
-    out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
-    out += ["", *(f"- {n.strip()}" for n in _notes(results)), ""]
-    return "\n".join(out)
-
-
-def _notes(results: dict[str, Any]) -> list[str]:
-    notes = []
-    over = results.get("overhead")
-    if over:
-        notes.append(
-            f"controller overhead without stragglers: nd / none = {over['jct_ratio']} (JCT), "
-            f"{over['wall_ratio']} (wall), medians of {over['pairs']} runs each"
-        )
-    for name, met in results["targets"].items():
-        notes.append(f"target {name}: {'met' if met else 'NOT met'}")
-    sc = results["scenario"]
-    notes.append(
-        f"policies: {sc['nd']} | {sc['lb_bsp']} | --control-interval {sc['control_interval_s']}"
-    )
-    return notes
-
-
-def write_results(results: dict[str, Any], out: Path) -> Path:
-    """Write the JSON to ``out`` and the Markdown table beside it; returns the .md path."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    md = out.with_suffix(".md")
-    md.write_text(render_markdown(results))
-    return md
+def _server_side(outcomes: list[Outcome]) -> dict[str, Any]:
+    """The server table: intensity -> none / nd / ideal (training seconds), nd's speedup."""
+    ideal = [o.train_s for o in outcomes if o.column == "server:ideal" and o.ok and o.train_s]
+    ideal_s = round(statistics.median(ideal), 2) if ideal else None
+    jct: dict[str, dict[str, float | None]] = {}
+    for si in sorted({o.intensity for o in outcomes if o.column != "server:ideal"}):
+        row: dict[str, float | None] = {"none": None, "nd": None, "ideal": ideal_s}
+        for o in outcomes:
+            if o.intensity == si and o.column != "server:ideal" and o.ok and o.train_s:
+                row[o.column.removeprefix("server:")] = round(o.train_s, 2)
+        jct[f"{si:g}"] = row
+    return {
+        "jct_s": jct,
+        "speedup": {k: _ratio(v["none"], v["nd"]) for k, v in jct.items()},
+        "nd_over_ideal": {k: _ratio(v["nd"], v["ideal"]) for k, v in jct.items()},
+    }
 
 
 # ------------------------------------------------------------------ main
@@ -462,12 +473,12 @@ def main(argv: list[str] | None = None) -> int:
     intensities = QUICK_INTENSITIES if opts.quick else INTENSITIES
     outcomes: list[Outcome] = []
     began = time.monotonic()
-    with loopback_cluster(opts.keep) as (hostfile, env, work):
+    with loopback_cluster(opts.keep) as cluster:
         if opts.keep:
-            print(f"run directories: {work}", flush=True)
+            print(f"run directories: {cluster.work}", flush=True)
 
         def dt(column: str, si: float) -> Outcome:
-            outcome = run_dtlaunch(scenario, column, si, hostfile=hostfile, env=env, work=work)
+            outcome = run_dtlaunch(scenario, column, si, cluster=cluster)
             _say(outcome)
             return outcome
 
@@ -480,9 +491,15 @@ def main(argv: list[str] | None = None) -> int:
         outcomes += base
         overhead = _overhead(base, nd_clean) if nd_clean else None
         for si in intensities:
-            outcomes += [dt("none", si), run_torchrun(scenario, si, env=env)]
+            outcomes += [dt("none", si), run_torchrun(scenario, si, env=cluster.env)]
             _say(outcomes[-1])
             outcomes += [dt("lb-bsp", si), dt("nd", si)]
+            if not opts.quick:
+                outcomes.append(dt("backup", si))
+        if not opts.quick:
+            outcomes.append(dt("server:ideal", 0.0))
+            for si in intensities:
+                outcomes += [dt("server:none", si), dt("server:nd", si)]
     results = summarize(scenario, outcomes, quick=opts.quick, overhead=overhead)
     results["bench_wall_s"] = round(time.monotonic() - began, 1)
     print(render_text(results))

@@ -130,7 +130,7 @@ def run(
         typer.Option(
             envvar="DTLAUNCH_POLICY",
             help="Straggler policy: none | lb-bsp | nd[:lambda=1.5,l_trans=60,l_per=300] "
-            "| module:Class[:k=v].",
+            "| backup[:b=1] (PS mode) | module:Class[:k=v].",
         ),
     ] = "none",
     control_interval: Annotated[

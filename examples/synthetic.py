@@ -11,6 +11,13 @@ barrier. Under ``dtlaunch run`` the records come from the Stateful DDS
     dtlaunch run --workers 8 --policy nd --inject 'persistent:hosts=node3,delay=0.3' \\
         examples/synthetic.py --dataset-size 15360 --global-batch 256 --capacity 120
 
+With ``--ps`` (under ``dtlaunch run --servers M``) the model lives on dtlaunch's
+built-in parameter servers instead: each step pulls it, computes, pushes the
+gradient (weighted by the step's records), and a BSP server update is the
+barrier; workers out of data push empty steps until the data set is done
+(``job.batches(wait=...)``). A gloo barrier at the very end makes the reported
+time the whole job's, not rank 0's.
+
 With ``--torchrun`` it is a plain torchrun script instead: no DDS and no
 supervisor, a static equal partition of the same records, and its own copy of
 the same injection (the same ``--inject`` strings, the same seeded per-window
@@ -68,6 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--torchrun", action="store_true", help="plain torchrun: static partition, no dtlaunch"
     )
     parser.add_argument(
+        "--ps", action="store_true", help="train through dtlaunch's parameter servers (--servers M)"
+    )
+    parser.add_argument(
         "--inject",
         action="append",
         default=[],
@@ -94,6 +104,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         capacities(args.capacity, len(args.capacity.split(",")))
     except ValueError as err:
         parser.error(str(err))
+    if args.torchrun and args.ps:
+        parser.error("--ps trains through dtlaunch's servers; it cannot run under --torchrun")
     if not args.torchrun and (args.inject or args.hosts or args.job_start):
         parser.error(
             "--inject, --hosts and --job-start are for --torchrun; under dtlaunch pass "
@@ -231,6 +243,45 @@ def run_dtlaunch(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
+# ------------------------------------------------------------------ PS mode
+
+
+def run_ps(args: argparse.Namespace) -> None:
+    import dtlaunch
+    import dtlaunch.ps
+
+    job = dtlaunch.init(
+        dataset_size=args.dataset_size,
+        shard_size=args.shard_size,
+        epochs=args.epochs,
+        global_batch=args.global_batch,
+        seed=args.seed,
+        prefetch=args.prefetch,
+    )
+    model, _ = build_model(args.lr)
+    ps = dtlaunch.ps.Client(model, optimizer="sgd", lr=args.lr)
+    v = capacities(args.capacity, job.world_size)[job.rank]
+    data = features(args.dataset_size, args.seed)
+    train_start = time.time()
+    records = 0
+    for batch in job.batches(wait=0.05):  # [] while this worker holds no data
+        ps.pull()
+        model.zero_grad()
+        compute(model, data, batch, v)
+        ps.push(len(batch))  # 0 records: the BSP step counts this worker, weight 0
+        records += len(batch)
+        job.step()
+    ps.close()
+    # Only now a process group: a barrier over the workers that finished (a
+    # replaced worker's newcomer included), so the time is the job's.
+    init_process_group()
+    job_start = float(os.environ.get("DTLAUNCH_JOB_START", "0") or 0)
+    report(job.rank, job_start=job_start, train_start=train_start, steps=job.step_count,
+           records=records)  # fmt: skip
+    job.close()
+    dist.destroy_process_group()
+
+
 # ------------------------------------------------------------------ torchrun
 
 
@@ -320,6 +371,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.torchrun:
         run_torchrun(args)
+    elif args.ps:
+        run_ps(args)
     else:
         run_dtlaunch(args)
 

@@ -184,3 +184,28 @@ def test_benchmark_results_table_and_files(tmp_path):
     failed = bench.summarize(bench.QUICK, outcomes[:2], quick=True, overhead=None)
     assert failed["jct_s"]["0.8"]["nd"] is None and not any(failed["targets"].values())
     assert "failed" in bench.render_text(failed)
+
+
+def test_benchmark_full_results_add_the_backup_column_and_the_server_side(tmp_path):
+    bench = load_benchmark()
+    times = {"ideal": (0.0, 40.0), "none": (0.8, 88.0), "torchrun": (0.8, 80.0),
+             "lb-bsp": (0.8, 60.0), "nd": (0.8, 43.0), "backup": (0.8, 70.0),
+             "server:ideal": (0.0, 41.0), "server:none": (0.8, 90.0),
+             "server:nd": (0.8, 44.0)}  # fmt: skip
+    outcomes = [
+        bench.Outcome(column=c, intensity=si, jct_s=t + 18, train_s=t, ok=True, detail={})
+        for c, (si, t) in times.items()
+    ]
+    results = bench.summarize(bench.FULL, outcomes, quick=False, overhead=None)
+    assert results["jct_s"]["0.8"]["backup"] == 70.0
+    assert "server:none" not in results["jct_s"]["0.8"]  # the sides stay apart
+    assert results["server"]["jct_s"] == {"0.8": {"none": 90.0, "nd": 44.0, "ideal": 41.0}}
+    assert results["server"]["speedup"]["0.8"] == pytest.approx(90 / 44, abs=1e-3)
+    assert results["targets"]["server_nd_speedup_over_none_at_0.8>=2.0"] is True
+    assert results["server_injections"]["0.8"] == [
+        "persistent:role=server,hosts=127.0.0.3,delay=0.32"
+    ]
+    md = bench.write_results(results, tmp_path / "full.json").read_text()
+    assert "| SI | none | torchrun | lb-bsp | nd | ideal | backup |" in md
+    assert "| 0.8 | 90.0 | 44.0 | 41.0 | 2.04x (+104.5%) |" in md
+    assert "backup: backup:b=1 in PS mode" in md
