@@ -298,34 +298,28 @@ def loopback_cluster(keep: bool) -> Iterator[Cluster]:
     """A real sshd on 127.0.0.2-11 and hostfiles: one worker slot on each of 8
     hosts, 2 spares, and for PS mode a server slot beside workers 0 (and 1);
     run directories go to a scratch folder (kept if ``keep``)."""
-    import tests.sshd as sshd_module
+    from tests.sshd import running_sshd
 
-    saved = sshd_module.ADDRESSES
-    # tests/sshd.py serves a fixed address list; the benchmark needs ten hosts.
-    sshd_module.ADDRESSES = WORKER_HOSTS + SPARE_HOSTS
-    try:
-        with (
-            contextlib.ExitStack() as stack,
-            tempfile.TemporaryDirectory(prefix="stragglers-sshd-") as tmp,
-            sshd_module.running_sshd(Path(tmp)) as server,
-        ):
-            root = Path(tempfile.mkdtemp(prefix="stragglers-runs-"))
-            if not keep:
-                stack.callback(shutil.rmtree, root, ignore_errors=True)
-            hostfiles = {}
-            for servers in (0, 1, 2):
-                with_server = SERVER_HOSTS[:servers]
-                lines = [
-                    f"{h} slots=2 servers=1" if h in with_server else f"{h} slots=1"
-                    for h in WORKER_HOSTS
-                ]
-                lines += [f"{h} slots=1 spare" for h in SPARE_HOSTS]
-                hostfiles[servers] = server.write_hostfile(root / f"hosts-{servers}", lines)
-            env = dict(os.environ, PYTHONUNBUFFERED="1", **server.env())
-            env.pop("DTLAUNCH_HOSTS", None)
-            yield Cluster(hostfiles=hostfiles, env=env, work=root)
-    finally:
-        sshd_module.ADDRESSES = saved
+    with (
+        contextlib.ExitStack() as stack,
+        tempfile.TemporaryDirectory(prefix="stragglers-sshd-") as tmp,
+        running_sshd(Path(tmp), addresses=WORKER_HOSTS + SPARE_HOSTS) as server,
+    ):
+        root = Path(tempfile.mkdtemp(prefix="stragglers-runs-"))
+        if not keep:
+            stack.callback(shutil.rmtree, root, ignore_errors=True)
+        hostfiles = {}
+        for servers in (0, 1, 2):
+            with_server = SERVER_HOSTS[:servers]
+            lines = [
+                f"{h} slots=2 servers=1" if h in with_server else f"{h} slots=1"
+                for h in WORKER_HOSTS
+            ]
+            lines += [f"{h} slots=1 spare" for h in SPARE_HOSTS]
+            hostfiles[servers] = server.write_hostfile(root / f"hosts-{servers}", lines)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **server.env())
+        env.pop("DTLAUNCH_HOSTS", None)
+        yield Cluster(hostfiles=hostfiles, env=env, work=root)
 
 
 # ------------------------------------------------------------------ results

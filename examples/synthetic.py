@@ -202,10 +202,11 @@ def init_process_group() -> None:
     dist.init_process_group("gloo")
 
 
-def run_dtlaunch(args: argparse.Namespace) -> None:
+def init_job(args: argparse.Namespace) -> Any:
+    """``dtlaunch.init()`` with this workload's data set (the DDS serves it)."""
     import dtlaunch
 
-    job = dtlaunch.init(
+    return dtlaunch.init(
         dataset_size=args.dataset_size,
         shard_size=args.shard_size,
         epochs=args.epochs,
@@ -213,6 +214,10 @@ def run_dtlaunch(args: argparse.Namespace) -> None:
         seed=args.seed,
         prefetch=args.prefetch,
     )
+
+
+def run_dtlaunch(args: argparse.Namespace) -> None:
+    job = init_job(args)
     model, optimizer = build_model(args.lr)
     init_process_group()
     v = capacities(args.capacity, job.world_size)[job.rank]
@@ -247,17 +252,9 @@ def run_dtlaunch(args: argparse.Namespace) -> None:
 
 
 def run_ps(args: argparse.Namespace) -> None:
-    import dtlaunch
     import dtlaunch.ps
 
-    job = dtlaunch.init(
-        dataset_size=args.dataset_size,
-        shard_size=args.shard_size,
-        epochs=args.epochs,
-        global_batch=args.global_batch,
-        seed=args.seed,
-        prefetch=args.prefetch,
-    )
+    job = init_job(args)
     model, _ = build_model(args.lr)
     ps = dtlaunch.ps.Client(model, optimizer="sgd", lr=args.lr)
     v = capacities(args.capacity, job.world_size)[job.rank]

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -126,11 +126,16 @@ def _client_config(*, port: int, user: str, identity_file: Path, known_hosts: Pa
 
 
 def _sshd_config(
-    root: Path, port: int, host_key: Path, authorized: Path, version: tuple[int, int]
+    root: Path,
+    port: int,
+    host_key: Path,
+    authorized: Path,
+    version: tuple[int, int],
+    addresses: Sequence[str],
 ) -> str:
     lines = [
         f"Port {port}",
-        *(f"ListenAddress {address}" for address in ADDRESSES),
+        *(f"ListenAddress {address}" for address in addresses),
         f"HostKey {host_key}",
         f"PidFile {root / 'sshd.pid'}",
         f"AuthorizedKeysFile {authorized}",
@@ -184,8 +189,9 @@ def _accepts(address: str, port: int) -> bool:
         return False
 
 
-def start_sshd(root: Path) -> SshdServer:
-    """Start sshd with its files under ``root``; the caller must call ``stop()``."""
+def start_sshd(root: Path, addresses: Sequence[str] = ADDRESSES) -> SshdServer:
+    """Start sshd with its files under ``root``, listening on ``addresses``
+    (loopback "hosts"); the caller must call ``stop()``."""
     if not SSHD.exists():
         pytest.fail(
             f"{SSHD} is missing; the SSH tests need a real OpenSSH server: "
@@ -205,7 +211,9 @@ def start_sshd(root: Path) -> SshdServer:
     version = _sshd_version()
     problems: list[str] = []
     for _attempt in range(_START_ATTEMPTS):
-        server = _try_start(root, _free_port(), host_key, client_key, authorized, version)
+        server = _try_start(
+            root, _free_port(), host_key, client_key, authorized, version, addresses
+        )
         if isinstance(server, SshdServer):
             return server
         problems.append(server)
@@ -219,10 +227,12 @@ def _try_start(
     client_key: Path,
     authorized: Path,
     version: tuple[int, int],
+    addresses: Sequence[str],
 ) -> SshdServer | str:
     """A running server, or the reason it did not come up."""
     config = root / "sshd_config"
-    config.write_text(_sshd_config(root, port, host_key, authorized, version), encoding="utf-8")
+    text = _sshd_config(root, port, host_key, authorized, version, addresses)
+    config.write_text(text, encoding="utf-8")
     check = subprocess.run(
         [str(SSHD), "-t", "-f", str(config)], capture_output=True, text=True, check=False
     )
@@ -246,10 +256,11 @@ def _try_start(
         known_hosts=known_hosts,
         log_path=log_path,
         process=process,
+        addresses=list(addresses),
         _log=log,
     )
     deadline = time.monotonic() + _START_TIMEOUT
-    pending = list(ADDRESSES)
+    pending = list(addresses)
     while pending and process.poll() is None and time.monotonic() < deadline:
         pending = [address for address in pending if not _accepts(address, port)]
         if pending:
@@ -258,15 +269,18 @@ def _try_start(
         server.stop()
         return f"port {port}: not listening on {', '.join(pending)}:\n{server.log_tail()}"
     known_hosts.write_text(
-        "".join(server.host_key_line(address) + "\n" for address in ADDRESSES), encoding="utf-8"
+        "".join(server.host_key_line(address) + "\n" for address in addresses), encoding="utf-8"
     )
     server.write_client_config(server.ssh_config)
     return server
 
 
 @contextlib.contextmanager
-def running_sshd(root: Path | None = None) -> Iterator[SshdServer]:
-    """A started sshd, stopped on exit; without ``root``, in a private temporary folder.
+def running_sshd(
+    root: Path | None = None, addresses: Sequence[str] = ADDRESSES
+) -> Iterator[SshdServer]:
+    """A started sshd on ``addresses``, stopped on exit; without ``root``, in a
+    private temporary folder.
 
     The default is not pytest's ``tmp_path_factory`` on purpose: pytest deletes old
     basetemp folders when a concurrent pytest run starts, and sshd re-reads its config
@@ -275,7 +289,7 @@ def running_sshd(root: Path | None = None) -> Iterator[SshdServer]:
     with contextlib.ExitStack() as stack:
         if root is None:
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dtlaunch-sshd-")))
-        server = start_sshd(root)
+        server = start_sshd(root, addresses)
         stack.callback(server.stop)
         yield server
 

@@ -87,6 +87,9 @@ class ServerFleet:
         self._controller = controller
         self._interval = interval
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ps-control")
+        # Moves wait for a server to start and for a step boundary: on their own
+        # thread, so the Monitor keeps being fed meanwhile.
+        self._move_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ps-move")
         self._stop = threading.Event()
         # Used on the pool's thread only: one link per server, and what was fed.
         self._controls: dict[int, ServerControl] = {}
@@ -104,11 +107,12 @@ class ServerFleet:
                 await asyncio.sleep(self._interval)
                 await self.poll()
         finally:
-            self._stop.set()
+            self._stop.set()  # a request being waited for gives up at once
             for task in list(self._tasks):
                 task.cancel()
             self._pool.submit(self._close_controls)
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=False)
+            self._move_pool.shutdown(wait=False)
 
     async def poll(self) -> None:
         """Ask every running server for its new updates; feed and record them."""
@@ -134,10 +138,10 @@ class ServerFleet:
                     server_now=stats.now_s,
                 )
 
-    async def set_backup(self, count: int) -> None:
-        """BACKUP_WORKERS(count) on every server, now and from here on."""
+    def set_backup(self, count: int) -> None:
+        """BACKUP_WORKERS(count) on every server from the next poll on (within an
+        interval), and on any server that comes back without it."""
         self._backup = count
-        await self.poll()
 
     def kill_restart(self, action: KillRestart, now: float) -> bool:
         """Start moving server ``action.rank`` onto a free spare host; False when
@@ -176,7 +180,7 @@ class ServerFleet:
         try:
             if not new:
                 raise PsError(f"no port known for server {rank} on {target}")
-            moved = await self._blocking(self._migrate, old, new)
+            moved = await self._blocking(self._migrate, old, new, pool=self._move_pool)
             self._event(
                 rank,
                 "moved",
@@ -184,7 +188,9 @@ class ServerFleet:
                 pause_s=round(moved.pause_s, 4),
                 took_s=round(self._clock() - began, 3),
             )
-            everyone = await self._blocking(self._wait_redirects, old, len(moved.members))
+            everyone = await self._blocking(
+                self._wait_redirects, old, len(moved.members), pool=self._move_pool
+            )
         except PsError as exc:
             log.error("moving parameter server %d to %s failed: %s", rank, target, exc)
             self._event(rank, "failed", error=str(exc))
@@ -268,7 +274,9 @@ class ServerFleet:
             control.close()
         self._controls.clear()
 
-    async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _blocking(
+        self, fn: Callable[..., T], *args: Any, pool: ThreadPoolExecutor | None = None
+    ) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, fn, *args)
+        return await loop.run_in_executor(pool or self._pool, fn, *args)
 

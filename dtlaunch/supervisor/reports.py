@@ -37,14 +37,7 @@ def record_worker_steps(
         t=[round(max(0.0, at - r.age_s), 6) for r in ordered],
     )
     injected = controller.observe(rank, reports, now) if controller is not None else 0.0
-    if injected > 0:
-        recorder.emit(
-            "injected",
-            role="worker",
-            rank=rank,
-            delay_s=round(injected, 4),
-            steps=[r.step for r in reports if r.injected_s > 0],
-        )
+    _record_injected(recorder, "worker", rank, injected, [r.step for r in reports if r.injected_s])
 
 
 def record_server_updates(
@@ -79,11 +72,12 @@ def record_server_updates(
         if controller is not None
         else sum(u.injected_s for u in ordered)
     )
-    if injected > 0:
-        recorder.emit(
-            "injected",
-            role="server",
-            rank=rank,
-            delay_s=round(injected, 4),
-            steps=[u.version for u in ordered if u.injected_s > 0],
-        )
+    slowed = [u.version for u in ordered if u.injected_s]
+    _record_injected(recorder, "server", rank, injected, slowed)
+
+
+def _record_injected(
+    recorder: EventRecorder, role: str, rank: int, delay_s: float, steps: list[int]
+) -> None:
+    if delay_s > 0:
+        recorder.emit("injected", role=role, rank=rank, delay_s=round(delay_s, 4), steps=steps)

@@ -333,7 +333,7 @@ class Supervisor:
                     await self._router.send(WORKER_PREFIX + str(rank).encode(), message_lr)
             elif isinstance(action, BackupWorkers):
                 if self._fleet is not None:
-                    await self._fleet.set_backup(action.count)
+                    self._fleet.set_backup(action.count)
                 else:
                     log.warning("BACKUP_WORKERS needs the built-in parameter servers; ignored")
             elif isinstance(action, KillRestart):
