@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from dtlaunch.events import Event
-from dtlaunch.ui.timeline import rank_ranges, timeline_lines
+from dtlaunch.ui.timeline import (
+    TimelineBuilder,
+    rank_ranges,
+    render_summary,
+    timeline_lines,
+    to_plain,
+)
 from tests.jobs import SCRIPTS, dtlaunch_argv, events, job_env, run, started, wait_until
 
 pytestmark = pytest.mark.integration
@@ -248,3 +254,26 @@ def test_big_jobs_fold_routine_lines_per_group() -> None:
         "recovered heartbeat back: agent on node3",
     ]
     assert rank_ranges([5, 0, 1, 2, 3, 9, 10]) == "0..3,5,9..10"
+
+
+def test_server_reports_and_injected_delays_are_summed_and_a_server_move_is_told() -> None:
+    evs = [_event("job_start", 0.0, workers=2, servers=2, hosts=["a", "b"], mode="ps")]
+    for t in range(1, 4):
+        update = {"version": [t], "update_s": [0.3], "injected_s": [0.25], "t": [float(t)]}
+        evs.append(_event("server_reports", float(t), role="server", rank=1, **update))
+        evs.append(_event("injected", float(t), role="server", rank=1, delay_s=0.25, steps=[t]))
+    evs.append(_event("ps_move", 4.0, role="server", rank=1, phase="begin", target_host="c",
+                      to_endpoint="tcp://c:5"))  # fmt: skip
+    evs.append(_event("ps_move", 5.0, role="server", rank=1, phase="moved", version=9,
+                      pause_s=0.01))  # fmt: skip
+    evs.append(_event("ps_move", 5.5, role="server", rank=1, phase="done", all_redirected=True))
+    builder = TimelineBuilder()
+    lines = [line for e in evs for line in builder.add(e)] + builder.flush()
+    texts = [f"{line.label} {line.text}" for line in lines]
+    assert texts[1:] == [
+        "ps move server 1: fresh server on c (tcp://c:5)",
+        "ps move server 1: blocks handed over at version 9, the workers paused 0.01s",
+        "ps move server 1: old server stopped (every worker redirected)",
+    ]
+    text = to_plain(render_summary(builder, None))
+    assert "reported by server: 1: 3" in text and "straggler delay: server 1: 0.8s" in text

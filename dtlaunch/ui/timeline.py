@@ -132,6 +132,8 @@ class TimelineBuilder:
         # not for reading line by line: it is only counted, for the summary.
         self.steps_reported: dict[int, int] = {}
         self.shards_done: dict[int, int] = {}
+        self.updates_reported: dict[int, int] = {}  # server rank -> updates
+        self.injected: dict[tuple[str, int], float] = {}  # (role, rank) -> seconds
 
     def add(self, event: Event) -> list[TimelineLine]:
         if self.origin is None:
@@ -155,6 +157,15 @@ class TimelineBuilder:
         elif event.kind == "shards_done":
             count = int(event.data.get("count", 0) or 0)
             self.shards_done[event.rank] = self.shards_done.get(event.rank, 0) + count
+            return []
+        elif event.kind == "server_reports":
+            updates = len(event.data.get("version") or [])
+            self.updates_reported[event.rank] = self.updates_reported.get(event.rank, 0) + updates
+            return []
+        elif event.kind == "injected":
+            key = (event.role, event.rank)
+            delay = float(event.data.get("delay_s", 0.0) or 0.0)
+            self.injected[key] = self.injected.get(key, 0.0) + delay
             return []
         fold = self._fold_key(event)
         if fold is not None:
@@ -286,6 +297,8 @@ def _describe(event: Event, decided: str = "") -> tuple[str, str]:
         )
     if kind == "shards_released":
         return "data", f"released {data.get('count', '?')} shards of {who}: {data.get('reason')}"
+    if kind == "ps_move":
+        return "ps move", _ps_move_text(who, data)
     if kind == "ack_refused":
         count = len(data.get("lease_ids") or [])
         return "data", f"refused {count} ack(s) from {who} (done already or reassigned)"
@@ -293,6 +306,21 @@ def _describe(event: Event, decided: str = "") -> tuple[str, str]:
         return "data", f"WAL torn tail cut off: {data.get('detail', '')}"
     rest = _extra(data)
     return kind[:_LABEL_WIDTH], f"{who}" + (f": {rest}" if rest else "")
+
+
+def _ps_move_text(who: str, data: dict[str, Any]) -> str:
+    phase = data.get("phase")
+    if phase == "begin":
+        return f"{who}: fresh server on {data.get('target_host', '?')} ({data.get('to_endpoint')})"
+    if phase == "moved":
+        return (
+            f"{who}: blocks handed over at version {data.get('version')}, the workers "
+            f"paused {data.get('pause_s')}s"
+        )
+    if phase == "done":
+        told = "every worker redirected" if data.get("all_redirected") else "redirect wait over"
+        return f"{who}: old server stopped ({told})"
+    return f"{who}: move {phase}: {data.get('error', '')}"
 
 
 def timeline_lines(events: Iterable[Event]) -> list[TimelineLine]:
@@ -370,6 +398,11 @@ def _summary_rows(builder: TimelineBuilder, summary: dict[str, Any] | None) -> l
         rows.append(["steps", "reported by worker: " + _per_rank(builder.steps_reported)])
     if builder.shards_done:
         rows.append(["shards/w", "done by worker: " + _per_rank(builder.shards_done)])
+    if builder.updates_reported:
+        rows.append(["updates", "reported by server: " + _per_rank(builder.updates_reported)])
+    if builder.injected:
+        shown = [f"{r} {k}: {s:.1f}s" for (r, k), s in sorted(builder.injected.items())[:16]]
+        rows.append(["injected", "straggler delay: " + ", ".join(shown)])
     root = _root_cause(failures)
     if root is None:
         rows.append(["failures", "0"])
