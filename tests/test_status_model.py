@@ -261,3 +261,15 @@ def test_run_dir_errors_name_the_fix(tmp_path):
         (runs / name / "job.json").write_text("{}")
         os.utime(runs / name / "job.json", (mtime, mtime))
     assert find_newest_run(runs) == runs / "a-new"
+
+
+def test_a_servers_update_times_are_its_bpt_in_the_status():
+    fold = StatusFold(policy="nd")
+    fold.emit_all(job_events())
+    fold.emit(ev("server_reports", 18.0, role="server", rank=0, version=[5, 6],
+                 update_s=[0.3, 0.5], injected_s=[0.25, 0.25], t=[17.5, 18.0]))  # fmt: skip
+    fold.emit(ev("server_reports", 18.0, role="server", rank=0, update_s="garbage"))
+    snap = fold.snapshot(now=19.0, source="live", stragglers={})
+    [server] = [n for n in snap.nodes if n.role == "server"]
+    assert server.bpt_s == pytest.approx(0.4) and server.recent_bpt_s == [0.4]
+    assert server.throughput == 0.0  # a server trains no samples

@@ -169,6 +169,13 @@ class StatusFold:
             track.batch_size = sizes[-1]
         self.samples_total += point.samples
 
+    def _server_reports(self, event: Event) -> None:
+        """A server's update times (T_s) stand in for its BPT."""
+        track = self._proc(event)
+        point = _server_point(event.data, event.mono)
+        if track is not None and point is not None:
+            track.points.append(point)
+
     def _shards_done(self, event: Event) -> None:
         track = self._proc(event)
         count = event.data.get("count", 0)
@@ -408,6 +415,27 @@ def _point(data: Mapping[str, Any], at: float) -> BptPoint | None:
     )
 
 
+def _server_point(data: Mapping[str, Any], at: float) -> BptPoint | None:
+    """A ``server_reports`` event's update times as one point (None if malformed)."""
+    try:
+        updates = [float(x) for x in data["update_s"]]
+        injected = [float(x) for x in data.get("injected_s") or [0.0] * len(updates)]
+        ends = data.get("t") or [at]
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not updates:
+        return None
+    return BptPoint(
+        t=float(ends[-1]),
+        bpt=sum(updates) / len(updates),
+        compute_per_sample=0.0,
+        comm=0.0,
+        samples=0,
+        busy_s=sum(updates),
+        injected_s=sum(injected) / max(1, len(injected)),
+    )
+
+
 _HANDLERS: dict[str, Callable[[StatusFold, Event], object]] = {
     "job_start": StatusFold._job_start,
     "spawn": lambda fold, e: fold._proc(e, "starting"),
@@ -421,6 +449,7 @@ _HANDLERS: dict[str, Callable[[StatusFold, Event], object]] = {
     "spawn_failed": lambda fold, e: fold._proc(e, "failed"),
     "restart": StatusFold._restart,
     "reports": StatusFold._reports,
+    "server_reports": StatusFold._server_reports,
     "shards_done": StatusFold._shards_done,
     "dds_recovered": StatusFold._progress,
     "decision": StatusFold._decision,
