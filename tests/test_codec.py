@@ -42,6 +42,7 @@ from dtlaunch.wire.messages import (
     RegroupReady,
     Rehello,
     ReleaseShards,
+    ServerComm,
     ShardGrant,
     Shutdown,
     Spawn,
@@ -109,7 +110,11 @@ SAMPLES = [
     AckDone(lease_ids=[9]),
     StepReports(
         reports=[
-            StepReport(step=5, batch_size=32, compute_s=0.25, comm_s=0.01, samples=32, age_s=0.1)
+            StepReport(step=5, batch_size=32, compute_s=0.25, comm_s=0.01, samples=32, age_s=0.1),
+            StepReport(
+                step=6, batch_size=32, compute_s=0.25, comm_s=0.01, samples=32,
+                servers=[ServerComm(server=1, nbytes=4096, comm_s=0.004)],
+            ),
         ]
     ),
     AdjustBatch(batch_size=24, apply_at_step=120, global_batch=96),

@@ -130,3 +130,14 @@ def test_the_controller_offers_only_free_spare_hosts_to_the_policy():
     [kill] = controller.decide(4.0, remaining_steps=100, free_spare_hosts=["s2"])
     assert (kill.rank, kill.target_host) == (2, "s2")
     assert controller.monitor.snapshot(4.0).spare_hosts == ("s2",)
+
+
+def test_each_servers_comm_time_is_averaged_over_the_workers_steps():
+    mon = Monitor(l_trans=2.0, l_per=4.0)
+    for t in range(5):
+        for rank in range(2):
+            mon.report_worker(rank, now=float(t), step=t, batch_size=8, compute_s=0.1,
+                              comm_s=0.05, samples=8, servers=((0, 0.01), (1, 0.04)))  # fmt: skip
+    snap = mon.snapshot(4.0)
+    assert snap.server_comm_long == {0: pytest.approx(0.01), 1: pytest.approx(0.04)}
+    assert Monitor(l_trans=1.0, l_per=2.0).snapshot(0.0).server_comm_long == {}

@@ -121,6 +121,10 @@ def test_backup_workers_drop_the_slowest_gradient_and_its_records_are_read_again
     dropped = [w for e in log if e["kind"] == "server_reports" for d in e["dropped"] for w in d]
     assert dropped and set(dropped) <= {0, 1, 2}
     assert dropped.count(2) > len(dropped) / 2  # the straggler is the one left out
+    # Each worker timed its exchanges with the server, step by step, for the Monitor.
+    per_server = [x for e in log if e["kind"] == "reports" for step in e["servers"] for x in step]
+    assert per_server and {s for s, _, _ in per_server} == {0}
+    assert all(nbytes > 0 and seconds > 0 for _, nbytes, seconds in per_server)
     released = [e for e in log if e["kind"] == "shards_released"]
     assert released and all("BACKUP_WORKERS" in e["reason"] for e in released)
     finals = [json.loads((out / f"{rank}.json").read_text()) for rank in range(3)]

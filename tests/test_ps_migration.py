@@ -9,6 +9,7 @@ import torch
 
 from dtlaunch.ps import Client
 from dtlaunch.ps.control import ServerControl, migrate
+from dtlaunch.ps.exchange import PsError
 from dtlaunch.ps.local import LocalServer
 from dtlaunch.ps.snapshot import read_snapshot
 from dtlaunch.wire.keys import create_run_keys, load_peer_keys, write_peer_keys
@@ -184,7 +185,7 @@ def test_a_server_replaced_mid_training_redirects_its_clients_and_loses_nothing(
         assert not errors, errors
         assert 3 <= moved_at["version"] < steps
         assert old.stats().blocks == [] and new.stats().blocks == blocks
-        assert old.stats().redirected == 2  # each client was told once, then went there
+        assert old.stats().redirected == [0, 1]  # each worker was told, then went there
         assert new.stats().version == steps
         expected, _ = reference(steps)
         for ps, model in zip(clients, models, strict=True):
@@ -197,3 +198,25 @@ def test_a_server_replaced_mid_training_redirects_its_clients_and_loses_nothing(
         new.close()
         for s in [*servers, replacement]:
             s.stop()
+
+
+def test_an_export_its_caller_gave_up_on_never_happens(keys_dir, tmp_path):
+    server = start(keys_dir, tmp_path, 0, workers="0")
+    endpoint = server.wait_ready()
+    model = make_model()
+    keys = load_peer_keys(keys_dir)
+    ps = Client(model, "adam", lr=0.05, servers=[endpoint], keys=keys, worker=0,
+                block_bytes=BLOCK_BYTES)  # fmt: skip
+    try:
+        train(ps, model, 1)
+        blocks = [b.block_id for b in ps.placement.blocks]
+        with ServerControl(endpoint, keys, timeout=2.5) as ctl:
+            # The server gives up first (the caller's timeout minus 2 s) and says so.
+            with pytest.raises(PsError, match="export expired before a step boundary"):
+                ctl.export(blocks, at_version=3, moved_to="tcp://127.0.0.1:1")
+            train(ps, model, 2)  # version 3: the boundary it waited for...
+            assert ctl.stats().blocks == blocks  # ...exported nothing to nobody
+        assert ps.moves == 0
+    finally:
+        ps.close()
+        server.stop()

@@ -196,10 +196,15 @@ class Client:
     def pull(self) -> None:
         """Fill the model's parameters from every server (waits for the pushed step)."""
         requests: dict[int, Request] = {
-            j: (PsPull(request_id=0, min_version=self._want[j], blocks=self._ids(j)), [])
+            j: (
+                PsPull(
+                    request_id=0, min_version=self._want[j], blocks=self._ids(j), worker=self.worker
+                ),
+                [],
+            )
             for j in range(len(self._exch.links))
         }
-        started = time.perf_counter()
+        started, mark = time.perf_counter(), len(self._exch.timings)
 
         def take(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
             if not isinstance(reply, PsParams) or len(frames) != len(reply.blocks):
@@ -212,7 +217,7 @@ class Client:
             return sum(len(f) for f in frames)
 
         self._exch.run("pull", requests, take, on_restart=self._resync)
-        self._record_comm(time.perf_counter() - started)
+        self._record_comm(time.perf_counter() - started, self._exch.timings[mark:])
 
     def push(self, samples: int | None = None) -> None:
         """Send ``p.grad`` of every parameter (zeros where None) to its servers.
@@ -233,7 +238,7 @@ class Client:
         }
         marks = [_grad_mark(p) for p in self._params]
         self.dropped = []
-        started = time.perf_counter()
+        started, mark = time.perf_counter(), len(self._exch.timings)
 
         def take(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
             if not isinstance(reply, PsPushAck):
@@ -257,7 +262,7 @@ class Client:
         if self.dropped and samples > 0 and job is not None:
             # BACKUP_WORKERS applied the step without us: the records go back.
             job.mark_dropped()
-        self._record_comm(time.perf_counter() - started)
+        self._record_comm(time.perf_counter() - started, self._exch.timings[mark:])
 
     def use_placement(self, placement: Placement, servers: Sequence[str] | None = None) -> None:
         """Follow a new placement (after a migration or a server scale-out/in).
@@ -466,10 +471,12 @@ class Client:
 
         self._exch.run("repush", {j: request}, take, on_restart=_restarted)
 
-    def _record_comm(self, seconds: float) -> None:
+    def _record_comm(self, seconds: float, timings: list[ServerTiming]) -> None:
         job = self._job if self._job is not None else current_job()
         if job is not None:
             job.record_comm(seconds)
+            for t in timings:
+                job.record_server_comm(t.server, t.bytes, t.seconds)
 
 
 def _restarted(server: int, incarnation: int) -> None:

@@ -8,7 +8,8 @@ The names are the contract with the supervisor and agent (which set them):
   ``DTLAUNCH_PS_BIND``, ``DTLAUNCH_PS_MODE``, ``DTLAUNCH_PS_BACKUP``,
   ``DTLAUNCH_PS_WORKERS`` (or ``DMLC_NUM_WORKER``), ``DTLAUNCH_PS_SNAPSHOT``,
   ``DTLAUNCH_PS_SNAPSHOT_INTERVAL``, ``DTLAUNCH_PS_RESTORE`` (``DTLAUNCH_PS_RESTORE_OPTIONAL=1``:
-  a missing file means start unseeded),
+  a missing file means start unseeded), ``DTLAUNCH_PS_AWAIT_IMPORT=1`` (a
+  migration's target: seeded by the import only),
   ``DTLAUNCH_PS_ENDPOINT_FILE``.
 * workers: ``DTLAUNCH_PS_SERVERS`` (comma-separated endpoints, server rank
   order), ``DTLAUNCH_PS_BLOCK_BYTES``, ``DTLAUNCH_PS_TIMEOUT``.
@@ -56,6 +57,9 @@ class ServerConfig:
     restore: Path | None = None
     restore_optional: bool = False  # a missing restore file means "start unseeded"
     endpoint_file: Path | None = None  # the bound endpoint is written here
+    # A migration's target: its blocks come by import (PsImport), so a worker's
+    # PsInit waits for it instead of seeding the server with a version-0 copy.
+    await_import: bool = False
     # --inject specs for role=server, and what their windows and coins need
     injections: tuple[InjectionSpec, ...] = ()
     host: str = ""
@@ -125,6 +129,7 @@ def server_config(
         snapshot_interval_s=_seconds("--snapshot-interval", interval) if interval else 0.0,
         restore=Path(restore) if restore else None,
         restore_optional=env.get("DTLAUNCH_PS_RESTORE_OPTIONAL") == "1",
+        await_import=env.get("DTLAUNCH_PS_AWAIT_IMPORT") == "1",
         endpoint_file=Path(endpoint_file) if endpoint_file else None,
         injections=parse_injections(
             t for t in env.get("DTLAUNCH_INJECT", "").split(";") if t.strip()

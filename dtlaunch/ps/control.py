@@ -43,6 +43,7 @@ __all__ = ["ExportedBlocks", "ServerControl", "migrate"]
 
 DEFAULT_TIMEOUT_S = 60.0
 STOP_POLL_S = 0.25  # how soon a request being waited for notices ``stop``
+EXPORT_MARGIN_S = 2.0  # the server gives up on an export this much before its caller
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,7 +116,8 @@ class ServerControl:
     ) -> ExportedBlocks:
         """The blocks with their optimizer state, once the server's version is
         ``at_version`` and no step is open; ``moved_to`` (with ``remove``) sends the
-        clients that still ask for them there."""
+        clients that still ask for them there. The server drops the request when
+        this client's timeout runs out, so nothing is exported to nobody."""
         reply, frames = self._request_frames(
             PsExport(
                 request_id=0,
@@ -123,19 +125,27 @@ class ServerControl:
                 at_version=at_version,
                 remove=remove,
                 moved_to=moved_to,
+                wait_s=max(0.0, self._timeout - EXPORT_MARGIN_S),
             )
         )
         if not isinstance(reply, PsExported):
             raise PsError(f"{self.endpoint}: export answered with {reply.TYPE}")
         return ExportedBlocks(reply, frames)
 
-    def import_blocks(self, exported: ExportedBlocks) -> int:
+    def import_blocks(self, exported: ExportedBlocks, *, with_members: bool = False) -> int:
+        """Take the blocks over; ``with_members``: the exporter's membership and b
+        too (a whole server replaced), set before any waiting push counts."""
         msg = exported.message
-        reply = self._request(
-            PsImport(request_id=0, version=msg.version, optimizer=msg.optimizer, blocks=msg.blocks),
-            exported.frames,
+        request = PsImport(
+            request_id=0,
+            version=msg.version,
+            optimizer=msg.optimizer,
+            blocks=msg.blocks,
+            with_members=with_members,
+            workers=msg.workers,
+            backup=msg.backup,
         )
-        return _ok(reply).version
+        return _ok(self._request(request, exported.frames)).version
 
     def shutdown(self) -> None:
         _ok(self._request(PsShutdown(request_id=0)))
@@ -193,7 +203,7 @@ def migrate(
     """
     moved_to = target.endpoint if redirect else ""
     exported = source.export(blocks, at_version=at_version, remove=True, moved_to=moved_to)
-    target.import_blocks(exported)
+    target.import_blocks(exported, with_members=redirect)
     return exported.message.version
 
 

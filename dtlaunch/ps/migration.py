@@ -1,23 +1,139 @@
-"""Blocks with their optimizer state as they travel in a migration (PSLD §5.2):
-``PsExported``/``PsImport`` records plus one frame for the parameter and one per
-optimizer-state tensor, in order. No copies on the way out; copies on the way in
-(the frames' memory belongs to ZeroMQ's message)."""
+"""Block migration on a server (PSLD §5.2): the ``PsExport`` / ``PsImport``
+handlers of ``PsServer`` (a mixin) and the frames the blocks travel in.
+
+Blocks travel with their optimizer state: ``PsExported``/``PsImport`` records
+plus one frame for the parameter and one per optimizer-state tensor, in order.
+No copies on the way out; copies on the way in (the frames' memory belongs to
+ZeroMQ's message). An export waits for its ``at_version`` and a step boundary,
+but no longer than its ``wait_s``: a caller that gave up must not find the
+blocks exported to nobody later."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import zmq
 
-from dtlaunch.errors import WireError
-from dtlaunch.ps.frames import as_buffer, block_spec, tensor_from_frame
+from dtlaunch.errors import ConfigError, WireError
+from dtlaunch.ps.frames import (
+    as_buffer,
+    block_spec,
+    optimizer_from_wire,
+    optimizer_to_wire,
+    tensor_from_frame,
+)
+from dtlaunch.ps.moved import MovedBlocks
 from dtlaunch.ps.optim import BlockState
 from dtlaunch.ps.store import ParamStore
-from dtlaunch.wire.messages import PsBlockState
+from dtlaunch.ps.transport import Incoming, ServerSocket
+from dtlaunch.wire.messages import PsBlockState, PsExport, PsExported, PsImport
 
-__all__ = ["blocks_from_frames", "export_frames"]
+__all__ = ["Migrations", "blocks_from_frames", "export_frames"]
+
+logger = logging.getLogger("dtlaunch.ps.server")
+
+
+class Migrations:
+    """``PsServer``'s migration handlers; the attributes are ``PsServer``'s."""
+
+    store: ParamStore
+    _sock: ServerSocket
+    _moved: MovedBlocks
+    _waiting_exports: list[Incoming]
+    _export_deadlines: dict[int, float]
+    _waiting_inits: list[Incoming]
+
+    if TYPE_CHECKING:  # defined by PsServer
+
+        def _refuse(self, incoming: Incoming, why: str, *, moved_to: str = "") -> None: ...
+
+        def _reply(self, incoming: Incoming, detail: str = "") -> None: ...
+
+        def _on_init(self, incoming: Incoming) -> None: ...
+
+        def _answer_pulls(self) -> None: ...
+
+        def _answer_pushes(self) -> None: ...
+
+    def _on_export(self, incoming: Incoming) -> None:
+        msg = incoming.message
+        assert isinstance(msg, PsExport)
+        missing = [b for b in msg.blocks if b not in self.store.params]
+        if missing:
+            raise ConfigError(f"cannot export blocks {missing}: not on this server")
+        if self.store.version < msg.at_version or self.store.step_open:
+            if incoming not in self._waiting_exports:
+                self._waiting_exports.append(incoming)
+                self._export_deadlines[id(incoming)] = (
+                    time.monotonic() + msg.wait_s if msg.wait_s > 0 else 0.0
+                )
+            return
+        self._export_deadlines.pop(id(incoming), None)
+        store = self.store
+        assert store.optimizer is not None
+        records, payloads = export_frames(store, msg.blocks)
+        self._sock.send(
+            incoming.peer,
+            PsExported(
+                request_id=msg.request_id,
+                version=store.version,
+                optimizer=optimizer_to_wire(store.optimizer),
+                blocks=records,
+                workers=sorted(store.members),
+                backup=store.backup,
+            ),
+            payloads,
+        )
+        if msg.remove:  # the frames keep the tensors alive until they are sent
+            store.release(msg.blocks)
+            if msg.moved_to:
+                self._moved.moved(msg.blocks, msg.moved_to)
+            logger.info(
+                "exported blocks %s at version %d%s",
+                msg.blocks,
+                store.version,
+                f" to {msg.moved_to}" if msg.moved_to else "",
+            )
+
+    def _expire_exports(self) -> None:
+        """Refuse exports kept waiting past their ``wait_s``: their caller gave up."""
+        now = time.monotonic()
+        for incoming in list(self._waiting_exports):
+            deadline = self._export_deadlines.get(id(incoming), 0.0)
+            if deadline and now >= deadline:
+                self._waiting_exports.remove(incoming)
+                del self._export_deadlines[id(incoming)]
+                self._refuse(incoming, "export expired before a step boundary; nothing moved")
+
+    def _answer_exports(self) -> None:
+        waiting, self._waiting_exports = self._waiting_exports, []
+        for incoming in waiting:
+            try:
+                self._on_export(incoming)
+            except ConfigError as exc:
+                self._refuse(incoming, str(exc))
+
+    def _on_import(self, incoming: Incoming) -> None:
+        msg = incoming.message
+        assert isinstance(msg, PsImport)
+        blocks = blocks_from_frames(msg.blocks, incoming.frames)
+        self.store.adopt(optimizer_from_wire(msg.optimizer), msg.version, blocks)
+        if msg.with_members:  # before any queued push counts toward a step
+            self.store.set_members(msg.workers, msg.backup)
+        self._moved.returned(blocks)
+        logger.info("imported blocks %s at version %d", sorted(blocks), msg.version)
+        self._reply(incoming)
+        waiting, self._waiting_inits = self._waiting_inits, []
+        for init in waiting:
+            self._on_init(init)
+        self._answer_pulls()
+        self._answer_pushes()
+
+
 
 
 def export_frames(store: ParamStore, blocks: Sequence[int]) -> tuple[list[PsBlockState], list[Any]]:

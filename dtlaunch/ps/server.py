@@ -35,10 +35,9 @@ from dtlaunch.ps.frames import (
     as_buffer,
     block_spec,
     optimizer_from_wire,
-    optimizer_to_wire,
     tensor_from_frame,
 )
-from dtlaunch.ps.migration import blocks_from_frames, export_frames
+from dtlaunch.ps.migration import Migrations
 from dtlaunch.ps.moved import MovedBlocks
 from dtlaunch.ps.slowdown import ServerSlowdown
 from dtlaunch.ps.snapshot import Snapshot, read_snapshot, write_snapshot, write_text_atomically
@@ -49,7 +48,6 @@ from dtlaunch.wire.messages import (
     Message,
     PsBlockSpec,
     PsExport,
-    PsExported,
     PsImport,
     PsInit,
     PsInitReply,
@@ -77,7 +75,7 @@ UPDATES_KEPT = 10_000
 SHUTDOWN_LINGER_MS = 1000
 
 
-class PsServer:
+class PsServer(Migrations):
     """See the module docstring. ``serve()`` runs until shutdown or ``stop``."""
 
     def __init__(self, config: ServerConfig, keys: PeerKeys) -> None:
@@ -104,11 +102,14 @@ class PsServer:
         )
         self._moved = MovedBlocks()
         self._waiting_pushes: list[Incoming] = []  # a migration's target before its import
+        self._waiting_inits: list[Incoming] = []  # likewise (config.await_import)
+        self._hold_until = 0.0  # an injected delay: pulls wait until then (monotonic)
         self._ctx = new_context()
         self._sock = ServerSocket(self._ctx, keys, config.bind)
         self.endpoint = self._sock.endpoint
         self._waiting_pulls: list[Incoming] = []
         self._waiting_exports: list[Incoming] = []
+        self._export_deadlines: dict[int, float] = {}  # id(request) -> monotonic (0: none)
         self._last_snapshot = time.monotonic()
         self._running = False
         self._linger_ms = 0
@@ -140,9 +141,17 @@ class PsServer:
         )
         try:
             while self._running and not (stop is not None and stop.is_set()):
-                incoming = self._sock.recv(POLL_MS)
+                wait_ms = POLL_MS
+                if self._hold_until:  # an injected delay ends sooner than a poll
+                    left_ms = int((self._hold_until - time.monotonic()) * 1000)
+                    wait_ms = max(1, min(POLL_MS, left_ms))
+                incoming = self._sock.recv(wait_ms)
                 if incoming is not None:
                     self._handle(incoming)
+                if self._hold_until and time.monotonic() >= self._hold_until:
+                    self._hold_until = 0.0
+                    self._answer_pulls()
+                self._expire_exports()
                 self._maybe_snapshot()
         finally:
             if self._running and self.config.snapshot_path is not None and self.store.params:
@@ -201,9 +210,7 @@ class PsServer:
 
     def _redirect(self, incoming: Incoming) -> bool:
         """Send a request for migrated blocks to where they went (``moved``)."""
-        where = self._moved.redirect(
-            incoming.message, incoming.peer, holds_blocks=bool(self.store.params)
-        )
+        where = self._moved.redirect(incoming.message, holds_blocks=bool(self.store.params))
         if where:
             self._refuse(incoming, f"the blocks moved to {where}", moved_to=where)
         return bool(where)
@@ -248,6 +255,11 @@ class PsServer:
         if msg.version < 0:
             raise ConfigError(f"PsInit.version {msg.version} must be 0 or more")
         store = self.store
+        if self.config.await_import and not store.seeded:
+            # A migration's target: its blocks come with the import, not from a
+            # worker's initial copy (that would be version 0).
+            self._waiting_inits.append(incoming)
+            return
         if store.seeded:
             for spec in msg.blocks:
                 held = store.params.get(spec.block_id)
@@ -300,7 +312,8 @@ class PsServer:
         missing = [b for b in msg.blocks if b not in self.store.params]
         if self.store.seeded and missing:
             raise ConfigError(f"blocks {missing} are not on this server; the placement changed")
-        if not self.store.seeded or self.store.version < msg.min_version:
+        held = self._hold_until and time.monotonic() < self._hold_until
+        if not self.store.seeded or self.store.version < msg.min_version or held:
             # A client has one pull out per server: a newer one replaces the older.
             self._waiting_pulls = [w for w in self._waiting_pulls if w.peer != incoming.peer]
             self._waiting_pulls.append(incoming)
@@ -328,6 +341,8 @@ class PsServer:
     def _answer_pulls(self) -> None:
         waiting, self._waiting_pulls = self._waiting_pulls, []
         for incoming in waiting:
+            if self._redirect(incoming):  # its blocks moved away while it waited
+                continue
             try:
                 self._on_pull(incoming)
             except ConfigError as exc:
@@ -377,6 +392,8 @@ class PsServer:
     def _answer_pushes(self) -> None:
         waiting, self._waiting_pushes = self._waiting_pushes, []
         for incoming in waiting:
+            if self._redirect(incoming):
+                continue
             try:
                 self._on_push(incoming)
             except (ConfigError, WireError) as exc:
@@ -385,8 +402,13 @@ class PsServer:
     def _after_update(self, update: PsUpdate | None) -> None:
         if update is None:
             return
-        update = self._slowdown.apply(update)  # a contended server: slow before answering
-        self.updates.append(dataclasses.replace(update, ended_s=time.monotonic()))
+        # A contended server is slow at what it does per step: the pulls waiting
+        # for this update are answered only after the injected delay (the loop
+        # goes on answering control requests meanwhile).
+        update, delay = self._slowdown.apply(update)
+        if delay > 0:
+            self._hold_until = time.monotonic() + delay
+        self.updates.append(dataclasses.replace(update, ended_s=time.monotonic() + delay))
         if update.dropped:
             logger.info(
                 "step %d applied without workers %s (backup %d)",
@@ -428,57 +450,6 @@ class PsServer:
             and time.monotonic() - self._last_snapshot >= interval
         ):
             self.snapshot()
-
-    def _on_export(self, incoming: Incoming) -> None:
-        msg = incoming.message
-        assert isinstance(msg, PsExport)
-        missing = [b for b in msg.blocks if b not in self.store.params]
-        if missing:
-            raise ConfigError(f"cannot export blocks {missing}: not on this server")
-        if self.store.version < msg.at_version or self.store.step_open:
-            self._waiting_exports.append(incoming)
-            return
-        store = self.store
-        assert store.optimizer is not None
-        records, payloads = export_frames(store, msg.blocks)
-        self._sock.send(
-            incoming.peer,
-            PsExported(
-                request_id=msg.request_id,
-                version=store.version,
-                optimizer=optimizer_to_wire(store.optimizer),
-                blocks=records,
-            ),
-            payloads,
-        )
-        if msg.remove:  # the frames keep the tensors alive until they are sent
-            store.release(msg.blocks)
-            if msg.moved_to:
-                self._moved.moved(msg.blocks, msg.moved_to)
-            logger.info(
-                "exported blocks %s at version %d%s",
-                msg.blocks,
-                store.version,
-                f" to {msg.moved_to}" if msg.moved_to else "",
-            )
-
-    def _answer_exports(self) -> None:
-        waiting, self._waiting_exports = self._waiting_exports, []
-        for incoming in waiting:
-            try:
-                self._on_export(incoming)
-            except ConfigError as exc:
-                self._refuse(incoming, str(exc))
-
-    def _on_import(self, incoming: Incoming) -> None:
-        msg = incoming.message
-        assert isinstance(msg, PsImport)
-        blocks = blocks_from_frames(msg.blocks, incoming.frames)
-        self.store.adopt(optimizer_from_wire(msg.optimizer), msg.version, blocks)
-        logger.info("imported blocks %s at version %d", sorted(blocks), msg.version)
-        self._reply(incoming)
-        self._answer_pulls()
-        self._answer_pushes()
 
     def _on_stats(self, incoming: Incoming) -> None:
         msg = incoming.message

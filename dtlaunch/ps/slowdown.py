@@ -1,11 +1,11 @@
 """Straggler injection on a parameter server (``--inject ...role=server...``).
 
 A contended server (AntDT §VII-A-4, §VII-B-1b) is slow at what it does per
-step: after each applied update it sleeps the injected delay before it answers
-the pulls waiting for that update, so every worker's next step waits with it,
-as behind a real slow server. The delay counts in the update's time, the
-server's T_s that the Monitor compares, and is reported apart as
-``injected_s``. Specs, windows and coins are ``dtlaunch.inject``'s; a
+step: after each applied update the server holds the pulls waiting for it for
+the injected delay, so every worker's next step waits with it, as behind a real
+slow server (the server goes on answering control requests meanwhile). The
+delay counts in the update's time, the server's T_s that the Monitor compares,
+and is reported apart as ``injected_s``. Specs, windows and coins are ``dtlaunch.inject``'s; a
 ``slowdown`` factor scales the update's own aggregation + optimizer time.
 """
 
@@ -40,10 +40,10 @@ class ServerSlowdown:
     def __bool__(self) -> bool:
         return bool(self._specs)
 
-    def apply(self, update: PsUpdate) -> PsUpdate:
-        """Sleep this update's injected delay; the update with it counted in."""
+    def apply(self, update: PsUpdate) -> tuple[PsUpdate, float]:
+        """This update's injected delay: the update with it counted in, and the delay."""
         if not self._specs:
-            return update
+            return update, 0.0
         delay = injected_delay(
             self._specs,
             role="server",
@@ -54,8 +54,8 @@ class ServerSlowdown:
             rng=self._rng,
         )
         if delay <= 0:
-            return update
-        time.sleep(delay)
-        return dataclasses.replace(
+            return update, 0.0
+        counted = dataclasses.replace(
             update, update_s=update.update_s + delay, injected_s=update.injected_s + delay
         )
+        return counted, delay

@@ -82,6 +82,7 @@ class ParamStore:
         self.version = 0
         self.recovered_at = 0  # versions below it were applied by an earlier process
         self.members: set[int] = set(workers)
+        self.left: set[int] = set()  # workers that said they leave: never members again
         self.backup = backup
         self._acc: dict[int, torch.Tensor] = {}
         self._contrib: dict[int, int] = {}  # worker -> samples, for the open step
@@ -182,14 +183,19 @@ class ParamStore:
     # ------------------------------------------------------------ membership
 
     def set_members(self, workers: Sequence[int], backup: int | None = None) -> PsUpdate | None:
-        """New active set (and b); completes the open step if it no longer waits."""
-        self.members = set(workers)
+        """New active set (and b); completes the open step if it no longer waits.
+
+        A worker that left (``leave``) is not taken back: its loop ended, and a
+        membership sent before its leave arrived must not make steps wait for it.
+        """
+        self.members = set(workers) - self.left
         if backup is not None:
             self.backup = backup
         return self._maybe_apply(time.perf_counter())
 
     def leave(self, worker: int) -> PsUpdate | None:
         self.members.discard(worker)
+        self.left.add(worker)
         return self._maybe_apply(time.perf_counter())
 
     # ----------------------------------------------------------------- push

@@ -339,6 +339,12 @@ class Job:
         """Time this step spent communicating (allreduce, push/pull), for the Monitor."""
         self._timer.record_comm(seconds)
 
+    def record_server_comm(self, server: int, nbytes: int, seconds: float) -> None:
+        """One exchange with parameter server ``server`` (bytes both ways, seconds
+        from request to answer), for the Monitor's per-server view;
+        ``dtlaunch.ps.Client`` reports its pulls and pushes."""
+        self._timer.record_server(server, nbytes, seconds)
+
     @property
     def lr_factor(self) -> float:
         """ADJUST_LR: multiply the learning rate by this (1.0 unless the policy says)."""

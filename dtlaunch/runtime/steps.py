@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 
 from dtlaunch.inject import InjectionSpec, injected_delay
-from dtlaunch.wire.messages import StepReport
+from dtlaunch.wire.messages import ServerComm, StepReport
 
 REPORT_EVERY_STEPS = 5
 REPORT_EVERY_S = 1.0
@@ -63,6 +63,7 @@ class StepTimer:
         self._injected = 0.0  # slept in the current step
         self._wait = 0.0  # waited for the other workers in the current step
         self._last_compute = 0.0  # the previous step's compute, without injected delay
+        self._servers: dict[int, tuple[int, float]] = {}  # server -> (bytes, seconds) this step
         self.injected_total_s = 0.0
 
     def batch_taken(self, records: int) -> None:
@@ -97,6 +98,11 @@ class StepTimer:
         if seconds > 0:
             self._comm += seconds
 
+    def record_server(self, server: int, nbytes: int, seconds: float) -> None:
+        """One exchange with parameter server ``server`` in this step (PS mode)."""
+        moved, spent = self._servers.get(server, (0, 0.0))
+        self._servers[server] = (moved + max(0, nbytes), spent + max(0.0, seconds))
+
     def record_wait(self, seconds: float) -> None:
         """Time spent waiting for other workers at a barrier: neither this worker's
         compute nor its communication, so it is left out of its BPT."""
@@ -117,7 +123,12 @@ class StepTimer:
             comm_s=self._comm,
             samples=self._samples,
             injected_s=injected,
+            servers=[
+                ServerComm(server=j, nbytes=moved, comm_s=spent)
+                for j, (moved, spent) in sorted(self._servers.items())
+            ],
         )
+        self._servers = {}
         self._pending.append(TimedReport(ended=now, report=report))
         self._started, self._comm, self._wait, self._samples = None, 0.0, 0.0, 0
         due_by_time = now - self._last_sent >= self._report_every_s

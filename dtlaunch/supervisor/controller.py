@@ -23,11 +23,13 @@ class Controller:
         self.counts: Counter[str] = Counter()
         self._next_decision = 0.0
         self._restarting: set[tuple[str, int]] = set()
+        self._moving: set[int] = set()  # servers in a live move (ps_servers)
         # KILL_RESTART cost, measured: from the decision to the new process's first
         # step report (the survivors wait that long in an allreduce job).
         self._restart_began: dict[int, float] = {}
         self._replaced: set[int] = set()  # ranks whose old process has ended
-        self.restart_cost_s: float | None = None
+        self.restart_cost_s: float | None = None  # workers
+        self.server_restart_cost_s: float | None = None  # servers: a move costs another price
 
     def observe(self, rank: int, reports: list[StepReport], now: float) -> float:
         """Feed a worker's step reports; returns the straggler delay they contain."""
@@ -52,6 +54,7 @@ class Controller:
                 compute_s=report.compute_s,
                 comm_s=report.comm_s,
                 samples=report.samples,
+                servers=tuple((c.server, c.comm_s) for c in report.servers),
             )
         return injected
 
@@ -60,10 +63,17 @@ class Controller:
     ) -> float:
         """Feed a server's applied updates (its T_s), each ``ages[i]`` seconds old;
         returns the delay injected in them."""
+        if updates and ("server", rank) in self._restarting and rank not in self._moving:
+            # A server restarted in place (no move) is back: the restart is over.
+            self._restarting.discard(("server", rank))
         for i, update in enumerate(updates):
             at = max(0.0, now - (ages[i] if ages is not None else 0.0))
             self.monitor.report_server(rank, now=at, step=update.version, update_s=update.update_s)
         return sum(u.injected_s for u in updates)
+
+    def server_moving(self, rank: int) -> None:
+        """A server KILL_RESTART is being carried out as a live move."""
+        self._moving.add(rank)
 
     def server_replaced(self, rank: int, cost_s: float) -> None:
         """Server ``rank``'s blocks now live in a new process: its windows start
@@ -71,12 +81,14 @@ class Controller:
         the next KILL_RESTART."""
         self.monitor.server_gone(rank)
         self._restarting.discard(("server", rank))
-        self.restart_cost_s = max(0.0, cost_s)
+        self._moving.discard(rank)
+        self.server_restart_cost_s = max(0.0, cost_s)
 
     def server_restart_failed(self, rank: int) -> None:
         """A server move gave up: the server is judged again from scratch."""
         self.monitor.server_gone(rank)
         self._restarting.discard(("server", rank))
+        self._moving.discard(rank)
 
     def restart_measured(self, rank: int, cost_s: float) -> None:
         """What replacing ``rank`` cost the job, measured by whoever carried it out
@@ -114,6 +126,7 @@ class Controller:
             remaining_steps=remaining_steps,
             restart_pending=bool(self._restarting),
             restart_cost_s=self.restart_cost_s,
+            server_restart_cost_s=self.server_restart_cost_s,
         )
         actions = [a for a in self.policy.decide(snap) if not isinstance(a, NoAction)]
         for action in actions:

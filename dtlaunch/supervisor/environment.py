@@ -137,7 +137,9 @@ def ps_env(ctx: LaunchContext, slot: ProcSlot) -> dict[str, str]:
     }
     if spec.ps_snapshot_interval > 0:
         env["DTLAUNCH_PS_SNAPSHOT_INTERVAL"] = str(spec.ps_snapshot_interval)
-    if slot.attempt > 0 and slot.attempt != slot.ps_fresh_attempt:
+    if slot.attempt == slot.ps_fresh_attempt:
+        env["DTLAUNCH_PS_AWAIT_IMPORT"] = "1"  # its blocks come by migration
+    elif slot.attempt > 0:
         env["DTLAUNCH_PS_RESTORE"] = snapshot
         env["DTLAUNCH_PS_RESTORE_OPTIONAL"] = "1"
     return env

@@ -96,9 +96,17 @@ class JobState(AgentLifecycle, Replacements, Endpoints):
             slot = ProcSlot(assignment=a, host=a.host)
             self.procs[slot.proc_id] = slot
         self.spare_hosts = list(spare_hosts)
+        # Built-in PS: which of a host's free ports each server binds, by index,
+        # kept for the job (a server moving away must not shift the others').
+        self.ps_port_index: dict[tuple[str, int], int] = {}
+        for host in dict.fromkeys(a.host for a in assignments if a.role == "server"):
+            local = sorted(a.rank for a in assignments if a.role == "server" and a.host == host)
+            for i, rank in enumerate(local):
+                self.ps_port_index[host, rank] = MASTER_PORT_SLOTS + i
         # proc id -> (host, attempt) of a replaced process that still runs while
         # its prewarmed replacement waits (see replace_prewarmed).
         self.retiring: dict[str, tuple[str, int]] = {}
+        self.handed_over: set[str] = set()  # retiring servers whose blocks moved on
         # Spare hosts get an agent too, so a KILL_RESTART onto one starts at once.
         self.agents: dict[str, AgentSlot] = {
             host: AgentSlot(host=host)
@@ -183,6 +191,15 @@ class JobState(AgentLifecycle, Replacements, Endpoints):
         return out + self._fail_job(f"{slot.proc_id} could not be started on {host}: {error}", now)
 
     def exited(self, host: str, msg: Exited, now: float) -> list[Command]:
+        aborted: list[Command] = []
+        moving = msg.proc_id.startswith("server-") and msg.proc_id not in self.handed_over
+        if self.retiring.get(msg.proc_id) == (host, msg.attempt) and moving:
+            # A server died before it handed its blocks over: it is still the one
+            # that counts. Give the move up, then handle its exit as any failure.
+            aborted = self.abort_server_move(int(msg.proc_id.rpartition("-")[2]), now)
+        return aborted + self._exited(host, msg, now)
+
+    def _exited(self, host: str, msg: Exited, now: float) -> list[Command]:
         if self.retiring.get(msg.proc_id) == (host, msg.attempt):
             # The replaced process is gone: its shards go back, its rank's
             # replacement may join.
@@ -300,7 +317,9 @@ class JobState(AgentLifecycle, Replacements, Endpoints):
         return out + self._reconcile(now)
 
     def _restart(self, slot: ProcSlot, reason: str, now: float) -> EmitEvent:
-        slot.attempt += 1
+        # Never an attempt number used before (an aborted move's may still exit late).
+        slot.attempt = max(slot.attempt, slot.spent_attempts) + 1
+        slot.spent_attempts = slot.attempt
         slot.state = ProcState.PENDING
         slot.unresponsive = False
         self.restarts.append(

@@ -37,6 +37,8 @@ class JobStateBase:
     agents: dict[str, AgentSlot]
     spare_hosts: list[str]
     retiring: dict[str, tuple[str, int]]
+    ps_port_index: dict[tuple[str, int], int]
+    handed_over: set[str]
     phase: Phase
     status: str
     stop_reason: str

@@ -46,14 +46,19 @@ class Endpoints(JobStateBase):
         return [s for s in self.procs.values() if s.role == "server"]
 
     def _server_port(self, server: ProcSlot) -> int:
-        """A server's port on its host: the agent's free ports after the ones kept
-        for MASTER_PORT, one per server on that host, the same for every attempt
-        (so the workers' endpoints stay valid across its restarts); 0 if unknown."""
+        """A server's port on its host: one of the agent's free ports after the ones
+        kept for MASTER_PORT, the same for every attempt on that host (so the
+        workers' endpoints stay valid across its restarts); 0 if unknown. A server
+        that moves to a host takes a port index no server used there before (the
+        one it replaces may still be bound to its own)."""
         agent = self.agents[server.host]
         if agent.state is not AgentState.UP:
             return 0
-        local = sorted(s.rank for s in self._servers() if s.host == server.host)
-        index = MASTER_PORT_SLOTS + local.index(server.rank)
+        index = self.ps_port_index.get((server.host, server.rank))
+        if index is None:
+            taken = {i for (host, _), i in self.ps_port_index.items() if host == server.host}
+            index = next(i for i in range(MASTER_PORT_SLOTS, 1 << 16) if i not in taken)
+            self.ps_port_index[server.host, server.rank] = index
         return agent.free_ports[index] if index < len(agent.free_ports) else 0
 
     def _master_endpoint(self, master: ProcSlot | None, slot: ProcSlot) -> tuple[str, int]:

@@ -75,6 +75,30 @@ class Replacements(JobStateBase):
         The slot is the new attempt from here on."""
         return self._replace_ahead("server", rank, target_host, reason, now)
 
+    def server_handed_over(self, rank: int) -> None:
+        """The retiring server ``rank`` exported its blocks: its exit from now on
+        is a retirement, not the failure of the server that counts."""
+        self.handed_over.add(f"server-{rank}")
+
+    def abort_server_move(self, rank: int, now: float) -> list[Command]:
+        """Give up moving server ``rank`` before its blocks moved: stop the fresh
+        server, and the slot is the old process again (on its old host)."""
+        proc_id = f"server-{rank}"
+        slot = self.procs.get(proc_id)
+        retiring = self.retiring.pop(proc_id, None)
+        if slot is None or retiring is None or proc_id in self.handed_over:
+            return []
+        old_host, old_attempt = retiring
+        out: list[Command] = []
+        if slot.state in LIVE_PROC_STATES or slot.state is ProcState.PENDING:
+            kill = Kill(proc_id=proc_id, attempt=slot.attempt, grace_s=self.timing.kill_grace)
+            if slot.state is not ProcState.PENDING:
+                out.append(SendToAgent(host=slot.host, message=kill))
+        out.append(self._proc_event("moved", slot, old_host=slot.host, new_host=old_host))
+        slot.host, slot.attempt, slot.state = old_host, old_attempt, ProcState.RUNNING
+        slot.ps_fresh_attempt = -1
+        return out
+
     def _replace_ahead(
         self, role: str, rank: int, target_host: str, reason: str, now: float
     ) -> list[Command]:
@@ -122,7 +146,9 @@ class Replacements(JobStateBase):
             for s in self.procs.values()
             if s.state in LIVE_PROC_STATES or s.state is ProcState.PENDING
         }
-        return [h for h in self.spare_hosts if h not in busy]
+        busy |= {host for host, _ in self.retiring.values()}  # a replaced one still runs
+        up = {h for h, a in self.agents.items() if a.state is AgentState.UP}
+        return [h for h in self.spare_hosts if h not in busy and h in up]
 
     def free_spare(self, preferred: str | None) -> str | None:
         """Where a KILL_RESTART should go: ``preferred`` if it is a spare host with

@@ -9,7 +9,9 @@ last ``l_per`` seconds and, on ``snapshot(now)``, aggregates two windows by TIME
   ``v_i = 1/|S| * sum B_i / T_i`` over the window's reports), used for transient
   stragglers and batch balancing;
 - long window ``[now - l_per, now]``: mean BPT, used for persistent stragglers;
-  for servers the mean update time.
+  for servers the mean update time; in PS mode also each server's mean
+  communication time per worker step, as the workers measured it (PSLD §4.1's
+  per-PS profile: a slow link or a hot server shows here).
 
 BPT (batch processing time) of a step is ``compute_s + comm_s``. Besides the raw
 mean, each window carries ``mean_bpt_eq``, the *equal-share BPT*: each report's
@@ -43,6 +45,7 @@ class _WorkerReport:
     compute_s: float
     comm_s: float
     samples: int
+    servers: tuple[tuple[int, float], ...] = ()  # (server, comm seconds) in this step
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +106,13 @@ class MonitorSnapshot:
     mean_bpt_eq_short: float | None
     mean_bpt_eq_long: float | None
     mean_update_long: float | None  # over servers in the long window
+    server_comm_long: dict[int, float]  # server -> workers' mean comm s per step with it
     spare_capacity: int
     spare_hosts: tuple[str, ...]
     latest_step: int  # newest step any worker reported (-1: none yet)
     remaining_steps: int | None = None
-    restart_cost_s: float | None = None
+    restart_cost_s: float | None = None  # a worker's KILL_RESTART, as measured
+    server_restart_cost_s: float | None = None  # a server's (a live move), as measured
     restart_pending: bool = False
 
 
@@ -142,8 +147,10 @@ class Monitor:
         compute_s: float,
         comm_s: float,
         samples: int,
+        servers: tuple[tuple[int, float], ...] = (),
     ) -> None:
-        """One training step of worker ``rank`` that ended at time ``now``.
+        """One training step of worker ``rank`` that ended at time ``now``
+        (``servers``: its communication time with each parameter server).
 
         Raises: ValueError for a negative or non-finite time or a batch size < 1.
         """
@@ -151,7 +158,7 @@ class Monitor:
         if batch_size < 1 or samples < 0:
             raise ValueError(f"worker {rank}: batch_size must be >= 1 and samples >= 0")
         window = self._workers.setdefault(rank, deque())
-        window.append(_WorkerReport(now, step, batch_size, compute_s, comm_s, samples))
+        window.append(_WorkerReport(now, step, batch_size, compute_s, comm_s, samples, servers))
         self._prune(window, now)
         old = self._worker_info.get(rank)
         self._worker_info[rank] = NodeInfo(
@@ -209,6 +216,7 @@ class Monitor:
         *,
         remaining_steps: int | None = None,
         restart_cost_s: float | None = None,
+        server_restart_cost_s: float | None = None,
         restart_pending: bool = False,
     ) -> MonitorSnapshot:
         """Aggregate the windows ending at ``now`` (see module doc)."""
@@ -249,11 +257,13 @@ class Monitor:
             mean_bpt_eq_short=_mean(s.mean_bpt_eq for s in worker_short.values()),
             mean_bpt_eq_long=_mean(s.mean_bpt_eq for s in worker_long.values()),
             mean_update_long=_mean(s.mean_bpt for s in server_long.values()),
+            server_comm_long=_server_comm(self._workers, long_from, now),
             spare_capacity=self._spare_capacity,
             spare_hosts=self._spare_hosts,
             latest_step=self._latest_step,
             remaining_steps=remaining_steps,
             restart_cost_s=restart_cost_s,
+            server_restart_cost_s=server_restart_cost_s,
             restart_pending=restart_pending,
         )
 
@@ -286,6 +296,18 @@ def _worker_stats(
             samples=sum(r.samples for r in inside),
         )
     return out
+
+
+def _server_comm(
+    windows: dict[int, deque[_WorkerReport]], start: float, end: float
+) -> dict[int, float]:
+    sums: dict[int, list[float]] = {}
+    for reports in windows.values():
+        for r in reports:
+            if start <= r.t <= end:
+                for server, seconds in r.servers:
+                    sums.setdefault(server, []).append(seconds)
+    return {server: sum(v) / len(v) for server, v in sorted(sums.items())}
 
 
 def _mean(values: Iterable[float]) -> float | None:

@@ -118,6 +118,7 @@ class ProcSlot:
     ps_servers: tuple[str, ...] = ()
     # A server's attempt that starts empty (a migration's target): no snapshot restore.
     ps_fresh_attempt: int = -1
+    spent_attempts: int = 0  # the highest attempt number ever given to this slot
 
     @property
     def proc_id(self) -> str:

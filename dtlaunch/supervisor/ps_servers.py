@@ -54,7 +54,6 @@ log = logging.getLogger(__name__)
 STATS_TIMEOUT_S = 5.0  # a server sleeping an injected delay still answers within it
 START_TIMEOUT_S = 180.0  # a new server process: Python and torch on a busy host
 MOVE_TIMEOUT_S = 600.0  # the straggler's next step boundary (as long as a BSP pull waits)
-REDIRECT_WAIT_S = 60.0  # every member asks again within a step or two
 REDIRECT_POLL_S = 0.2
 
 T = TypeVar("T")
@@ -89,12 +88,13 @@ class ServerFleet:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ps-control")
         # Moves wait for a server to start and for a step boundary: on their own
         # thread, so the Monitor keeps being fed meanwhile.
-        self._move_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ps-move")
+        self._move_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ps-move")
         self._stop = threading.Event()
         # Used on the pool's thread only: one link per server, and what was fed.
         self._controls: dict[int, ServerControl] = {}
         self._seen: dict[int, tuple[int, int]] = {}  # rank -> (incarnation, last version)
-        self._moving: set[int] = set()
+        self._moves: dict[int, threading.Event] = {}  # rank -> its move's stop
+        self._targets: dict[int, tuple[str, ...]] = {}  # rank -> the host it moves to
         self._tasks: set[asyncio.Task[None]] = set()
         self._backup: int | None = None  # BACKUP_WORKERS' b, once a policy set it
 
@@ -108,6 +108,8 @@ class ServerFleet:
                 await self.poll()
         finally:
             self._stop.set()  # a request being waited for gives up at once
+            for move in self._moves.values():
+                move.set()
             for task in list(self._tasks):
                 task.cancel()
             self._pool.submit(self._close_controls)
@@ -116,17 +118,17 @@ class ServerFleet:
 
     async def poll(self) -> None:
         """Ask every running server for its new updates; feed and record them."""
+        for rank, stop in list(self._moves.items()):
+            if self._state.procs[f"server-{rank}"].host not in self._targets.get(rank, ()):
+                stop.set()  # the job gave this move up (its server died): stop waiting
         for rank, endpoint in self._running():
             try:
                 stats = await self._blocking(self._stats, rank, endpoint)
-            except PsError as exc:  # restarting, or busy past the timeout: next time
+                if self._backup is not None and stats.backup != self._backup:
+                    await self._blocking(self._set_backup, rank, self._backup)
+            except Exception as exc:  # restarting, busy: next time
                 log.debug("server %d: no statistics this time: %s", rank, exc)
                 continue
-            if self._backup is not None and stats.backup != self._backup:
-                try:
-                    await self._blocking(self._set_backup, rank, self._backup)
-                except PsError as exc:
-                    log.warning("server %d: could not set backup workers: %s", rank, exc)
             updates = self._new_updates(rank, stats)
             if updates:
                 record_server_updates(
@@ -155,7 +157,7 @@ class ServerFleet:
             or slot.state is not ProcState.RUNNING
             or target is None
             or target == slot.host
-            or rank in self._moving
+            or rank in self._moves
             or not old
         ):
             return False
@@ -163,7 +165,10 @@ class ServerFleet:
         if not commands:
             return False
         self._apply(commands)
-        self._moving.add(rank)
+        self._moves[rank] = threading.Event()  # set: give this move up
+        if self._controller is not None:
+            self._controller.server_moving(rank)
+        self._targets[rank] = (target,)
         task = asyncio.get_running_loop().create_task(
             self._move(rank, old, target), name=f"ps-move-{rank}"
         )
@@ -176,36 +181,46 @@ class ServerFleet:
     async def _move(self, rank: int, old: str, target: str) -> None:
         new = self._state.server_endpoint(rank)
         began = self._clock()
+        stop = self._moves[rank]
         self._event(rank, "begin", from_endpoint=old, to_endpoint=new, target_host=target)
         try:
             if not new:
                 raise PsError(f"no port known for server {rank} on {target}")
-            moved = await self._blocking(self._migrate, old, new, pool=self._move_pool)
-            self._event(
-                rank,
-                "moved",
-                version=moved.version,
-                pause_s=round(moved.pause_s, 4),
-                took_s=round(self._clock() - began, 3),
-            )
-            everyone = await self._blocking(
-                self._wait_redirects, old, len(moved.members), pool=self._move_pool
-            )
-        except PsError as exc:
+            moved = await self._blocking(self._migrate, old, new, stop, pool=self._move_pool)
+        except Exception as exc:  # any failure before the hand-over: undo
+            self._moves.pop(rank, None)
             log.error("moving parameter server %d to %s failed: %s", rank, target, exc)
-            self._event(rank, "failed", error=str(exc))
+            self._apply(self._state.abort_server_move(rank, self._clock()))
+            self._event(rank, "failed", error=str(exc) or type(exc).__name__)
             if self._controller is not None:
                 self._controller.server_restart_failed(rank)
             return
-        finally:
-            self._moving.discard(rank)
-        self._apply(self._state.retire(f"server-{rank}"))
-        self._event(rank, "done", all_redirected=everyone)
+        self._state.server_handed_over(rank)
+        self._event(
+            rank,
+            "moved",
+            version=moved.version,
+            pause_s=round(moved.pause_s, 4),
+            took_s=round(self._clock() - began, 3),
+        )
         if self._controller is not None:
             self._controller.server_replaced(rank, moved.pause_s)
+        try:
+            # The old server answers "moved" until every member of the new one
+            # has heard it; a member still computing a long step asks later.
+            everyone = await self._blocking(
+                self._wait_redirects, old, new, stop, pool=self._move_pool
+            )
+        except Exception as exc:  # it holds nothing now: stop it anyway
+            log.warning("server %d: waiting for the redirects: %s", rank, exc)
+            everyone = False
+        finally:
+            self._moves.pop(rank, None)
+        self._apply(self._state.retire(f"server-{rank}"))
+        self._event(rank, "done", all_redirected=everyone)
 
-    def _migrate(self, old_endpoint: str, new_endpoint: str) -> _Moved:
-        keys, stop = self._keys, self._stop
+    def _migrate(self, old_endpoint: str, new_endpoint: str, stop: threading.Event) -> _Moved:
+        keys = self._keys
         with (
             ServerControl(new_endpoint, keys, timeout=START_TIMEOUT_S, stop=stop) as new,
             ServerControl(old_endpoint, keys, timeout=MOVE_TIMEOUT_S, stop=stop) as old,
@@ -214,22 +229,26 @@ class ServerFleet:
             blocks = old.stats().blocks
             exported = old.export(blocks, remove=True, moved_to=new_endpoint)
             boundary = time.monotonic()
-            new.import_blocks(exported)
-            handed = old.stats()  # the members as of the move (none can join later)
-            new.membership(handed.workers, handed.backup)
+            # Membership and b travel with the blocks: set before any push counts.
+            new.import_blocks(exported, with_members=True)
             return _Moved(
                 version=exported.message.version,
                 pause_s=time.monotonic() - boundary,
-                members=handed.workers,
+                members=exported.message.workers,
             )
 
-    def _wait_redirects(self, old_endpoint: str, members: int) -> bool:
-        deadline = time.monotonic() + REDIRECT_WAIT_S
-        with ServerControl(old_endpoint, self._keys, timeout=STATS_TIMEOUT_S) as old:
-            while time.monotonic() < deadline and not self._stop.is_set():
-                if old.stats().redirected >= members:
+    def _wait_redirects(self, old_endpoint: str, new_endpoint: str, stop: threading.Event) -> bool:
+        """Until every member of the new server was redirected by the old one (a
+        member that left is a member no more); False when stopped first."""
+        keys = self._keys
+        with (
+            ServerControl(old_endpoint, keys, timeout=STATS_TIMEOUT_S, stop=stop) as old,
+            ServerControl(new_endpoint, keys, timeout=STATS_TIMEOUT_S, stop=stop) as new,
+        ):
+            while not stop.is_set():
+                if set(new.stats().workers) <= set(old.stats().redirected):
                     return True
-                self._stop.wait(REDIRECT_POLL_S)
+                stop.wait(REDIRECT_POLL_S)
         return False
 
     def _event(self, rank: int, phase: str, **data: Any) -> None:
@@ -243,7 +262,7 @@ class ServerFleet:
             if slot.role != "server" or slot.state is not ProcState.RUNNING:
                 continue
             endpoint = self._state.server_endpoint(slot.rank)
-            if endpoint and slot.rank not in self._moving:
+            if endpoint and slot.rank not in self._moves:
                 out.append((slot.rank, endpoint))
         return sorted(out)
 
@@ -255,7 +274,11 @@ class ServerFleet:
             control = self._controls[rank] = ServerControl(
                 endpoint, self._keys, timeout=STATS_TIMEOUT_S, stop=self._stop
             )
-        return control.stats(since_version=self._seen.get(rank, (0, 0))[1])
+        incarnation, last = self._seen.get(rank, (0, 0))
+        stats = control.stats(since_version=last)
+        if last and stats.incarnation != incarnation:
+            stats = control.stats()  # a new process: all of its own updates
+        return stats
 
     def _set_backup(self, rank: int, count: int) -> None:
         self._controls[rank].set_backup(count)

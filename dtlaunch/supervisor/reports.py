@@ -9,6 +9,8 @@ say what it injected.
 
 from __future__ import annotations
 
+from typing import Any
+
 from dtlaunch.events import EventRecorder
 from dtlaunch.supervisor.controller import Controller
 from dtlaunch.wire.messages import PsUpdate, StepReport
@@ -24,18 +26,21 @@ def record_worker_steps(
     now: float,
 ) -> None:
     at, ordered = recorder.elapsed(), sorted(reports, key=lambda r: r.step)
-    recorder.emit(
-        "reports",
-        role="worker",
-        rank=rank,
-        step=[r.step for r in ordered],
-        batch_size=[r.batch_size for r in ordered],
-        compute_s=[round(r.compute_s, 6) for r in ordered],
-        comm_s=[round(r.comm_s, 6) for r in ordered],
-        samples=[r.samples for r in ordered],
-        injected_s=[round(r.injected_s, 6) for r in ordered],
-        t=[round(max(0.0, at - r.age_s), 6) for r in ordered],
-    )
+    columns: dict[str, Any] = {
+        "step": [r.step for r in ordered],
+        "batch_size": [r.batch_size for r in ordered],
+        "compute_s": [round(r.compute_s, 6) for r in ordered],
+        "comm_s": [round(r.comm_s, 6) for r in ordered],
+        "samples": [r.samples for r in ordered],
+        "injected_s": [round(r.injected_s, 6) for r in ordered],
+        "t": [round(max(0.0, at - r.age_s), 6) for r in ordered],
+    }
+    if any(r.servers for r in ordered):
+        # PS mode: per step, [server, bytes, seconds] of each server it exchanged with.
+        columns["servers"] = [
+            [[c.server, c.nbytes, round(c.comm_s, 6)] for c in r.servers] for r in ordered
+        ]
+    recorder.emit("reports", role="worker", rank=rank, **columns)
     injected = controller.observe(rank, reports, now) if controller is not None else 0.0
     _record_injected(recorder, "worker", rank, injected, [r.step for r in reports if r.injected_s])
 

@@ -120,7 +120,7 @@ _INT_MIN: dict[str, int] = {
     "since_version": 0,
     "incarnation": 0,
     "recovered_at": 0,
-    "redirected": 0,
+    "nbytes": 0,
     # status
     "restarts": 0,
     "shards_done": 0,
@@ -138,6 +138,7 @@ _FLOAT_MIN: dict[str, float] = {
     "age_s": 0.0,
     "injected_s": 0.0,
     "update_s": 0.0,
+    "wait_s": 0.0,
     "ended_s": 0.0,
     "now_s": 0.0,
     # status (eta_s may be None: unknown)

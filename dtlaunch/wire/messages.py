@@ -89,6 +89,15 @@ class Lease(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ServerComm(Record):
+    """A step's exchanges with one parameter server (pull + push; PSLD §4.1)."""
+
+    server: int
+    nbytes: int  # tensor bytes moved both ways
+    comm_s: float  # request to answer, summed over the step's exchanges
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StepReport(Record):
     """One training step of a worker, for the Monitor (AntDT §II: BPT = T^w + T^m)."""
 
@@ -99,6 +108,7 @@ class StepReport(Record):
     samples: int = 0  # records actually trained (the last batch may be short)
     age_s: float = 0.0  # how long before sending the step ended (reports are batched)
     injected_s: float = 0.0  # straggler delay injected into this step (--inject)
+    servers: list[ServerComm] = field(default_factory=list)  # PS mode: per server
 
 
 # ---------------------------------------------------------------- bootstrap
@@ -589,6 +599,7 @@ class PsPull(Message):
     min_version: int
     blocks: list[int]
     incarnation: int = 0  # the server incarnation the client knows (0: none yet)
+    worker: int = 0  # who asks
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -661,6 +672,10 @@ class PsExport(Message):
     request_id: int
     blocks: list[int]
     at_version: int = 0
+    # How long the server may keep the request waiting for its step boundary;
+    # after that it refuses it (0: no limit). A caller that gave up must not find
+    # the blocks exported to nobody later.
+    wait_s: float = 0.0
     remove: bool = True  # stop holding them (a migration), or keep them (a copy)
     # A migration's destination: requests for the blocks get a PsReply naming it.
     moved_to: str = ""
@@ -673,17 +688,25 @@ class PsExported(Message):
     version: int
     optimizer: PsOptimizer
     blocks: list[PsBlockState]
+    # The exporting server's membership and b at that version (a whole server's
+    # move hands them over with the blocks, in one step).
+    workers: list[int] = field(default_factory=list)
+    backup: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PsImport(Message):
-    """Take over migrated blocks (a PsExported's content) at ``version``."""
+    """Take over migrated blocks (a PsExported's content) at ``version``; with
+    ``with_members`` also its membership and b, before any queued push counts."""
 
     TYPE: ClassVar[str] = "ps_import"
     request_id: int
     version: int
     optimizer: PsOptimizer
     blocks: list[PsBlockState]
+    with_members: bool = False
+    workers: list[int] = field(default_factory=list)
+    backup: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -705,7 +728,7 @@ class PsStats(Message):
     blocks: list[int]
     updates: list[PsUpdate]
     incarnation: int = 0
-    redirected: int = 0  # clients told where migrated blocks went (``moved_to``)
+    redirected: list[int] = field(default_factory=list)  # workers told where blocks went
     now_s: float = 0.0  # the server's monotonic clock now: ``now_s - ended_s`` is an age
 
 

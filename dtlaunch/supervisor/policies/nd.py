@@ -189,16 +189,17 @@ class NdPolicy:
                 "not killing (in_place=1 restarts on the same host)"
             )
             return None
-        cost = snap.restart_cost_s if snap.restart_cost_s is not None else self.restart_cost
-        worth = [c for c in found if c.gain_s > cost]
+        worth = [c for c in found if c.gain_s > self._cost(snap, c.role)]
         if not worth:
-            best_gain = max(c.gain_s for c in found)
+            best = max(found, key=lambda c: c.gain_s)
             notes.append(
-                f"persistent straggler {names}; gain {best_gain:.1f} s over "
-                f"{snap.remaining_steps} steps does not exceed restart cost {cost:.1f} s"
+                f"persistent straggler {names}; gain {best.gain_s:.1f} s over "
+                f"{snap.remaining_steps} steps does not exceed restart cost "
+                f"{self._cost(snap, best.role):.1f} s"
             )
             return None
         best = max(worth, key=lambda c: c.gain_s)
+        cost = self._cost(snap, best.role)
         self._next_kill_at = snap.now + self.cooldown
         return KillRestart(
             role=best.role,
@@ -222,6 +223,12 @@ class NdPolicy:
                 "candidates": [f"{c.role}:{c.rank}" for c in found],
             },
         )
+
+    def _cost(self, snap: MonitorSnapshot, role: str) -> float:
+        """What a KILL_RESTART of a ``role`` costs: measured when one was done,
+        else the ``restart_cost`` parameter."""
+        measured = snap.server_restart_cost_s if role == "server" else snap.restart_cost_s
+        return measured if measured is not None else self.restart_cost
 
     # ------------------------------------------------------------- transient
 
