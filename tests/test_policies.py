@@ -330,3 +330,18 @@ def test_nd_follows_a_recovered_straggler_back():
     [a] = pol.decide(mon.snapshot(60, remaining_steps=1000))
     assert isinstance(a, AdjustBatchSize)
     assert a.sizes == {0: 32, 1: 32, 2: 32, 3: 32}
+
+
+def test_nd_does_not_move_a_server_whose_slowness_is_noise_beside_the_step():
+    pol = NdPolicy({"margin": "100"})
+    mon = monitor_for(pol)
+    run(mon, {0: 0.3, 1: 0.3}, start=0, end=300)  # 300 ms steps
+    for t in range(301):
+        for rank, upd in {0: 0.0003, 1: 0.0003, 2: 0.0010}.items():  # 3.3x, but 0.7 ms
+            mon.report_server(rank, now=t, step=t, update_s=upd)
+    mon.set_spare_capacity(1, ["spare9"])
+    [n] = pol.decide(mon.snapshot(300, remaining_steps=10**6, restart_cost_s=0.0))
+    assert isinstance(n, NoAction) and "min_saving 0.05" in n.reason
+    eager = NdPolicy({"margin": "100", "min_saving": "0"})
+    [k] = eager.decide(mon.snapshot(300, remaining_steps=10**6, restart_cost_s=0.0))
+    assert isinstance(k, KillRestart) and (k.role, k.rank) == ("server", 2)

@@ -191,6 +191,30 @@ def test_backup_applies_with_the_first_n_minus_b_and_reports_the_dropped(keys_di
                 c.close()
 
 
+def test_backup_never_drops_the_only_gradient_with_records(keys_dir, tmp_path):
+    """At the end of the data most workers push empty steps; BACKUP(1) must not
+    apply those without the one worker that still trains (it would drop the last
+    records step after step)."""
+    with servers(keys_dir, tmp_path, count=1, workers="0,1,2", backup=1) as endpoints:
+        models = [make_model() for _ in range(3)]
+        clients = [client(m, keys_dir, endpoints, i, "sgd", lr=0.1) for i, m in enumerate(models)]
+        try:
+            for c in clients:
+                c.pull()
+            grads_of(models[2], [0, 1, 2])
+            clients[0].push(0)
+            clients[1].push(0)  # 2 of 3 are in, but both are empty: wait for worker 2
+            with ServerControl(endpoints[0], load_peer_keys(keys_dir)) as ctl:
+                assert ctl.stats().version == 0
+                clients[2].push(3)
+                assert clients[2].dropped == []
+                update = ctl.stats().updates[-1]
+            assert (update.applied, update.dropped, update.samples) == ([0, 1, 2], [], 3)
+        finally:
+            for c in clients:
+                c.close()
+
+
 def test_removing_or_losing_a_worker_mid_step_does_not_deadlock(keys_dir, tmp_path):
     with servers(keys_dir, tmp_path, workers="0,1,2") as endpoints:
         m0, m1, m2 = make_model(), make_model(), make_model()

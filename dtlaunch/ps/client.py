@@ -205,10 +205,12 @@ class Client:
             for j in range(len(self._exch.links))
         }
         started, mark = time.perf_counter(), len(self._exch.timings)
+        waited: list[float] = []
 
         def take(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
             if not isinstance(reply, PsParams) or len(frames) != len(reply.blocks):
                 raise PsError(f"server {j} answered a pull with {reply.TYPE}")
+            waited.append(reply.waited_s)
             with torch.no_grad():
                 for block_id, frame in zip(reply.blocks, frames, strict=True):
                     view = self._param_view(self.placement.blocks[block_id])
@@ -217,7 +219,11 @@ class Client:
             return sum(len(f) for f in frames)
 
         self._exch.run("pull", requests, take, on_restart=self._resync)
-        self._record_comm(time.perf_counter() - started, self._exch.timings[mark:])
+        # What every server spent waiting for the step (the other workers' pushes)
+        # is the BSP barrier, not this worker's time: the Monitor leaves it out.
+        barrier = min(waited, default=0.0)
+        elapsed = time.perf_counter() - started
+        self._record_comm(elapsed - barrier, self._exch.timings[mark:], wait_s=barrier)
 
     def push(self, samples: int | None = None) -> None:
         """Send ``p.grad`` of every parameter (zeros where None) to its servers.
@@ -471,10 +477,13 @@ class Client:
 
         self._exch.run("repush", {j: request}, take, on_restart=_restarted)
 
-    def _record_comm(self, seconds: float, timings: list[ServerTiming]) -> None:
+    def _record_comm(
+        self, seconds: float, timings: list[ServerTiming], *, wait_s: float = 0.0
+    ) -> None:
         job = self._job if self._job is not None else current_job()
         if job is not None:
-            job.record_comm(seconds)
+            job.record_comm(max(0.0, seconds))
+            job.record_wait(wait_s)
             for t in timings:
                 job.record_server_comm(t.server, t.bytes, t.seconds)
 

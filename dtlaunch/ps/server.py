@@ -318,17 +318,18 @@ class PsServer(Migrations):
             self._waiting_pulls = [w for w in self._waiting_pulls if w.peer != incoming.peer]
             self._waiting_pulls.append(incoming)
             return
-        self._send_params(incoming.peer, msg)
+        self._send_params(incoming, msg)
 
-    def _send_params(self, peer: bytes, msg: PsPull) -> None:
+    def _send_params(self, incoming: Incoming, msg: PsPull) -> None:
         store = self.store
         tracker = self._sock.send(
-            peer,
+            incoming.peer,
             PsParams(
                 request_id=msg.request_id,
                 version=store.version,
                 blocks=msg.blocks,
                 incarnation=self.incarnation,
+                waited_s=max(0.0, time.monotonic() - incoming.received),
             ),
             [as_buffer(store.params[b]) for b in msg.blocks],
             track=True,

@@ -13,7 +13,8 @@ Consistency modes:
 * **BACKUP(b)** — BSP that applies with the first ``n - b`` of the ``n`` active
   workers' gradients. A gradient arriving after its step was applied is refused
   (``accepted`` False) and its worker is in the update's ``dropped`` list, so the
-  records behind it can go back to the DDS.
+  records behind it can go back to the DDS. A step whose gradients so far are
+  all empty (0 records: workers out of data) waits for one with records.
 * **ASP** — each gradient applies on arrival, whatever version it was computed on.
 
 Membership changes re-check the open step, so a step waiting for a worker that
@@ -251,6 +252,11 @@ class ParamStore:
         if len(waiting_for) > min(self.backup, max(0, len(self.members) - 1)):
             return None
         total = sum(self._contrib.values())
+        if waiting_for and total == 0:
+            # BACKUP: only empty gradients are in (workers without data at the end
+            # of the data set): leaving out the last one, which has records, would
+            # drop exactly the work that is left, step after step.
+            return None
         if total > 0:
             assert self.optimizer is not None
             for block_id, acc in self._acc.items():

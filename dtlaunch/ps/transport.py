@@ -17,6 +17,7 @@ the server is one loop and the client waits for its answers anyway.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,12 +49,13 @@ Buffer = Any  # anything exposing the buffer protocol (memoryview, numpy array)
 class Incoming:
     """A received message with its tensor frames (``zmq.Frame``, not copied)."""
 
-    __slots__ = ("frames", "message", "peer")
+    __slots__ = ("frames", "message", "peer", "received")
 
     def __init__(self, peer: bytes, message: Message, frames: list[zmq.Frame]) -> None:
         self.peer = peer
         self.message = message
         self.frames = frames
+        self.received = time.monotonic()  # how long a request waited here is measured from it
 
     @property
     def payload_bytes(self) -> int:

@@ -339,6 +339,11 @@ class Job:
         """Time this step spent communicating (allreduce, push/pull), for the Monitor."""
         self._timer.record_comm(seconds)
 
+    def record_wait(self, seconds: float) -> None:
+        """Time this step waited for the other workers (a BSP barrier): neither
+        its compute nor its communication, so the Monitor leaves it out."""
+        self._timer.record_wait(seconds)
+
     def record_server_comm(self, server: int, nbytes: int, seconds: float) -> None:
         """One exchange with parameter server ``server`` (bytes both ways, seconds
         from request to answer), for the Monitor's per-server view;

@@ -139,6 +139,7 @@ _FLOAT_MIN: dict[str, float] = {
     "injected_s": 0.0,
     "update_s": 0.0,
     "wait_s": 0.0,
+    "waited_s": 0.0,
     "ended_s": 0.0,
     "now_s": 0.0,
     # status (eta_s may be None: unknown)

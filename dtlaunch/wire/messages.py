@@ -611,6 +611,9 @@ class PsParams(Message):
     version: int
     blocks: list[int]
     incarnation: int = 0
+    # How long the pull waited here for its version (the other workers' pushes,
+    # the update): barrier time, not this worker's communication.
+    waited_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

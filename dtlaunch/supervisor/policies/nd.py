@@ -9,7 +9,9 @@ Every interval, from one ``MonitorSnapshot``:
    ``min_reports`` reports spanning at least ``fill x l_per`` seconds, so a node
    that just (re)joined is never judged on a few steps.
    A persistent straggler is killed and restarted (``KillRestart``) only when
-   the cluster is not busy and it pays. "Not busy" (AntDT: the job's pending
+   replacing it would save at least ``min_saving`` (5 %) of the workers' step
+   time per step (a server 1.6x slower than another at a millisecond of update
+   time is noise), the cluster is not busy, and it pays. "Not busy" (AntDT: the job's pending
    time is acceptable) is, on a fixed set of hosts, a *free spare host*: one
    marked ``spare`` in the hostfile with nothing running on it. Restarting on
    the straggler's own host does not escape contention on that host, so it is
@@ -42,7 +44,7 @@ The mean includes the straggler itself, as in the paper; so with two workers and
 ``lambda = 1.5`` one must be 3x slower than the other to count.
 
 Parameters: ``lambda l_trans l_per margin min_batch apply_after min_reports fill
-cooldown restart_cost in_place``.
+cooldown restart_cost in_place min_saving``.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from dtlaunch.supervisor.policies.base import (
 DEFAULT_MIN_REPORTS = 5
 DEFAULT_FILL = 0.8  # reports are batched, so a full window spans a bit less than l_per
 DEFAULT_RESTART_COST_S = 60.0  # until the caller has measured a real restart
+DEFAULT_MIN_SAVING = 0.05  # of a step: a smaller saving is not worth a restart
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,6 +100,7 @@ class NdPolicy:
         self.cooldown = reader.number("cooldown", self.l_per, low=0.0)
         self.restart_cost = reader.number("restart_cost", DEFAULT_RESTART_COST_S, low=0.0)
         self.in_place = reader.integer("in_place", 0, low=0) > 0
+        self.min_saving = reader.number("min_saving", DEFAULT_MIN_SAVING, low=0.0)
         reader.finish()
         self._next_kill_at = float("-inf")
 
@@ -132,6 +136,7 @@ class NdPolicy:
         mean: float | None,
         remaining: int,
         notes: list[str],
+        step_s: float | None,
     ) -> list[_Candidate]:
         if mean is None or len(window) < 2:
             return []
@@ -147,7 +152,17 @@ class NdPolicy:
                     f"over {self.fill * self.l_per:.0f} s)"
                 )
                 continue
-            gain = (st.mean_bpt_eq - mean) * remaining
+            saving = st.mean_bpt_eq - mean  # per step, once an average node replaces it
+            if step_s is None or saving < self.min_saving * step_s:
+                # 1.6x of a millisecond of server update time is noise beside a
+                # step of 300 ms: not worth a process, a spare host and a move.
+                notes.append(
+                    f"{role} {rank} is {ratio:.2f}x the mean, but replacing it would save "
+                    f"{saving * 1000:.1f} ms of a {1000 * (step_s or 0):.0f} ms step "
+                    f"(min_saving {self.min_saving:g})"
+                )
+                continue
+            gain = saving * remaining
             found.append(
                 _Candidate(
                     role=role,
@@ -164,9 +179,12 @@ class NdPolicy:
         self, snap: MonitorSnapshot, inputs: dict[str, Any], notes: list[str]
     ) -> KillRestart | None:
         remaining = snap.remaining_steps if snap.remaining_steps is not None else 0
+        step_s = snap.mean_bpt_long  # the workers' step: what a saving is measured against
         found = self._slow_nodes(
-            "worker", snap.worker_long, snap.mean_bpt_eq_long, remaining, notes
-        ) + self._slow_nodes("server", snap.server_long, snap.mean_update_long, remaining, notes)
+            "worker", snap.worker_long, snap.mean_bpt_eq_long, remaining, notes, step_s
+        ) + self._slow_nodes(
+            "server", snap.server_long, snap.mean_update_long, remaining, notes, step_s
+        )
         if not found:
             return None
         names = ", ".join(f"{c.role} {c.rank} ({c.ratio:.2f}x)" for c in found)
