@@ -215,11 +215,11 @@ def test_without_a_spare_host_the_straggler_is_replaced_in_place(tmp_path):
     run_dir = tmp_path / "run"
     args = [
         "run", "--workers", "3", "--run-dir", str(run_dir),
-        "--dataset-size", "1800", "--shard-size", "60", "--global-batch", "30",
+        "--dataset-size", "1200", "--shard-size", "60", "--global-batch", "30",
         # in_place=1: no spare host, and the slowness is bound to the rank.
-        "--policy", "nd:l_trans=2,l_per=4,restart_cost=1,cooldown=1000,in_place=1",
+        "--policy", "nd:l_trans=2,l_per=4,restart_cost=1,cooldown=1000,in_place=1,min_batch=5",
         "--control-interval", "0.5",
-        "--inject", "persistent:role=worker,ranks=2,delay=0.3",
+        "--inject", "persistent:role=worker,ranks=2,delay=0.15",
         "--output", "0",
         str(SCRIPTS / "elastic_worker.py"), str(ledger), "0.05",
     ]  # fmt: skip

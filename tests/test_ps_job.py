@@ -57,7 +57,7 @@ def test_nd_moves_a_slow_server_to_the_spare_host_while_the_workers_train(sshd, 
     run_dir = tmp_path / "run"
     args = [
         "run", "-H", str(hosts), "--workers", "2", "--servers", "2", "--run-dir", str(run_dir),
-        "--dataset-size", "8000", "--shard-size", "200", "--global-batch", "40",
+        "--dataset-size", "5000", "--shard-size", "200", "--global-batch", "40",
         "--ps-block-bytes", "16", "--output", "0",
         "--policy", "nd:l_trans=1,l_per=2,min_reports=3,restart_cost=0.1",
         "--control-interval", "0.5",
@@ -86,7 +86,7 @@ def test_nd_moves_a_slow_server_to_the_spare_host_while_the_workers_train(sshd, 
     finals = [json.loads((out / f"{rank}.json").read_text()) for rank in (0, 1)]
     assert finals[0]["params"] == finals[1]["params"]  # one model, on the new server too
     assert finals[0]["final_loss"] < 1e-3
-    assert finals[0]["records"] + finals[1]["records"] == 8000
+    assert finals[0]["records"] + finals[1]["records"] == 5000
     for f in finals:
         assert f["moves"] == 1 and f["endpoints"][1] == moves[0]["to_endpoint"]
     old_log = (run_dir / "logs" / "server-1.log").read_text()
