@@ -26,6 +26,7 @@ POLICY = "tests.scripts.failover_policy:Scripted:worker_at=0.25,server_at=0.45"
 
 
 def train(sshd, base: Path, *, policy: str, on_progress=None) -> dict:
+    base.mkdir(parents=True)
     hosts = sshd.write_hostfile(
         base / "hosts",
         [f"{HOSTS[0]} slots=3 servers=1", f"{HOSTS[1]} slots=3 servers=1",
