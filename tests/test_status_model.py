@@ -273,3 +273,17 @@ def test_a_servers_update_times_are_its_bpt_in_the_status():
     [server] = [n for n in snap.nodes if n.role == "server"]
     assert server.bpt_s == pytest.approx(0.4) and server.recent_bpt_s == [0.4]
     assert server.throughput == 0.0  # a server trains no samples
+
+
+def test_a_straggler_moved_to_a_spare_host_names_both_hosts():
+    events = job_events()
+    for e in events:
+        if e.data.get("action") == "KILL_RESTART":
+            e.data["target_host"] = "spare1"
+    events += [ev("running", 16.5, role="worker", rank=2, host="spare1", attempt=1)]
+    fold = StatusFold(policy="nd:lambda=1.5")
+    fold.emit_all(events)
+    snap = fold.snapshot(now=17.0, source="live", stragglers={("worker", 2): "persistent"})
+    [moved] = [n for n in snap.nodes if n.role == "worker" and n.rank == 2]
+    assert moved.host == "spare1"
+    assert moved.straggler.endswith("KILL_RESTART at 15 s from h2 onto spare1")

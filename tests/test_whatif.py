@@ -16,7 +16,13 @@ import pytest
 from dtlaunch.errors import ConfigError
 from dtlaunch.events import Event, read_events
 from dtlaunch.ui.timeline import to_plain
-from dtlaunch.ui.whatif import initial_remaining_steps, paired_rows, render_what_if, what_if
+from dtlaunch.ui.whatif import (
+    inherit_params,
+    initial_remaining_steps,
+    paired_rows,
+    render_what_if,
+    what_if,
+)
 from tests.elastic_run import POLICY as RECORDED
 from tests.elastic_run import ElasticRun
 from tests.jobs import run
@@ -176,10 +182,30 @@ def test_the_recorded_policy_re_decides_what_it_decided(recorded_run: Path) -> N
     assert _kills(would) and abs(_kills(would)[0]["at_s"] - kill["at_s"]) <= 0.5
 
 
+@pytest.mark.parametrize(
+    ("given", "recorded", "expected"),
+    [
+        ("nd:lambda=2.0", "nd:l_trans=3,l_per=8", "nd:l_trans=3,l_per=8,lambda=2.0"),
+        ("nd:l_per=4", "nd:l_trans=3,l_per=8", "nd:l_trans=3,l_per=4"),
+        ("nd", "nd:lambda=1.2", "nd:lambda=1.2"),
+        ("lb-bsp:lambda=2", "nd:l_trans=3", "lb-bsp:lambda=2"),  # another policy: as given
+        ("nd:lambda=2", "", "nd:lambda=2"),
+        ("my.mod:Pol:x=2", "my.mod:Pol:x=1,y=3", "my.mod:Pol:y=3,x=2"),
+        ("my.mod:Other:x=2", "my.mod:Pol:y=3", "my.mod:Other:x=2"),
+    ],
+)
+def test_a_what_if_of_the_runs_own_policy_keeps_the_parameters_it_does_not_name(
+    given: str, recorded: str, expected: str
+) -> None:
+    assert inherit_params(given, recorded) == expected
+
+
 @pytest.mark.integration
 def test_a_larger_lambda_gives_a_different_plausible_set(recorded_run: Path) -> None:
     same = _cli_what_if(recorded_run, RECORDED)
-    other = _cli_what_if(recorded_run, RECORDED + ",lambda=2.0")
+    # Only lambda is named: the run's windows and costs are kept.
+    other = _cli_what_if(recorded_run, "nd:lambda=2.0")
+    assert other["policy"] == RECORDED + ",lambda=2.0"
     killed_at = _kills(same["actual"])[0]["at_s"]
     # At 1.75x the mean, worker 2 is no persistent straggler for lambda 2.0: no
     # KILL_RESTART up to the recorded one (later recorded reports come from the
@@ -189,7 +215,7 @@ def test_a_larger_lambda_gives_a_different_plausible_set(recorded_run: Path) -> 
     balances = [a for a in other["would"] if a["action"] == "ADJUST_BS"]
     assert balances and not any("transient straggler" in a["reason"] for a in balances)
     # The table names both policies and tallies each side.
-    result = run(["replay", str(recorded_run), "--policy", RECORDED + ",lambda=2.0"], env={})
+    result = run(["replay", str(recorded_run), "--policy", "nd:lambda=2.0"], env={})
     assert result.returncode == 0, result.stderr
     text = " ".join(result.stdout.split())
     assert f"what-if: {RECORDED},lambda=2.0" in text and "taken: ADJUST_BS x" in text

@@ -219,8 +219,11 @@ class StatusFold:
     def _note_action(self, action: str, data: Mapping[str, Any], at: float) -> None:
         """Remember, per node, the latest action that singled it out."""
         if action == "KILL_RESTART" and isinstance(data.get("rank"), int):
-            role = str(data.get("role", "worker"))
-            self.node(role, data["rank"]).action_note = f"KILL_RESTART at {at:.0f} s"
+            track = self.node(str(data.get("role", "worker")), data["rank"])
+            # The row's host turns to the new one as soon as it spawns; say where from.
+            target = data.get("target_host") or track.host
+            move = f" from {track.host} onto {target}" if target != track.host else ""
+            track.action_note = f"KILL_RESTART at {at:.0f} s{move}"
         elif action == "ADJUST_BS" and isinstance(data.get("sizes"), dict):
             inputs = data.get("inputs")
             current = inputs.get("current_sizes") if isinstance(inputs, dict) else None

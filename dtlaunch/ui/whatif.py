@@ -12,6 +12,10 @@ What this cannot tell: the reports are what happened under the recorded actions,
 so the effect of a different action (a batch size it would have set, a restart
 it would have made) is not simulated. It answers "when would this policy, with
 these lambda and windows, have acted on what the Monitor saw?"
+
+A what-if of the run's own policy changes only what it names: ``nd:lambda=2.0``
+over a run under ``nd:l_trans=3,l_per=8`` is ``nd:l_trans=3,l_per=8,lambda=2.0``,
+so one knob can be tuned at a time.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from rich.text import Text
 from dtlaunch.events import Event
 from dtlaunch.supervisor.actions import Action, action_fields
 from dtlaunch.supervisor.controller import Controller
-from dtlaunch.supervisor.policies import parse_policy
+from dtlaunch.supervisor.policies import BUILTIN_POLICIES, parse_policy
 from dtlaunch.ui.runlog import ActionRow, RecordedRun, StepRow, read_run
 from dtlaunch.ui.timeline import format_elapsed
 from dtlaunch.wire.messages import StepReport
@@ -47,7 +51,7 @@ class DecidedAction:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WhatIf:
-    policy: str  # what-if policy as given
+    policy: str  # what-if policy as run (the run's own parameters kept unless named)
     recorded_policy: str  # the run's --policy
     control_interval_s: float
     would: list[DecidedAction]  # the what-if policy's actions
@@ -85,6 +89,27 @@ def initial_remaining_steps(dataset: dict[str, Any]) -> int | None:
     if size <= 0 or shard <= 0 or batch <= 0:
         return None
     return math.ceil(size / shard) * max(epochs, 1) * shard // batch
+
+
+def inherit_params(policy_text: str, recorded_policy: str) -> str:
+    """``policy_text`` with the recorded policy's parameters it does not name, when
+    both are the same policy (the same name or module:Class); else it unchanged."""
+
+    def split(text: str) -> tuple[str, list[tuple[str, str]]]:
+        head, _, rest = text.strip().partition(":")
+        if head not in BUILTIN_POLICIES:  # module:Class[:params]
+            cls, _, rest = rest.partition(":")
+            head = f"{head}:{cls}"
+        pairs = [item.partition("=") for item in rest.split(",") if item.strip()]
+        return head, [(k.strip(), v.strip()) for k, _, v in pairs]
+
+    name, given = split(policy_text)
+    recorded_name, recorded = split(recorded_policy) if recorded_policy else ("", [])
+    if name != recorded_name:
+        return policy_text
+    named = {k for k, _ in given}
+    merged = [(k, v) for k, v in recorded if k not in named] + given
+    return name + (":" + ",".join(f"{k}={v}" for k, v in merged) if merged else "")
 
 
 def _from_recorded(row: ActionRow) -> DecidedAction:
@@ -127,13 +152,15 @@ def what_if(
     """
     if not (control_interval > 0 and tick_s > 0):
         raise ValueError(f"control interval and tick must be > 0, got {control_interval}, {tick_s}")
-    policy = parse_policy(policy_text)
     run = read_run(events)
+    recorded_policy = recorded_policy or run.policy
+    policy_text = inherit_params(policy_text, recorded_policy)
+    policy = parse_policy(policy_text)
     controller = Controller(policy, interval=control_interval, spare_hosts=spare_hosts or [])
     would, decisions, skipped = _simulate(run, controller, tick_s, initial_remaining)
     return WhatIf(
         policy=policy_text,
-        recorded_policy=recorded_policy or run.policy,
+        recorded_policy=recorded_policy,
         control_interval_s=control_interval,
         would=would,
         actual=[_from_recorded(a) for a in run.actions],
