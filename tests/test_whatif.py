@@ -176,7 +176,13 @@ def test_the_recorded_policy_re_decides_what_it_decided(recorded_run: Path) -> N
     assert actual and actual[0]["action"] == "ADJUST_BS"
     assert would and would[0]["action"] == "ADJUST_BS"
     assert abs(would[0]["at_s"] - actual[0]["at_s"]) <= 0.5
-    assert would[0]["fields"]["sizes"] == actual[0]["fields"]["sizes"]
+    # The same split, up to a record moved between two equally fast workers: the
+    # replayed windows may differ from the live ones by a report in flight, and
+    # that tips ties of the integer optimum.
+    would_sizes, actual_sizes = would[0]["fields"]["sizes"], actual[0]["fields"]["sizes"]
+    assert would_sizes.keys() == actual_sizes.keys()
+    assert would_sizes["2"] == actual_sizes["2"]  # the straggler's share
+    assert all(abs(would_sizes[r] - actual_sizes[r]) <= 1 for r in actual_sizes)
     [kill] = _kills(actual)
     assert kill["fields"]["rank"] == 2
     assert _kills(would) and abs(_kills(would)[0]["at_s"] - kill["at_s"]) <= 0.5
