@@ -24,7 +24,8 @@ SPARK_POINTS = 40  # BPT points kept per node (one per "reports" event)
 RECENT_POINTS = 10  # the newest points behind "recent" BPT, throughput and ratios
 ACTIONS_KEPT = 20
 ETA_WINDOW_S = 60.0  # shard completion rate over this much recent time
-STALE_S = 10.0  # live: a worker silent this long adds nothing to the global throughput
+STALE_S = 10.0  # live: a worker silent this long counts as not running
+THROUGHPUT_WINDOW_S = 10.0  # live global throughput: samples trained over this much time
 FLOAT_BUDGET = 100_000  # sparkline floats per snapshot, far below the wire frame limit
 DEFAULT_LAMBDA = 1.5  # as the built-in policies (policies.base.DEFAULT_LAMBDA)
 
@@ -98,6 +99,8 @@ class StatusFold:
         self.nodes: dict[NodeKey, NodeTrack] = {}
         self.actions: deque[ActionStatus] = deque(maxlen=ACTIONS_KEPT)
         self._done_history: deque[tuple[float, int]] = deque()
+        self._samples_history: deque[tuple[float, int]] = deque()  # (step end, samples)
+        self._first_report_t: float | None = None
 
     # ------------------------------------------------------------- input
 
@@ -168,6 +171,12 @@ class StatusFold:
         if isinstance(sizes, list) and sizes and isinstance(sizes[-1], int):
             track.batch_size = sizes[-1]
         self.samples_total += point.samples
+        if track.role == "worker":
+            if self._first_report_t is None:
+                self._first_report_t = point.t
+            self._samples_history.append((point.t, point.samples))
+            while self._samples_history[0][0] < point.t - THROUGHPUT_WINDOW_S:
+                self._samples_history.popleft()
 
     def _server_reports(self, event: Event) -> None:
         """A server's update times (T_s) stand in for its BPT."""
@@ -261,15 +270,16 @@ class StatusFold:
         return remaining / ((d1 - d0) / span)
 
     def throughput(self, now: float, *, live: bool) -> float:
-        """Samples/s of all workers: the sum of recent rates while the job runs, the
-        mean over the job once it has ended."""
+        """Samples/s the job trains: over the last THROUGHPUT_WINDOW_S while it runs
+        (wall time, so BSP waits count, unlike the per-worker rates), the mean over
+        the job once it has ended."""
         if not live:
             return self.samples_total / now if now > 0 else 0.0
-        return sum(
-            track.throughput()
-            for track in self.nodes.values()
-            if track.role == "worker" and track.points and now - track.points[-1].t <= STALE_S
-        )
+        if self._first_report_t is None:
+            return 0.0
+        span = min(THROUGHPUT_WINDOW_S, now - self._first_report_t)
+        recent = sum(n for t, n in self._samples_history if t > now - THROUGHPUT_WINDOW_S)
+        return recent / span if span > 0 else 0.0
 
     def ratio_stragglers(self, lam: float, *, running_only: bool) -> dict[NodeKey, str]:
         """Workers whose recent equal-share BPT is >= ``lam`` x the workers' mean."""
