@@ -43,7 +43,8 @@ def test_synthetic_under_dtlaunch_balances_an_injected_straggler(tmp_path):
     result = run(
         [
             "run", "--workers", "3", "--run-dir", str(run_dir), "--output", "0",
-            "--policy", "lb-bsp:l_trans=0.6,l_per=1.2,apply_after=4,min_batch=4", "--control-interval", "0.3",
+            "--policy", "lb-bsp:l_trans=0.6,l_per=1.2,apply_after=4,min_batch=4",
+            "--control-interval", "0.3",
             "--inject", "persistent:role=worker,ranks=2,delay=0.06",
             SYNTHETIC, "--dataset-size", "2400", "--shard-size", "60", "--global-batch", "30",
             "--capacity", "1000",
