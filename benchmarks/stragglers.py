@@ -461,8 +461,13 @@ def _say(o: Outcome) -> None:
     print(f"  SI {o.intensity:g} {o.column:<8} {o.jct_s:6.1f} s{more} {state}", flush=True)
 
 
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # unwinds like Ctrl-C: the job and the sshd are stopped
+
+
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     scenario = QUICK if opts.quick else FULL
     intensities = QUICK_INTENSITIES if opts.quick else INTENSITIES
     outcomes: list[Outcome] = []

@@ -35,8 +35,12 @@ from dtlaunch.wire.messages import (
     NodeStatus,
     Output,
     Ping,
+    PlacementReady,
     ProcReport,
+    PsPlacedBlock,
+    PsPlacementMap,
     RegisterDataset,
+    RegisterPlacement,
     Regroup,
     RegroupGo,
     RegroupReady,
@@ -64,6 +68,17 @@ REPORT = ProcReport(
     rss_bytes=123_456_789, cpu_percent=87.5,
 )
 DATASET = DatasetInfo(dataset_size=1000, shard_size=100, epochs=2, global_batch=64, seed=7)
+
+PLACEMENT = PsPlacementMap(
+    version=2,
+    servers=2,
+    blocks=[
+        PsPlacedBlock(param=0, name="emb.weight", row_start=0, row_end=512, shape=[512, 16],
+                      dtype="float32", nbytes=32768, server=1),
+        PsPlacedBlock(param=1, name="bias", row_start=0, row_end=0, shape=[],
+                      dtype="float32", nbytes=4, server=0),
+    ],
+)  # fmt: skip
 
 SAMPLES = [
     AgentBootstrap(
@@ -101,6 +116,9 @@ SAMPLES = [
     RegisterDataset(dataset=DATASET),
     DatasetReady(dataset=DATASET),
     DatasetReady(dataset=None, error="--dataset-size 10 but the worker registered 12"),
+    RegisterPlacement(placement=PLACEMENT),
+    PlacementReady(placement=PLACEMENT),
+    PlacementReady(placement=None, error="the job's model has 3 blocks, this worker's 4"),
     FetchShards(request_id=4, count=2),
     ShardGrant(request_id=4, leases=[Lease(lease_id=9, epoch=1, shard=3, start=0, end=100)]),
     ShardGrant(request_id=5, retry_after=0.2),

@@ -36,6 +36,14 @@ def test_builtin_servers_train_a_model_with_two_workers(tmp_path):
     logs = [(run_dir / "logs" / f"server-{r}.log").read_text() for r in (0, 1)]
     # 16-byte blocks: the 8x1 weight is split, and both servers hold blocks.
     assert all("seeded by worker" in log for log in logs)
+    # The supervisor kept the first worker's placement map; both followed it.
+    [placed] = [e for e in events(run_dir) if e["kind"] == "ps_placement"]
+    kept = json.loads((run_dir / "ps_placement.json").read_text())["placement"]
+    owners = [b["server"] for b in kept["blocks"]]
+    assert placed["blocks"] == len(owners) and sorted(set(owners)) == [0, 1]
+    assert sum(placed["bytes_per_server"]) == (8 + 1) * 4
+    for f in finals:
+        assert f["placement"] == {"version": kept["version"], "owner": owners}
     data = summary(run_dir)
     assert (data["status"], data["mode"], data["servers"]) == ("succeeded", "ps", 2)
     assert data["failures"] == []  # the servers were stopped on purpose at the end

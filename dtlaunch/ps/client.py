@@ -11,8 +11,9 @@
         job.step()
 
 The model's parameters are cut into blocks and placed on the servers
-(``blocks.plan``: the same map in every worker, computed from the model, unless
-a ``placement`` is given). A pull asks each server for its blocks and copies
+(``blocks.plan``, unless a ``placement`` is given); under ``dtlaunch run`` the
+supervisor keeps the job's map, the first worker's plan, and every worker follows
+it (``Job.ps_placement``). A pull asks each server for its blocks and copies
 them into the parameters as each answer arrives; a push sends the gradients
 straight from ``p.grad`` (no copy) and waits for every server's ack, so ``p.grad``
 may change once ``push`` returns. Both time each server (bytes, seconds) for the
@@ -61,6 +62,7 @@ from dtlaunch.ps.config import (
 from dtlaunch.ps.exchange import Exchanger, PsError, Request, ServerRestarted, ServerTiming
 from dtlaunch.ps.frames import as_buffer, block_spec, optimizer_to_wire, tensor_from_frame
 from dtlaunch.ps.optim import OptimizerConfig
+from dtlaunch.ps.placement_map import from_wire, to_wire
 from dtlaunch.ps.transport import ServerLink, new_context
 from dtlaunch.runtime.context import current_job
 from dtlaunch.wire.keys import PeerKeys, load_peer_keys
@@ -133,7 +135,12 @@ class Client:
         self._params = [p for _, p in model.named_parameters()]
         specs = self._specs = _param_specs(model)
         size = block_bytes if block_bytes is not None else block_bytes_from(env)
-        self.placement = placement or plan(specs, len(endpoints), size)
+        if placement is None:
+            placement = plan(specs, len(endpoints), size)
+            job = job if job is not None else current_job()
+            if job is not None:  # under dtlaunch run: follow the supervisor's map
+                placement = from_wire(job.ps_placement(to_wire(placement)))
+        self.placement = placement
         check_layout(self.placement, specs, len(endpoints))
         if keys is None:
             keys_dir = env.get(ENV_KEYS)

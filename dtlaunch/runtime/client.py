@@ -16,6 +16,9 @@ Protocol, as the worker sees it:
   arrive while that Hello awaits its ``Welcome`` are ignored.
 * Dataset: ``RegisterDataset`` when the script gave one, else the query
   ``DatasetReady(dataset=None)``; both are answered by ``DatasetReady``.
+* PS placement: ``RegisterPlacement`` (the map this worker planned), answered by
+  ``PlacementReady`` with the job's map. Questions like these two are re-sent
+  until answered, also to a restarted supervisor.
 * Shards: ``FetchShards`` keeps ``prefetch`` shards' worth of records queued
   ahead of the training thread. A grant is authoritative whenever it arrives,
   even for a request given up on; leases are deduplicated by ``lease_id``. A
@@ -61,7 +64,10 @@ from dtlaunch.wire.messages import (
     Lease,
     Message,
     Ping,
+    PlacementReady,
+    PsPlacementMap,
     RegisterDataset,
+    RegisterPlacement,
     Regroup,
     RegroupGo,
     Rehello,
@@ -104,6 +110,15 @@ class _End:
     """Queued after the last lease: the supervisor said finished."""
 
 
+@dataclass(slots=True, kw_only=True)
+class _Ask:
+    """A question to the supervisor, sent again each request timeout until answered."""
+
+    msg: Message
+    future: concurrent.futures.Future[Message]
+    sent_at: float = -math.inf
+
+
 @dataclass(frozen=True, slots=True)
 class _Failed:
     error: BaseException
@@ -125,7 +140,8 @@ class SupervisorClient:
         self._items: queue.Queue[_Item] = queue.Queue()
         self._queued_lock = threading.Lock()
         self._queued_records = 0
-        self._dataset_future: concurrent.futures.Future[DatasetSpec] = concurrent.futures.Future()
+        self._negotiated: DatasetSpec | None = None  # training thread: negotiate()'s answer
+        self._failure: BaseException | None = None  # set once by the loop thread
         self._ended = False  # training thread: END or a failure was taken
         self._closed = False
         # Loop-thread state from here on.
@@ -137,8 +153,7 @@ class SupervisorClient:
         self._hello_at: float | None = None  # last Hello not yet answered by Welcome
         self._ping_seq = 0
         self._next_ping = 0.0
-        self._dataset_request: Message | None = None
-        self._dataset_sent_at = -math.inf
+        self._asks: dict[str, _Ask] = {}  # answer TYPE -> the question awaiting it
         self._spec: DatasetSpec | None = None
         self._held: set[int] = set()
         self._seen: set[int] = set()
@@ -171,19 +186,47 @@ class SupervisorClient:
         msg: Message = (
             DatasetReady(dataset=None) if request is None else RegisterDataset(dataset=request)
         )
-        self._call(self._request_dataset, msg)
+        answer = self._ask(msg, DatasetReady, timeout)
+        assert isinstance(answer, DatasetReady)
+        if answer.error:
+            raise ConfigError(answer.error)
+        if answer.dataset is None:
+            raise ConfigError(NO_DATASET)
+        self._negotiated = dataset_spec(answer.dataset).validate()
+        return self._negotiated
+
+    def negotiate_placement(self, offer: PsPlacementMap, timeout: float) -> PsPlacementMap:
+        """The job's PS block placement: register ``offer``, get the map to follow.
+
+        Raises:
+            ConfigError: the supervisor refused (another model) or did not answer.
+        """
+        answer = self._ask(RegisterPlacement(placement=offer), PlacementReady, timeout)
+        assert isinstance(answer, PlacementReady)
+        if answer.error or answer.placement is None:
+            raise ConfigError(answer.error or "the supervisor has no placement map")
+        return answer.placement
+
+    def start_fetching(self) -> None:
+        """Begin prefetching shards (after ``negotiate``, once the script accepted them)."""
+        if self._negotiated is None:
+            raise RuntimeError("start_fetching() before negotiate()")
+        self._call(self._begin_fetching, self._negotiated)
+
+    def _ask(self, msg: Message, answer: type[Message], timeout: float) -> Message:
+        """Send ``msg`` (again after each request timeout) until an ``answer`` comes."""
+        future: concurrent.futures.Future[Message] = concurrent.futures.Future()
+        if self._failure is not None:
+            raise self._failure
+        self._call(self._start_ask, answer.TYPE, _Ask(msg=msg, future=future))
         try:
-            return self._dataset_future.result(timeout)
+            return future.result(timeout)
         except concurrent.futures.TimeoutError:
             raise ConfigError(
                 f"the supervisor at {self._conn.endpoint} did not answer within {timeout:.0f}s. "
                 "Fix: check that dtlaunch run is running and that DTLAUNCH_SUPERVISOR and "
                 "DTLAUNCH_KEYS are the ones it set"
             ) from None
-
-    def start_fetching(self) -> None:
-        """Begin prefetching shards (after ``negotiate``, once the script accepted them)."""
-        self._call(self._begin_fetching, self._dataset_future.result(0))
 
     def next_lease(self) -> Lease | None:
         if self._ended:
@@ -297,9 +340,11 @@ class SupervisorClient:
 
     # ----------------------------------------- loop thread: training-thread calls
 
-    def _request_dataset(self, msg: Message) -> None:
-        self._dataset_request = msg
-        self._dataset_sent_at = -math.inf
+    def _start_ask(self, answer_type: str, ask: _Ask) -> None:
+        if self._failure is not None:
+            ask.future.set_exception(self._failure)
+            return
+        self._asks[answer_type] = ask
         self._wake.set()
 
     def _begin_fetching(self, spec: DatasetSpec) -> None:
@@ -379,8 +424,11 @@ class SupervisorClient:
             ctx.term()
 
     def _fail(self, error: BaseException) -> None:
-        if not self._dataset_future.done():
-            self._dataset_future.set_exception(error)
+        self._failure = error
+        for ask in self._asks.values():
+            if not ask.future.done():
+                ask.future.set_exception(error)
+        self._asks.clear()
         self._items.put(_Failed(error))
 
     async def _control_loop(self) -> None:
@@ -409,8 +457,7 @@ class SupervisorClient:
 
     def _next_deadline(self) -> float:
         deadlines = [self._next_ping]
-        if self._dataset_request is not None:
-            deadlines.append(self._dataset_sent_at + self._timeout)
+        deadlines += [ask.sent_at + self._timeout for ask in self._asks.values()]
         if self._outstanding is not None:
             deadlines.append(self._outstanding[1] + self._timeout)
         elif self._spec is not None and not self._finished and self._retry_at > self._loop.time():
@@ -432,7 +479,8 @@ class SupervisorClient:
             self._need_hello = False
             self._hello_at = now
             # The link keeps order: what we re-send now arrives after the Hello.
-            self._dataset_sent_at = -math.inf
+            for ask in self._asks.values():
+                ask.sent_at = -math.inf
             self._outstanding = None
             self._pending_acks = {
                 lease_id: (step, -math.inf) for lease_id, (step, _) in self._pending_acks.items()
@@ -453,9 +501,10 @@ class SupervisorClient:
             self._ping_seq += 1
             self._next_ping = now + self._interval
             await self._send(Ping(seq=self._ping_seq))
-        if self._dataset_request is not None and now - self._dataset_sent_at >= self._timeout:
-            self._dataset_sent_at = now
-            await self._send(self._dataset_request)
+        for ask in self._asks.values():
+            if now - ask.sent_at >= self._timeout:
+                ask.sent_at = now
+                await self._send(ask.msg)
         if self._outbox and self._hello_at is None:
             outbox, self._outbox = self._outbox, []
             for msg in outbox:
@@ -535,8 +584,8 @@ class SupervisorClient:
             )
             self._need_hello = True
             self._outbox.extend(self._sticky)
-        elif isinstance(msg, DatasetReady):
-            self._on_dataset(msg)
+        elif isinstance(msg, (DatasetReady, PlacementReady)):
+            self._on_answer(msg)
         elif isinstance(msg, (AdjustBatch, AdjustLR, Regroup)):
             self._actions.put(msg)
         elif isinstance(msg, RegroupGo):
@@ -544,20 +593,11 @@ class SupervisorClient:
         elif not isinstance(msg, Ping):
             logger.debug("ignoring %s from the supervisor", msg.TYPE)
 
-    def _on_dataset(self, msg: DatasetReady) -> None:
-        if self._dataset_request is None or self._dataset_future.done():
-            return  # an answer to a request re-sent after the first answer
-        self._dataset_request = None
-        try:
-            if msg.error:
-                raise ConfigError(msg.error)
-            if msg.dataset is None:
-                raise ConfigError(NO_DATASET)
-            spec = dataset_spec(msg.dataset).validate()
-        except ConfigError as err:
-            self._dataset_future.set_exception(err)
-            return
-        self._dataset_future.set_result(spec)
+    def _on_answer(self, msg: Message) -> None:
+        ask = self._asks.pop(msg.TYPE, None)
+        if ask is None or ask.future.done():
+            return  # an answer to a question re-sent after the first answer
+        ask.future.set_result(msg)
 
     def _on_grant(self, msg: ShardGrant, now: float) -> None:
         if self._outstanding is not None and self._outstanding[0] == msg.request_id:

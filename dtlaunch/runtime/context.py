@@ -32,7 +32,7 @@ from dtlaunch.runtime.standalone import StandaloneSource
 from dtlaunch.runtime.steps import REPORT_EVERY_S, StepTimer
 from dtlaunch.sharding import DatasetSpec, dataset_info
 from dtlaunch.wire.keys import load_peer_keys
-from dtlaunch.wire.messages import AdjustBatch, AdjustLR, Attached, Regroup
+from dtlaunch.wire.messages import AdjustBatch, AdjustLR, Attached, PsPlacementMap, Regroup
 
 if TYPE_CHECKING:  # torch is optional: only attach() and bsp_batches() need it
     from dtlaunch.runtime.elastic import ElasticGroup
@@ -349,6 +349,21 @@ class Job:
         from request to answer), for the Monitor's per-server view;
         ``dtlaunch.ps.Client`` reports its pulls and pushes."""
         self._timer.record_server(server, nbytes, seconds)
+
+    def ps_placement(self, planned: PsPlacementMap) -> PsPlacementMap:
+        """The job's parameter-server placement map, which every worker follows:
+        ``planned`` (this worker's plan) is registered with the supervisor, which
+        keeps the first worker's map (``dtlaunch.ps.Client`` asks). Standalone:
+        ``planned``.
+
+        Raises:
+            ConfigError: the map differs from the job's (another model), or the
+                supervisor did not answer.
+        """
+        if not isinstance(self._source, SupervisorClient):
+            return planned
+        timeout = _env_float(os.environ, ENV_INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT_S)
+        return self._source.negotiate_placement(planned, timeout)
 
     @property
     def lr_factor(self) -> float:

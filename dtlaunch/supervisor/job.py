@@ -30,6 +30,7 @@ from dtlaunch.supervisor.launcher import HostInfo, Launcher, LocalLauncher, SshL
 from dtlaunch.supervisor.output import OutputRouter
 from dtlaunch.supervisor.placement import place
 from dtlaunch.supervisor.policies import parse_policy
+from dtlaunch.supervisor.ps_placement import PlacementKeeper
 from dtlaunch.supervisor.regroup import RegroupCoordinator
 from dtlaunch.supervisor.report import build_summary
 from dtlaunch.supervisor.rundir import RunDir
@@ -328,6 +329,7 @@ def _build_supervisor(
         ),
         status=status,
         ps_keys=keys.peer(),
+        placements=PlacementKeeper(run.path, recorder) if spec.mode == "ps" else None,
         resume=history,
         adopt=set(known),
         restart_workers=(

@@ -42,6 +42,7 @@ from dtlaunch.supervisor.jobstate import (
 )
 from dtlaunch.supervisor.launcher import AgentProcess, HostInfo, Launcher
 from dtlaunch.supervisor.output import OutputRouter
+from dtlaunch.supervisor.ps_placement import PlacementKeeper
 from dtlaunch.supervisor.ps_servers import ServerFleet
 from dtlaunch.supervisor.regroup import RegroupCoordinator
 from dtlaunch.supervisor.regroup_driver import JOIN_PREFIX, RegroupDriver
@@ -63,7 +64,9 @@ from dtlaunch.wire.messages import (
     Message,
     Output,
     Ping,
+    PlacementReady,
     RegisterDataset,
+    RegisterPlacement,
     RegroupReady,
     Rehello,
     ReleaseShards,
@@ -111,9 +114,11 @@ class Supervisor:
         regroup: RegroupCoordinator | None = None,
         status: StatusTracker | None = None,
         ps_keys: PeerKeys | None = None,
+        placements: PlacementKeeper | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._dds = dds
+        self._placements = placements  # PS mode: the job's block placement map
         self._status = status  # answers read-only status clients
         # allreduce mode: replace stragglers without a group restart
         self._regroup = (
@@ -449,6 +454,17 @@ class Supervisor:
         elif isinstance(msg, DatasetReady):
             # A worker's query for the job's data set (it gave none to init()).
             await self._dds.send_dataset(peer)
+        elif isinstance(msg, RegisterPlacement):
+            answer = (
+                self._placements.register(rank, msg.placement)
+                if self._placements is not None
+                else PlacementReady(
+                    placement=None,
+                    error="this job runs no parameter servers; "
+                    "start it with dtlaunch run --servers M to use dtlaunch.ps.Client",
+                )
+            )
+            await self._router.send(peer, answer)
         elif isinstance(msg, (RegisterDataset, FetchShards, AckShards, ReleaseShards)):
             self._spawn_task(self._dds.handle(peer, rank, msg), f"dds-{rank}")
         elif isinstance(msg, Attached) and self._regroup is not None:

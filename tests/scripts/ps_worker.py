@@ -37,6 +37,7 @@ record = {
     "final_loss": final,
     "steps": job.step_count,
     "params": [p.detach().reshape(-1).tolist() for p in model.parameters()],
+    "placement": {"version": ps.placement.version, "owner": list(ps.placement.owner)},
 }
 (out / f"{job.rank}.json").write_text(json.dumps(record))
 ps.close()
