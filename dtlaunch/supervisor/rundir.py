@@ -10,6 +10,7 @@
     <run_dir>/agents/<host>/    embedded mode: the local agent's folder
     <run_dir>/hosts.json        per host: supervisor endpoint and agent folder (for --resume)
     <run_dir>/dataset.json      the job's data set (options or a worker's registration)
+    <run_dir>/ps_placement.json PS mode: the job's parameter-block placement map
     <run_dir>/wal/              the data-sharding write-ahead log
     <run_dir>/summary.json      written when the job ends
 """
