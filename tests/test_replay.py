@@ -219,6 +219,9 @@ def test_follow_stops_on_ctrl_c(tmp_path: Path) -> None:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            # As from a terminal: a test run started in the background (`make test &`)
+            # ignores SIGINT, and its children would inherit that.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         ) as follow:
             try:
                 _read_line(follow, time.monotonic() + 30)
