@@ -501,7 +501,7 @@ class SupervisorClient:
             self._ping_seq += 1
             self._next_ping = now + self._interval
             await self._send(Ping(seq=self._ping_seq))
-        for ask in self._asks.values():
+        for ask in list(self._asks.values()):  # an answer may come while we send
             if now - ask.sent_at >= self._timeout:
                 ask.sent_at = now
                 await self._send(ask.msg)
