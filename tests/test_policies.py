@@ -182,10 +182,32 @@ def test_lb_bsp_margin_ignores_small_imbalance():
     run(mon, {0: 1.0, 1: 1.04}, start=0, end=59)  # 4 % slower: below the 5 % margin
     [a] = pol.decide(mon.snapshot(59))
     assert isinstance(a, NoAction)
-    strict = LbBspPolicy({"margin": "0"})
+    # With no margin (and no tolerance: each of two workers 4 % apart is within 3 %
+    # of their median) it is acted on.
+    strict = LbBspPolicy({"margin": "0", "tolerance": "0"})
     [b] = strict.decide(mon.snapshot(59))
     assert isinstance(b, AdjustBatchSize)
     assert sum(b.sizes.values()) == 64
+    assert b.inputs["throughput_used"] == b.inputs["throughput"]
+
+
+def test_throughputs_within_the_tolerance_count_as_equal():
+    """Step-time noise (within 3 % of the median throughput) moves no record,
+    even with no margin; a worker 10 % slower still gets less."""
+    mon = monitor_for(LbBspPolicy())
+    run(mon, {0: 1.0, 1: 1.02, 2: 0.985, 3: 1.1}, start=0, end=59)
+    [a] = LbBspPolicy({"margin": "0"}).decide(mon.snapshot(59))
+    assert isinstance(a, AdjustBatchSize)
+    equal = [a.sizes[r] for r in (0, 1, 2)]
+    assert max(equal) - min(equal) <= 1 and min(equal) > a.sizes[3]  # 1: integer remainder
+    used = a.inputs["throughput_used"]
+    assert used[0] == used[1] == used[2] != a.inputs["throughput"][1]
+    mon = monitor_for(LbBspPolicy())
+    run(mon, {0: 1.0, 1: 1.02, 2: 0.985}, start=0, end=59)
+    [n] = LbBspPolicy({"margin": "0"}).decide(mon.snapshot(59))
+    assert isinstance(n, NoAction)
+    [b] = LbBspPolicy({"margin": "0", "tolerance": "0"}).decide(mon.snapshot(59))
+    assert isinstance(b, AdjustBatchSize)  # without the tolerance it chases the noise
 
 
 # ----------------------------------------------------------------------- nd
@@ -279,6 +301,37 @@ def test_nd_does_not_kill_without_remaining_steps_or_full_window():
     young = persistent_setup(pol, end=100)  # only 100 s of history of 300 s
     [n] = pol.decide(young.snapshot(100, remaining_steps=10**6, restart_cost_s=1.0))
     assert isinstance(n, NoAction) and "long window is not full" in n.reason
+
+
+def test_nd_judges_a_batched_reporter_once_its_reports_reach_back_far_enough():
+    """Server updates every 0.17 s arrive in batches every 0.5 s; a decision can
+    fall just before a batch lands, so the newest known report is ~0.5 s old. With
+    l_per = 2 s (fill 0.8) the window still reaches back 1.6 s: it is full."""
+    pol = NdPolicy({"l_trans": "1", "l_per": "2", "min_reports": "3", "restart_cost": "0.1"})
+    mon = monitor_for(pol)
+    run(mon, {0: 0.2, 1: 0.2}, start=0, end=12)
+    updates = [round(0.17 * i, 3) for i in range(1, 70)]  # when each update ended
+    for batch_end in [0.5 * k for k in range(1, 24)]:  # when each batch lands
+        for t in (u for u in updates if batch_end - 0.5 < u <= batch_end):
+            mon.report_server(0, now=t, step=int(t / 0.17), update_s=0.001)
+            mon.report_server(1, now=t, step=int(t / 0.17), update_s=0.15)
+    mon.set_spare_capacity(1, ["spare9"])
+    # 11.99 s: the last batch landed at 11.5 s holding updates up to 11.39 s.
+    snap = mon.snapshot(11.99, remaining_steps=100, restart_cost_s=None)
+    assert snap.server_long[1].span_s < 1.6  # newest minus oldest: short of 0.8 x 2 s
+    kills = [a for a in pol.decide(snap) if isinstance(a, KillRestart)]
+    assert [(k.role, k.rank) for k in kills] == [("server", 1)]
+    # A server that started reporting 1 s ago is not judged yet.
+    young = monitor_for(pol)
+    run(young, {0: 0.2, 1: 0.2}, start=0, end=12)
+    for t in (u for u in updates if 11.0 <= u <= 11.9):
+        young.report_server(0, now=t, step=int(t / 0.17), update_s=0.001)
+        young.report_server(1, now=t, step=int(t / 0.17), update_s=0.15)
+    young.set_spare_capacity(1, ["spare9"])
+    out = pol.decide(young.snapshot(11.99, remaining_steps=100))
+    assert not any(isinstance(a, KillRestart) for a in out)
+    notes = " ".join(a.reason + " ".join(a.inputs.get("notes", [])) for a in out)
+    assert "server 1 is" in notes and "long window is not full" in notes
 
 
 def test_nd_one_kill_per_decision_then_cooldown_and_pending():

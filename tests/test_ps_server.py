@@ -215,6 +215,41 @@ def test_backup_never_drops_the_only_gradient_with_records(keys_dir, tmp_path):
                 c.close()
 
 
+def test_a_final_pull_waits_for_the_last_records_step_without_waiting_for_itself(
+    keys_dir, tmp_path
+):
+    """The end of the data: worker 1 pushed the last records, worker 0 (out of
+    data, never pushing that step) pulls its final model. It must get the model
+    with those records in, not the version before; and a step holding only
+    empty pushes does not hold it up."""
+    with servers(keys_dir, tmp_path, workers="0,1,2") as endpoints:
+        models = [make_model() for _ in range(3)]
+        clients = [client(m, keys_dir, endpoints, i, "sgd", lr=0.1) for i, m in enumerate(models)]
+        try:
+            for c in clients:
+                c.pull()
+            grads_of(models[1], [0, 1, 2])
+            clients[1].push(3)  # the last records; the step waits for workers 0 and 2
+            final = threading.Thread(target=clients[0].pull, kwargs={"final": True})
+            final.start()
+            final.join(0.5)
+            assert final.is_alive()  # worker 0 left; the step still waits for worker 2
+            clients[2].push(0)  # worker 2, out of data too, pushes an empty step
+            final.join(10)
+            assert not final.is_alive()
+            assert clients[0].versions == [1, 1]  # the update with the last records
+            clients[1].pull()
+            assert_same_params(models[0], models[1], atol=0)
+            # The next step holds only an empty push: a final pull does not wait on it.
+            clients[2].pull()
+            clients[2].push(0)
+            clients[2].pull(final=True)
+            assert clients[2].versions == [1, 1]
+        finally:
+            for c in clients:
+                c.close()
+
+
 def test_removing_or_losing_a_worker_mid_step_does_not_deadlock(keys_dir, tmp_path):
     with servers(keys_dir, tmp_path, workers="0,1,2") as endpoints:
         m0, m1, m2 = make_model(), make_model(), make_model()

@@ -163,6 +163,7 @@ class Client:
         self._zero_grads: dict[int, torch.Tensor] = {}
         self.dropped: list[int] = []  # servers that refused the last push (step went on)
         self._closed = False
+        self._left = False  # told the servers it takes no more steps
         try:
             for endpoint in endpoints:
                 self._exch.links.append(self._link(endpoint))
@@ -200,12 +201,32 @@ class Client:
         """Server restarts this client noticed and resynced."""
         return self._exch.restarts
 
-    def pull(self) -> None:
-        """Fill the model's parameters from every server (waits for the pushed step)."""
+    def pull(self, *, final: bool | None = None) -> None:
+        """Fill the model's parameters from every server (waits for the pushed step).
+
+        ``final``: this worker takes no more steps and wants the trained model.
+        The pull first tells the servers so (as ``close()`` would), then waits
+        until no open step holds records. Without that, a worker that heard
+        "data set done" right after another pushed the last records would pull
+        the model without them, while that step waits for its push. Default:
+        final once the job's data set has ended (its ``batches()`` loop is over).
+        """
+        if final is None:
+            job = self._job if self._job is not None else current_job()
+            final = job is not None and job.data_ended
+        settled = final
+        if settled and not self._left:
+            self._leave()
         requests: dict[int, Request] = {
             j: (
                 PsPull(
-                    request_id=0, min_version=self._want[j], blocks=self._ids(j), worker=self.worker
+                    request_id=0,
+                    # Final: its own step need not apply (the others may never
+                    # push it); "settled" waits for any step that holds records.
+                    min_version=self._versions[j] if settled else self._want[j],
+                    blocks=self._ids(j),
+                    worker=self.worker,
+                    settled=settled,
                 ),
                 [],
             )
@@ -323,18 +344,24 @@ class Client:
         if self._closed:
             return
         self._closed = True
-        links = self._exch.links
-        if notify and links:
-            requests: dict[int, Request] = {
-                j: (PsLeave(request_id=0, worker=self.worker), []) for j in range(len(links))
-            }
+        if notify and not self._left:
             try:
-                self._exch.run("leave", requests, lambda j, r, f: 0, timeout=CLOSE_TIMEOUT_S)
+                self._leave()
             except DtlaunchError as exc:
                 logger.warning("ps: leaving: %s", exc)
-        for link in links:
+        for link in self._exch.links:
             link.close()
         self._ctx.term()
+
+    def _leave(self) -> None:
+        """Tell every server this worker takes no more steps (they stop waiting for it)."""
+        self._left = True
+        links = self._exch.links
+        requests: dict[int, Request] = {
+            j: (PsLeave(request_id=0, worker=self.worker), []) for j in range(len(links))
+        }
+        if requests:
+            self._exch.run("leave", requests, lambda j, r, f: 0, timeout=CLOSE_TIMEOUT_S)
 
     def __enter__(self) -> Client:
         return self

@@ -313,7 +313,8 @@ class PsServer(Migrations):
         if self.store.seeded and missing:
             raise ConfigError(f"blocks {missing} are not on this server; the placement changed")
         held = self._hold_until and time.monotonic() < self._hold_until
-        if not self.store.seeded or self.store.version < msg.min_version or held:
+        unsettled = msg.settled and self.store.open_samples > 0
+        if not self.store.seeded or self.store.version < msg.min_version or held or unsettled:
             # A client has one pull out per server: a newer one replaces the older.
             self._waiting_pulls = [w for w in self._waiting_pulls if w.peer != incoming.peer]
             self._waiting_pulls.append(incoming)

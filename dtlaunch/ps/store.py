@@ -174,6 +174,12 @@ class ParamStore:
         """Gradients for the current version are waiting (BSP)."""
         return bool(self._contrib)
 
+    @property
+    def open_samples(self) -> int:
+        """Records behind the gradients waiting in the open step (0: none, or
+        only empty pushes, which change nothing when the step applies)."""
+        return sum(self._contrib.values())
+
     def before_write(self, block_id: int) -> None:
         """Parameters go out zero-copy; if a send may still read this block, give
         the block fresh memory so the update cannot tear what is on its way."""

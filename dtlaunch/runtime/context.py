@@ -209,6 +209,11 @@ class Job:
         """How many times ``step()`` was called."""
         return self._stream.steps
 
+    @property
+    def data_ended(self) -> bool:
+        """The data set is done: ``batches()`` has ended (nothing more will come)."""
+        return self._stream.ended
+
     def batches(self, *, wait: float | None = None) -> Iterator[list[int]]:
         """Lists of record indices, ``local_batch_size`` long (the last may be shorter).
 

@@ -633,7 +633,11 @@ class PsInitReply(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PsPull(Message):
-    """Ask for ``blocks`` once the server's version is at least ``min_version``."""
+    """Ask for ``blocks`` once the server's version is at least ``min_version``.
+
+    ``settled``: also wait until no open step holds records (a worker that
+    left after the data set ended asks for the model with every record in).
+    """
 
     TYPE: ClassVar[str] = "ps_pull"
     request_id: int
@@ -641,6 +645,7 @@ class PsPull(Message):
     blocks: list[int]
     incarnation: int = 0  # the server incarnation the client knows (0: none yet)
     worker: int = 0  # who asks
+    settled: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

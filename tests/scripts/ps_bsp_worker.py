@@ -52,6 +52,7 @@ record = {
     "dropped_steps": dropped,
     "endpoints": ps.endpoints,
     "moves": ps.moves,
+    "versions": ps.versions,
     "params": [p.detach().reshape(-1).tolist() for p in model.parameters()],
 }
 (out / f"{job.rank}.json").write_text(json.dumps(record))

@@ -17,6 +17,7 @@ Default windows and lambda, chosen for jobs of minutes to days:
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any, Protocol
 
 from dtlaunch.errors import ConfigError
@@ -28,6 +29,10 @@ DEFAULT_LAMBDA = 1.5
 DEFAULT_L_TRANS = 60.0
 DEFAULT_L_PER = 300.0
 DEFAULT_MARGIN = 0.05  # rebalance only if the makespan is > 5 % above the optimum
+# Throughputs within 3 % of the median count as the median: step-time noise on a
+# shared machine is of that order, and chasing it moves a record back and forth
+# between equally fast workers (each move lengthens some steps).
+DEFAULT_TOLERANCE = 0.03
 DEFAULT_APPLY_AFTER = 10  # steps: > report batching + decision + broadcast latency
 
 
@@ -111,20 +116,42 @@ def read_windows(params: ParamReader) -> tuple[float, float, float]:
     return l_trans, l_per, lam
 
 
+def read_balancer(params: ParamReader) -> Balancer:
+    """The ``Balancer`` from the ``margin min_batch apply_after tolerance`` parameters."""
+    return Balancer(
+        margin=params.number("margin", DEFAULT_MARGIN, low=0.0),
+        min_batch=params.integer("min_batch", 1, low=1),
+        apply_after=params.integer("apply_after", DEFAULT_APPLY_AFTER, low=1),
+        tolerance=params.number("tolerance", DEFAULT_TOLERANCE, low=0.0),
+    )
+
+
+def within_tolerance(v: list[float], tolerance: float) -> list[float]:
+    """``v`` with every throughput within ``tolerance`` of the median set to it."""
+    if tolerance <= 0 or not v:
+        return list(v)
+    mid = statistics.median(v)
+    return [mid if abs(x - mid) <= tolerance * mid else x for x in v]
+
+
 class Balancer:
     """ADJUST_BS planning shared by ``lb-bsp`` and ``nd``, with hysteresis.
 
     Workers with a report in the short window are balanced among themselves with
     their current sizes' sum as the global batch (so the total never changes);
-    workers absent from the window keep their size. A plan is emitted only when
-    the current makespan exceeds the optimum by more than ``margin`` and no
-    earlier plan is still waiting for its ``apply_at_step``.
+    workers absent from the window keep their size. Throughputs within
+    ``tolerance`` of the median are taken as equal to it (noise, not speed). A
+    plan is emitted only when the current makespan exceeds the optimum by more
+    than ``margin`` and no earlier plan is still waiting for its ``apply_at_step``.
     """
 
-    def __init__(self, *, min_batch: int, margin: float, apply_after: int) -> None:
+    def __init__(
+        self, *, min_batch: int, margin: float, apply_after: int, tolerance: float = 0.0
+    ) -> None:
         self.min_batch = min_batch
         self.margin = margin
         self.apply_after = apply_after
+        self.tolerance = tolerance
         self._pending_step: int | None = None
         # The sizes this balancer last planned: workers that do not step together
         # (no BSP barrier) report old and new sizes at the same moment, and summing
@@ -140,7 +167,8 @@ class Balancer:
         ranks = sorted(r for r in snap.worker_short if r in snap.workers)
         if len(ranks) < 2:
             return "fewer than 2 workers reported in the short window"
-        v = [snap.worker_short[r].throughput for r in ranks]
+        measured = [snap.worker_short[r].throughput for r in ranks]
+        v = within_tolerance(measured, self.tolerance)
         current = [self._planned.get(r, snap.workers[r].batch_size) for r in ranks]
         total = sum(current)
         try:
@@ -150,7 +178,9 @@ class Balancer:
         now_ms, best_ms = makespan(current, v), makespan(sizes, v)
         inputs = {
             **inputs,
-            "throughput": dict(zip(ranks, v, strict=True)),
+            "throughput": dict(zip(ranks, measured, strict=True)),
+            "throughput_used": dict(zip(ranks, v, strict=True)),
+            "tolerance": self.tolerance,
             "current_sizes": dict(zip(ranks, current, strict=True)),
             "solver_sizes": dict(zip(ranks, sizes, strict=True)),
             "global_batch": total,

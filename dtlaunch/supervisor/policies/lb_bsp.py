@@ -8,7 +8,8 @@ applied, keep it from flapping between near-equal plans every interval.
 
 Parameters: ``l_trans l_per lambda`` (windows; lambda unused here),
 ``margin`` (default 0.05), ``min_batch`` (default 1), ``apply_after`` (steps
-after the latest reported step, default 10).
+after the latest reported step, default 10), ``tolerance`` (throughputs within
+this fraction of the median count as equal, default 0.03).
 """
 
 from __future__ import annotations
@@ -16,10 +17,8 @@ from __future__ import annotations
 from dtlaunch.supervisor.actions import Action, NoAction
 from dtlaunch.supervisor.monitor import MonitorSnapshot
 from dtlaunch.supervisor.policies.base import (
-    DEFAULT_APPLY_AFTER,
-    DEFAULT_MARGIN,
-    Balancer,
     ParamReader,
+    read_balancer,
     read_windows,
     window_inputs,
 )
@@ -33,11 +32,7 @@ class LbBspPolicy:
     def __init__(self, params: dict[str, str] | None = None) -> None:
         reader = ParamReader(self.name, params or {})
         self.l_trans, self.l_per, self.lam = read_windows(reader)
-        self.balancer = Balancer(
-            margin=reader.number("margin", DEFAULT_MARGIN, low=0.0),
-            min_batch=reader.integer("min_batch", 1, low=1),
-            apply_after=reader.integer("apply_after", DEFAULT_APPLY_AFTER, low=1),
-        )
+        self.balancer = read_balancer(reader)
         reader.finish()
 
     def decide(self, snap: MonitorSnapshot) -> list[Action]:

@@ -6,8 +6,11 @@ Every interval, from one ``MonitorSnapshot``:
    equal-share BPT (see ``monitor``) is ``>= lambda x`` the mean over all workers
    in the window; a server when its mean update time is ``>= lambda x`` the mean
    over servers. Only nodes whose long window is *full* count: at least
-   ``min_reports`` reports spanning at least ``fill x l_per`` seconds, so a node
-   that just (re)joined is never judged on a few steps.
+   ``min_reports`` reports, the oldest at least ``fill x l_per`` seconds before
+   now, so a node that just (re)joined is never judged on a few steps. (How far
+   back the reports reach, not newest minus oldest: reports arrive batched, so
+   the newest is up to a batch old, and a window of a few seconds would
+   otherwise stay "not full" for as long as the batches' phase says.)
    A persistent straggler is killed and restarted (``KillRestart``) only when
    replacing it would save at least ``min_saving`` (5 %) of the workers' step
    time per step (a server 1.6x slower than another at a millisecond of update
@@ -43,8 +46,8 @@ Every interval, from one ``MonitorSnapshot``:
 The mean includes the straggler itself, as in the paper; so with two workers and
 ``lambda = 1.5`` one must be 3x slower than the other to count.
 
-Parameters: ``lambda l_trans l_per margin min_batch apply_after min_reports fill
-cooldown restart_cost in_place min_saving``.
+Parameters: ``lambda l_trans l_per margin min_batch apply_after tolerance
+min_reports fill cooldown restart_cost in_place min_saving``.
 """
 
 from __future__ import annotations
@@ -56,10 +59,8 @@ from dtlaunch.errors import ConfigError
 from dtlaunch.supervisor.actions import Action, AdjustBatchSize, KillRestart, NoAction
 from dtlaunch.supervisor.monitor import MonitorSnapshot, WindowStats
 from dtlaunch.supervisor.policies.base import (
-    DEFAULT_APPLY_AFTER,
-    DEFAULT_MARGIN,
-    Balancer,
     ParamReader,
+    read_balancer,
     read_windows,
     window_inputs,
 )
@@ -88,11 +89,7 @@ class NdPolicy:
     def __init__(self, params: dict[str, str] | None = None) -> None:
         reader = ParamReader(self.name, params or {})
         self.l_trans, self.l_per, self.lam = read_windows(reader)
-        self.balancer = Balancer(
-            margin=reader.number("margin", DEFAULT_MARGIN, low=0.0),
-            min_batch=reader.integer("min_batch", 1, low=1),
-            apply_after=reader.integer("apply_after", DEFAULT_APPLY_AFTER, low=1),
-        )
+        self.balancer = read_balancer(reader)
         self.min_reports = reader.integer("min_reports", DEFAULT_MIN_REPORTS, low=1)
         self.fill = reader.number("fill", DEFAULT_FILL, low=0.0)
         if self.fill > 1.0:
@@ -126,8 +123,8 @@ class NdPolicy:
 
     # ------------------------------------------------------------ persistent
 
-    def _full(self, st: WindowStats) -> bool:
-        return st.reports >= self.min_reports and st.span_s >= self.fill * self.l_per
+    def _full(self, st: WindowStats, now: float) -> bool:
+        return st.reports >= self.min_reports and now - st.first_s >= self.fill * self.l_per
 
     def _slow_nodes(
         self,
@@ -137,6 +134,7 @@ class NdPolicy:
         remaining: int,
         notes: list[str],
         step_s: float | None,
+        now: float,
     ) -> list[_Candidate]:
         if mean is None or len(window) < 2:
             return []
@@ -145,11 +143,11 @@ class NdPolicy:
             ratio = st.mean_bpt_eq / mean
             if ratio < self.lam:
                 continue
-            if not self._full(st):
+            if not self._full(st, now):
                 notes.append(
                     f"{role} {rank} is {ratio:.2f}x the mean but its long window is not full "
-                    f"({st.reports} reports over {st.span_s:.0f} s, need {self.min_reports} "
-                    f"over {self.fill * self.l_per:.0f} s)"
+                    f"({st.reports} reports over the last {now - st.first_s:.1f} s, need "
+                    f"{self.min_reports} over {self.fill * self.l_per:.1f} s)"
                 )
                 continue
             saving = st.mean_bpt_eq - mean  # per step, once an average node replaces it
@@ -181,9 +179,9 @@ class NdPolicy:
         remaining = snap.remaining_steps if snap.remaining_steps is not None else 0
         step_s = snap.mean_bpt_long  # the workers' step: what a saving is measured against
         found = self._slow_nodes(
-            "worker", snap.worker_long, snap.mean_bpt_eq_long, remaining, notes, step_s
+            "worker", snap.worker_long, snap.mean_bpt_eq_long, remaining, notes, step_s, snap.now
         ) + self._slow_nodes(
-            "server", snap.server_long, snap.mean_update_long, remaining, notes, step_s
+            "server", snap.server_long, snap.mean_update_long, remaining, notes, step_s, snap.now
         )
         if not found:
             return None
