@@ -141,3 +141,26 @@ def test_each_servers_comm_time_is_averaged_over_the_workers_steps():
     snap = mon.snapshot(4.0)
     assert snap.server_comm_long == {0: pytest.approx(0.01), 1: pytest.approx(0.04)}
     assert Monitor(l_trans=1.0, l_per=2.0).snapshot(0.0).server_comm_long == {}
+
+
+def test_a_window_with_two_batch_sizes_fits_the_fixed_and_per_sample_time():
+    from dtlaunch.supervisor.monitor import step_model
+
+    # 0.12 s lost every step plus 1/120 s per sample, with a little noise.
+    sizes = [32, 32, 28, 28, 28]
+    noise = [0.001, -0.001, 0.0, 0.001, -0.001]
+    bpts = [0.12 + b / 120 + e for b, e in zip(sizes, noise, strict=True)]
+    fixed, per_sample = step_model(sizes, bpts)
+    assert fixed == pytest.approx(0.12, abs=0.01)
+    assert per_sample == pytest.approx(1 / 120, rel=0.05)
+    # One batch size, sizes too close, or a line that is not physical: no fit.
+    assert step_model([32, 32, 32], [0.3, 0.31, 0.29]) == (None, None)
+    assert step_model([32, 31], [0.3, 0.29]) == (None, None)
+    assert step_model([32, 20], [0.2, 0.3]) == (None, None)  # slower with less work
+    mon = Monitor(l_trans=10, l_per=10)
+    for t, (b, bpt) in enumerate(zip(sizes, bpts, strict=True)):
+        mon.report_worker(0, now=t, step=t, batch_size=b, compute_s=bpt, comm_s=0.0, samples=b)
+        mon.report_worker(1, now=t, step=t, batch_size=32, compute_s=0.27, comm_s=0.0, samples=32)
+    snap = mon.snapshot(5)
+    assert snap.worker_short[0].fixed_s == pytest.approx(0.12, abs=0.01)
+    assert snap.worker_short[1].fixed_s is None and snap.worker_short[1].per_sample_s is None

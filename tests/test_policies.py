@@ -188,7 +188,50 @@ def test_lb_bsp_margin_ignores_small_imbalance():
     [b] = strict.decide(mon.snapshot(59))
     assert isinstance(b, AdjustBatchSize)
     assert sum(b.sizes.values()) == 64
-    assert b.inputs["throughput_used"] == b.inputs["throughput"]
+    assert b.inputs["throughput_used"] == pytest.approx(b.inputs["throughput"])
+
+
+def test_a_fixed_per_step_delay_is_balanced_in_one_plan_once_its_line_is_known():
+    """Worker 3 loses 0.12 s every step whatever its batch (8 workers, 1/120 s
+    per sample, global batch 256). From B/T alone a plan shrinks it too little;
+    once a window holds two of its batch sizes the plan reaches the optimum of
+    the real step times at once."""
+    pol = LbBspPolicy({"margin": "0", "min_batch": "8", "l_trans": "10", "l_per": "10"})
+
+    def step_s(rank: int, b: int) -> float:
+        return (0.12 if rank == 3 else 0.0) + b / 120
+
+    def window(plans: list[dict[int, int]]) -> Monitor:
+        mon = monitor_for(pol)
+        for t, sizes in enumerate(plans):
+            for rank, b in sizes.items():
+                mon.report_worker(rank, now=t, step=t, batch_size=b, compute_s=step_s(rank, b),
+                                  comm_s=0.0, samples=b)  # fmt: skip
+        return mon
+
+    def real_makespan(sizes: dict[int, int]) -> float:
+        return max(step_s(r, b) for r, b in sizes.items())
+
+    # Only B = 32 seen: eq. 3 from B/T (proportional) is all that can be done.
+    equal = dict.fromkeys(range(8), 32)
+    [first] = LbBspPolicy({"margin": "0", "min_batch": "8"}).decide(window([equal] * 6).snapshot(5))
+    assert isinstance(first, AdjustBatchSize) and first.inputs["step_model"] == {}
+    # Its plan applied: B = 32 and the planned size in the window, a line is fitted.
+    mon = window([equal] * 3 + [first.sizes] * 3)
+    [second] = pol.decide(mon.snapshot(5))
+    assert isinstance(second, AdjustBatchSize)
+    assert second.inputs["step_model"][3] == pytest.approx([0.12, 1 / 120])
+    assert sum(second.sizes.values()) == 256
+    # The best integer split of the real step times (brute force over worker 3's size).
+    best = min(
+        real_makespan({r: (b3 if r == 3 else 0) for r in range(8)} | {
+            r: s for r, s in zip([0, 1, 2, 4, 5, 6, 7],
+                                 solve_batch_sizes([120.0] * 7, 256 - b3, 8), strict=True)
+        })
+        for b3 in range(8, 40)
+    )  # fmt: skip
+    assert real_makespan(second.sizes) == pytest.approx(best)
+    assert real_makespan(first.sizes) > best + 0.01  # the proportional plan fell short
 
 
 def test_throughputs_within_the_tolerance_count_as_equal():

@@ -66,6 +66,10 @@ class WindowStats:
     mean_bpt_eq: float  # workers: equal-share BPT (module doc); servers: = mean_bpt
     throughput: float  # workers: v_i in samples/s (mean of B/T); servers: 0.0
     samples: int  # samples reported in the window (0 for servers)
+    # Workers whose window holds steps of different batch sizes: the least-squares
+    # line BPT = fixed_s + per_sample_s x B (both >= 0), else None (see step_model).
+    fixed_s: float | None = None
+    per_sample_s: float | None = None
 
     @property
     def span_s(self) -> float:
@@ -286,6 +290,7 @@ def _worker_stats(
         bpts = [max(r.compute_s + r.comm_s, MIN_BPT_S) for r in inside]
         eq = [max(r.compute_s * b_ref / r.batch_size + r.comm_s, MIN_BPT_S) for r in inside]
         rates = [r.batch_size / t for r, t in zip(inside, bpts, strict=True)]
+        fixed, per_sample = step_model([r.batch_size for r in inside], bpts)
         out[rank] = WindowStats(
             reports=len(inside),
             first_s=inside[0].t,
@@ -294,8 +299,38 @@ def _worker_stats(
             mean_bpt_eq=sum(eq) / len(eq),
             throughput=sum(rates) / len(rates),
             samples=sum(r.samples for r in inside),
+            fixed_s=fixed,
+            per_sample_s=per_sample,
         )
     return out
+
+
+# A fit needs batch sizes at least this far apart (relative to the largest):
+# closer ones leave the slope to the step-time noise.
+MIN_FIT_SPREAD = 0.1
+
+
+def step_model(sizes: Sequence[int], bpts: Sequence[float]) -> tuple[float | None, float | None]:
+    """``(fixed_s, per_sample_s)`` of the least-squares line ``BPT = a + b x B``.
+
+    Why: ``v_i = B/T`` assumes a step's time grows in proportion to its batch.
+    A straggler that loses a fixed time per step (a sleep, a slow sync, a daemon
+    waking each step) does not speed up in proportion when its batch shrinks, so
+    a plan from ``v_i`` alone under-shrinks it and needs several rounds. Once an
+    ADJUST_BS has applied, its window holds two batch sizes and the line tells
+    the two parts apart. (None, None) when the sizes are too close together or
+    the line is not physical (negative slope or intercept).
+    """
+    if len(sizes) < 2 or max(sizes) - min(sizes) < MIN_FIT_SPREAD * max(sizes):
+        return None, None
+    mean_b = sum(sizes) / len(sizes)
+    mean_t = sum(bpts) / len(bpts)
+    sxx = sum((b - mean_b) ** 2 for b in sizes)
+    slope = sum((b - mean_b) * (t - mean_t) for b, t in zip(sizes, bpts, strict=True)) / sxx
+    intercept = mean_t - slope * mean_b
+    if slope <= 0 or intercept < 0:
+        return None, None
+    return intercept, slope
 
 
 def _server_comm(

@@ -21,9 +21,9 @@ import statistics
 from typing import Any, Protocol
 
 from dtlaunch.errors import ConfigError
-from dtlaunch.solvers.batch import InfeasibleError, makespan, solve_batch_sizes
+from dtlaunch.solvers.batch import InfeasibleError, solve_batch_sizes
 from dtlaunch.supervisor.actions import Action, AdjustBatchSize
-from dtlaunch.supervisor.monitor import MonitorSnapshot
+from dtlaunch.supervisor.monitor import MonitorSnapshot, WindowStats
 
 DEFAULT_LAMBDA = 1.5
 DEFAULT_L_TRANS = 60.0
@@ -168,18 +168,23 @@ class Balancer:
         if len(ranks) < 2:
             return "fewer than 2 workers reported in the short window"
         measured = [snap.worker_short[r].throughput for r in ranks]
-        v = within_tolerance(measured, self.tolerance)
+        models = [_line(snap.worker_short[r]) for r in ranks]
         current = [self._planned.get(r, snap.workers[r].batch_size) for r in ranks]
         total = sum(current)
         try:
-            sizes = solve_batch_sizes(v, total, self.min_batch)
+            sizes, v = self._solve(models, current)
         except InfeasibleError as err:
             return f"no feasible batch split: {err}"
-        now_ms, best_ms = makespan(current, v), makespan(sizes, v)
+        now_ms, best_ms = _makespan(models, current), _makespan(models, sizes)
         inputs = {
             **inputs,
             "throughput": dict(zip(ranks, measured, strict=True)),
             "throughput_used": dict(zip(ranks, v, strict=True)),
+            "step_model": {
+                r: [st.fixed_s, st.per_sample_s]
+                for r in ranks
+                if (st := snap.worker_short[r]).fixed_s is not None
+            },
             "tolerance": self.tolerance,
             "current_sizes": dict(zip(ranks, current, strict=True)),
             "solver_sizes": dict(zip(ranks, sizes, strict=True)),
@@ -203,6 +208,55 @@ class Balancer:
             reason=f"{reason}; makespan {now_ms:.4g} s -> {best_ms:.4g} s",
             inputs=inputs,
         )
+
+    def _solve(
+        self, models: list[tuple[float, float]], current: list[int]
+    ) -> tuple[list[int], list[float]]:
+        """Eq. 3 over each worker's step line ``T(B) = fixed + per_sample x B``.
+
+        The exact solver balances ``B / v``; a line with a fixed part makes ``v``
+        depend on ``B``. So solve with ``v`` at the current sizes, re-evaluate
+        ``v`` at the plan, and repeat until the plan stands (a few rounds). A
+        worker without a fitted line has no fixed part: one round, as eq. 3.
+        Returns the plan with the smallest makespan and the ``v`` it used.
+        """
+        total = sum(current)
+        sizes = current
+        best: tuple[float, list[int], list[float]] | None = None
+        for _ in range(MAX_PLAN_ROUNDS):
+            rates = [_rate(m, b) for m, b in zip(models, sizes, strict=True)]
+            v = within_tolerance(rates, self.tolerance)
+            plan = solve_batch_sizes(v, total, self.min_batch)
+            span = _makespan(models, plan)
+            if best is None or span < best[0]:
+                best = (span, plan, v)
+            if plan == sizes:
+                break
+            sizes = plan
+        assert best is not None  # MAX_PLAN_ROUNDS >= 1
+        return best[1], best[2]
+
+
+MAX_PLAN_ROUNDS = 8
+
+
+def _line(st: WindowStats) -> tuple[float, float]:
+    """``(fixed_s, per_sample_s)`` of a worker's step time; proportional (eq. 3)
+    unless its window fitted a line (``monitor.step_model``)."""
+    if st.fixed_s is not None and st.per_sample_s is not None:
+        return st.fixed_s, st.per_sample_s
+    return 0.0, 1.0 / st.throughput
+
+
+def _rate(model: tuple[float, float], size: int) -> float:
+    """Samples/s at batch ``size`` (at least one sample, so never 0/0)."""
+    fixed, per_sample = model
+    b = max(size, 1)
+    return b / (fixed + per_sample * b)
+
+
+def _makespan(models: list[tuple[float, float]], sizes: list[int]) -> float:
+    return max(f + s * b for (f, s), b in zip(models, sizes, strict=True))
 
 
 def window_inputs(snap: MonitorSnapshot, lam: float) -> dict[str, Any]:
