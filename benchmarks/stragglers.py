@@ -24,9 +24,11 @@ persistent one. Seeded coins: every column sees the same pattern. JCT is, as in
 AntDT, the training time from its start to its end (rank 0's loop); the wall time
 from launch to exit (start-up included) is recorded beside it.
 
-    python benchmarks/stragglers.py [--quick] [--out FILE.json] [--keep]
+    python benchmarks/stragglers.py [--quick] [--intensities 0.8] [--out FILE.json] [--keep]
 
---quick: intensity 0.8 only, the worker side's five columns. The full run adds
+--quick: intensity 0.8 only, the worker side's five columns. --intensities: the
+full run's every column and check at those intensities only, jobs full length
+(writes stragglers.partial.json). The full run adds
 0.1-0.5, the overhead check (nd vs none without stragglers, target 0.5 %), the
 backup column and the server side. Targets at 0.8: nd <= 1.10 x ideal and >=
 2.0x faster than none (workers); nd >= 2.0x faster than none (servers). Writes
@@ -113,14 +115,18 @@ class Scenario:
     period_s: float = 20.0
     duration_s: float = 10.0
     seed: int = 7
-    control_interval_s: float = 0.5
-    # Both balance alike (windows of ~3 steps, a plan 2 steps ahead, 2 % margin);
+    # A decision every step or so: a transient episode lasts ~35 steps here, and
+    # each round of balancing that waits for the next decision costs steps.
+    control_interval_s: float = 0.25
+    # Both balance alike (windows of ~3 steps, a plan 2 steps ahead, 2 % margin;
+    # a worker may go down to 2 records: a step that loses a fixed 0.32 s is
+    # slow at any batch, so the less it carries the better until it is replaced);
     # nd also replaces persistent stragglers (3 s window) on a free spare host.
     nd: str = (
-        "nd:lambda=1.5,l_trans=1,l_per=3,apply_after=2,margin=0.02,min_batch=8,"
+        "nd:lambda=1.5,l_trans=1,l_per=3,apply_after=2,margin=0.02,min_batch=2,"
         "restart_cost=4,cooldown=10"
     )
-    lb_bsp: str = "lb-bsp:l_trans=1,l_per=3,apply_after=2,margin=0.02,min_batch=8"
+    lb_bsp: str = "lb-bsp:l_trans=1,l_per=3,apply_after=2,margin=0.02,min_batch=2"
     backup: str = "backup:b=1"
     server_delay_s: float = 4.0  # AntDT's persistent straggler, x intensity / time_scale
 
@@ -442,17 +448,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         help="none/nd runs without stragglers for the overhead check (default: 2, quick 0)",
     )
+    parser.add_argument(
+        "--intensities",
+        help="full-length jobs at these intensities only, e.g. 0.8 or 0.3,0.8 (default: "
+        "0.1,0.3,0.5,0.8; writes stragglers.partial.json unless --out is given)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
     opts = parser.parse_args(argv)
     if opts.overhead_pairs is not None and opts.overhead_pairs < 0:
         parser.error("--overhead-pairs must be 0 or more")
+    if opts.intensities is not None and opts.quick:
+        parser.error("--intensities is for full-length jobs; --quick runs 0.8 only")
+    opts.intensities = _intensities(parser, opts.intensities)
     if opts.out is None:
-        opts.out = RESULTS / ("stragglers.quick.json" if opts.quick else "stragglers.json")
+        name = "stragglers.quick.json" if opts.quick else "stragglers.json"
+        if opts.intensities != INTENSITIES:
+            name = "stragglers.partial.json"
+        opts.out = RESULTS / name
     if opts.out.suffix != ".json":
         parser.error(f"--out {opts.out}: give a .json file (the Markdown table goes beside it)")
     if opts.overhead_pairs is None:
         opts.overhead_pairs = 0 if opts.quick else 2
     return opts
+
+
+def _intensities(parser: argparse.ArgumentParser, text: str | None) -> tuple[float, ...]:
+    if text is None:
+        return INTENSITIES
+    try:
+        values = tuple(sorted({float(v) for v in text.split(",") if v.strip()}))
+    except ValueError:
+        values = ()
+    if not values or not all(0 < v <= 1 for v in values):
+        parser.error(f"--intensities {text!r}: give numbers in (0, 1], comma-separated")
+    return values
 
 
 def _say(o: Outcome) -> None:
@@ -469,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     scenario = QUICK if opts.quick else FULL
-    intensities = QUICK_INTENSITIES if opts.quick else INTENSITIES
+    intensities = QUICK_INTENSITIES if opts.quick else opts.intensities
     outcomes: list[Outcome] = []
     began = time.monotonic()
     with loopback_cluster(opts.keep) as cluster:

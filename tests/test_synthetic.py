@@ -145,6 +145,13 @@ def test_benchmark_help_and_arguments(tmp_path):
         bench.parse_args(["--out", str(tmp_path / "x.txt")])
     with pytest.raises(SystemExit):
         bench.parse_args(["--overhead-pairs", "-1"])
+    assert full.intensities == bench.INTENSITIES
+    part = bench.parse_args(["--intensities", "0.8,0.3"])
+    assert part.intensities == (0.3, 0.8) and part.out.name == "stragglers.partial.json"
+    bad_args = (["--intensities", "0"], ["--intensities", "x"], ["--quick", "--intensities", "1"])
+    for bad in bad_args:
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
 
 
 def test_benchmark_scenario_scales_antdt_and_its_pattern_is_seeded():
