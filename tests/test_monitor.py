@@ -164,3 +164,21 @@ def test_a_window_with_two_batch_sizes_fits_the_fixed_and_per_sample_time():
     snap = mon.snapshot(5)
     assert snap.worker_short[0].fixed_s == pytest.approx(0.12, abs=0.01)
     assert snap.worker_short[1].fixed_s is None and snap.worker_short[1].per_sample_s is None
+
+
+def test_steps_without_records_say_nothing_about_speed():
+    """At the end of the data a worker joins the BSP step with an empty batch in
+    a few milliseconds: as B/T it would look 100x faster than the others."""
+    mon = Monitor(l_trans=10, l_per=10)
+    for t in range(5):
+        mon.report_worker(0, now=t, step=t, batch_size=32, compute_s=0.27, comm_s=0.0, samples=32)
+        empty = t >= 3  # worker 1's last two steps hold no record
+        mon.report_worker(1, now=t, step=t, batch_size=32, compute_s=0.001 if empty else 0.27,
+                          comm_s=0.0, samples=0 if empty else 32)  # fmt: skip
+        # A worker that never reports records (its own data loader) is measured as is.
+        mon.report_worker(2, now=t, step=t, batch_size=32, compute_s=0.27, comm_s=0.0, samples=0)
+    snap = mon.snapshot(5)
+    assert snap.worker_short[1].reports == 3
+    assert snap.worker_short[1].throughput == pytest.approx(snap.worker_short[0].throughput)
+    assert snap.worker_short[2].reports == 5
+    assert snap.worker_short[2].throughput == pytest.approx(32 / 0.27)

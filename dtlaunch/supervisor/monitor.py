@@ -21,6 +21,8 @@ sizes it equals the raw BPT; after an ADJUST_BS it still shows that a worker is
 slow (the raw BPT of a balanced straggler looks normal because it got less work),
 and it does not blame a small batch for its fixed communication cost.
 
+Steps without a record (``samples == 0``) of a worker that otherwise reports its
+records are left out: a worker waiting for a lease or out of data did no work.
 A node with no report inside a window is absent from that window's dict and from
 that window's global means: no data is not the same as fast or slow. Time comes in
 as arguments only (no clock here), so tests drive it with a fake clock.
@@ -285,6 +287,12 @@ def _worker_stats(
     out: dict[int, WindowStats] = {}
     for rank, reports in windows.items():
         inside = [r for r in reports if start <= r.t <= end]
+        if any(r.samples > 0 for r in reports):
+            # A worker that reads through the DDS and took no record in a step
+            # (waiting for a lease, or out of data at the end) did no work in it:
+            # its near-zero time says nothing about its speed, and as B/T it
+            # would look many times faster than everyone.
+            inside = [r for r in inside if r.samples > 0]
         if not inside:
             continue
         bpts = [max(r.compute_s + r.comm_s, MIN_BPT_S) for r in inside]
