@@ -336,7 +336,12 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def summarize(
-    scenario: Scenario, outcomes: list[Outcome], *, quick: bool, overhead: dict[str, Any] | None
+    scenario: Scenario,
+    outcomes: list[Outcome],
+    *,
+    quick: bool,
+    overhead: dict[str, Any] | None,
+    partial: bool = False,
 ) -> dict[str, Any]:
     """The JSON document: ``jct_s`` maps intensity -> column -> seconds; a full
     run adds ``server`` (the server side, likewise)."""
@@ -384,7 +389,7 @@ def summarize(
             overhead["jct_ratio"] and overhead["jct_ratio"] - 1 <= TARGET_OVERHEAD
         )
     return {
-        "mode": "quick" if quick else "full",
+        "mode": "quick" if quick else "partial" if partial else "full",
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "cpus": os.cpu_count(),
         "jct_s": jct,  # training time (the paper's JCT)
@@ -528,7 +533,13 @@ def main(argv: list[str] | None = None) -> int:
             outcomes.append(dt("server:ideal", 0.0))
             for si in intensities:
                 outcomes += [dt("server:none", si), dt("server:nd", si)]
-    results = summarize(scenario, outcomes, quick=opts.quick, overhead=overhead)
+    results = summarize(
+        scenario,
+        outcomes,
+        quick=opts.quick,
+        overhead=overhead,
+        partial=not opts.quick and intensities != INTENSITIES,
+    )
     results["bench_wall_s"] = round(time.monotonic() - began, 1)
     print(render_text(results))
     md = write_results(results, opts.out)
