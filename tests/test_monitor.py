@@ -182,3 +182,7 @@ def test_steps_without_records_say_nothing_about_speed():
     assert snap.worker_short[1].throughput == pytest.approx(snap.worker_short[0].throughput)
     assert snap.worker_short[2].reports == 5
     assert snap.worker_short[2].throughput == pytest.approx(32 / 0.27)
+    # Out of data for a whole window: worker 1 is absent, not 270x faster.
+    for t in range(5, 30):
+        mon.report_worker(1, now=t, step=t, batch_size=32, compute_s=0.001, comm_s=0.0, samples=0)
+    assert 1 not in mon.snapshot(29).worker_short

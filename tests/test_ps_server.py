@@ -81,6 +81,20 @@ def assert_same_params(a, b, atol=1e-5):
         torch.testing.assert_close(p.detach(), q.detach(), rtol=0, atol=atol, msg=name)
 
 
+@contextlib.contextmanager
+def sgd_workers(keys_dir, endpoints, count):
+    """``count`` workers' models and SGD clients (lr 0.1), each pulled once; closed after."""
+    models = [make_model() for _ in range(count)]
+    clients = [client(m, keys_dir, endpoints, i, "sgd", lr=0.1) for i, m in enumerate(models)]
+    try:
+        for c in clients:
+            c.pull()
+        yield models, clients
+    finally:
+        for c in clients:
+            c.close()
+
+
 def run_workers(keys_dir, endpoints, splits, steps):
     """One thread per worker, each with its own model copy and Client, BSP steps."""
     errors, finals = [], {}
@@ -195,24 +209,19 @@ def test_backup_never_drops_the_only_gradient_with_records(keys_dir, tmp_path):
     """At the end of the data most workers push empty steps; BACKUP(1) must not
     apply those without the one worker that still trains (it would drop the last
     records step after step)."""
-    with servers(keys_dir, tmp_path, count=1, workers="0,1,2", backup=1) as endpoints:
-        models = [make_model() for _ in range(3)]
-        clients = [client(m, keys_dir, endpoints, i, "sgd", lr=0.1) for i, m in enumerate(models)]
-        try:
-            for c in clients:
-                c.pull()
-            grads_of(models[2], [0, 1, 2])
-            clients[0].push(0)
-            clients[1].push(0)  # 2 of 3 are in, but both are empty: wait for worker 2
-            with ServerControl(endpoints[0], load_peer_keys(keys_dir)) as ctl:
-                assert ctl.stats().version == 0
-                clients[2].push(3)
-                assert clients[2].dropped == []
-                update = ctl.stats().updates[-1]
-            assert (update.applied, update.dropped, update.samples) == ([0, 1, 2], [], 3)
-        finally:
-            for c in clients:
-                c.close()
+    with (
+        servers(keys_dir, tmp_path, count=1, workers="0,1,2", backup=1) as endpoints,
+        sgd_workers(keys_dir, endpoints, 3) as (models, clients),
+    ):
+        grads_of(models[2], [0, 1, 2])
+        clients[0].push(0)
+        clients[1].push(0)  # 2 of 3 are in, but both are empty: wait for worker 2
+        with ServerControl(endpoints[0], load_peer_keys(keys_dir)) as ctl:
+            assert ctl.stats().version == 0
+            clients[2].push(3)
+            assert clients[2].dropped == []
+            update = ctl.stats().updates[-1]
+        assert (update.applied, update.dropped, update.samples) == ([0, 1, 2], [], 3)
 
 
 def test_a_final_pull_waits_for_the_last_records_step_without_waiting_for_itself(
@@ -222,32 +231,27 @@ def test_a_final_pull_waits_for_the_last_records_step_without_waiting_for_itself
     data, never pushing that step) pulls its final model. It must get the model
     with those records in, not the version before; and a step holding only
     empty pushes does not hold it up."""
-    with servers(keys_dir, tmp_path, workers="0,1,2") as endpoints:
-        models = [make_model() for _ in range(3)]
-        clients = [client(m, keys_dir, endpoints, i, "sgd", lr=0.1) for i, m in enumerate(models)]
-        try:
-            for c in clients:
-                c.pull()
-            grads_of(models[1], [0, 1, 2])
-            clients[1].push(3)  # the last records; the step waits for workers 0 and 2
-            final = threading.Thread(target=clients[0].pull, kwargs={"final": True})
-            final.start()
-            final.join(0.5)
-            assert final.is_alive()  # worker 0 left; the step still waits for worker 2
-            clients[2].push(0)  # worker 2, out of data too, pushes an empty step
-            final.join(10)
-            assert not final.is_alive()
-            assert clients[0].versions == [1, 1]  # the update with the last records
-            clients[1].pull()
-            assert_same_params(models[0], models[1], atol=0)
-            # The next step holds only an empty push: a final pull does not wait on it.
-            clients[2].pull()
-            clients[2].push(0)
-            clients[2].pull(final=True)
-            assert clients[2].versions == [1, 1]
-        finally:
-            for c in clients:
-                c.close()
+    with (
+        servers(keys_dir, tmp_path, workers="0,1,2") as endpoints,
+        sgd_workers(keys_dir, endpoints, 3) as (models, clients),
+    ):
+        grads_of(models[1], [0, 1, 2])
+        clients[1].push(3)  # the last records; the step waits for workers 0 and 2
+        final = threading.Thread(target=clients[0].pull, kwargs={"final": True})
+        final.start()
+        final.join(0.5)
+        assert final.is_alive()  # worker 0 left; the step still waits for worker 2
+        clients[2].push(0)  # worker 2, out of data too, pushes an empty step
+        final.join(10)
+        assert not final.is_alive()
+        assert clients[0].versions == [1, 1]  # the update with the last records
+        clients[1].pull()
+        assert_same_params(models[0], models[1], atol=0)
+        # The next step holds only an empty push: a final pull does not wait on it.
+        clients[2].pull()
+        clients[2].push(0)
+        clients[2].pull(final=True)
+        assert clients[2].versions == [1, 1]
 
 
 def test_removing_or_losing_a_worker_mid_step_does_not_deadlock(keys_dir, tmp_path):

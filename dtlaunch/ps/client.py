@@ -214,8 +214,7 @@ class Client:
         if final is None:
             job = self._job if self._job is not None else current_job()
             final = job is not None and job.data_ended
-        settled = final
-        if settled and not self._left:
+        if final and not self._left:
             self._leave()
         requests: dict[int, Request] = {
             j: (
@@ -223,10 +222,10 @@ class Client:
                     request_id=0,
                     # Final: its own step need not apply (the others may never
                     # push it); "settled" waits for any step that holds records.
-                    min_version=self._versions[j] if settled else self._want[j],
+                    min_version=self._versions[j] if final else self._want[j],
                     blocks=self._ids(j),
                     worker=self.worker,
-                    settled=settled,
+                    settled=final,
                 ),
                 [],
             )

@@ -135,6 +135,7 @@ class Monitor:
         self.l_per = float(l_per)
         self._workers: dict[int, deque[_WorkerReport]] = {}
         self._worker_info: dict[int, NodeInfo] = {}
+        self._reads_records: set[int] = set()  # workers that report records (the DDS)
         self._servers: dict[int, deque[_ServerReport]] = {}
         self._server_info: dict[int, NodeInfo] = {}
         self._spare_capacity = 0
@@ -163,6 +164,8 @@ class Monitor:
         _check_times(rank, compute_s=compute_s, comm_s=comm_s)
         if batch_size < 1 or samples < 0:
             raise ValueError(f"worker {rank}: batch_size must be >= 1 and samples >= 0")
+        if samples > 0:
+            self._reads_records.add(rank)
         window = self._workers.setdefault(rank, deque())
         window.append(_WorkerReport(now, step, batch_size, compute_s, comm_s, samples, servers))
         self._prune(window, now)
@@ -198,6 +201,7 @@ class Monitor:
         """Forget a worker (exited, killed, dropped); a restarted one starts fresh."""
         self._workers.pop(rank, None)
         self._worker_info.pop(rank, None)
+        self._reads_records.discard(rank)
 
     def server_gone(self, rank: int) -> None:
         """Forget a server; a restarted one starts with empty windows."""
@@ -233,8 +237,9 @@ class Monitor:
         sizes = [info.batch_size for info in self._worker_info.values()]
         b_ref = sum(sizes) / len(sizes) if sizes else 1.0
         short_from, long_from = now - self.l_trans, now - self.l_per
-        worker_short = _worker_stats(self._workers, short_from, now, b_ref)
-        worker_long = _worker_stats(self._workers, long_from, now, b_ref)
+        readers = self._reads_records
+        worker_short = _worker_stats(self._workers, short_from, now, b_ref, readers)
+        worker_long = _worker_stats(self._workers, long_from, now, b_ref, readers)
         server_long: dict[int, WindowStats] = {}
         for rank, reports in self._servers.items():
             upd = [r for r in reports if long_from <= r.t <= now]
@@ -282,16 +287,21 @@ class Monitor:
 
 
 def _worker_stats(
-    windows: dict[int, deque[_WorkerReport]], start: float, end: float, b_ref: float
+    windows: dict[int, deque[_WorkerReport]],
+    start: float,
+    end: float,
+    b_ref: float,
+    reads_records: set[int],
 ) -> dict[int, WindowStats]:
     out: dict[int, WindowStats] = {}
     for rank, reports in windows.items():
         inside = [r for r in reports if start <= r.t <= end]
-        if any(r.samples > 0 for r in reports):
+        if rank in reads_records:
             # A worker that reads through the DDS and took no record in a step
             # (waiting for a lease, or out of data at the end) did no work in it:
             # its near-zero time says nothing about its speed, and as B/T it
-            # would look many times faster than everyone.
+            # would look many times faster than everyone. (Known from any of its
+            # reports, not the window's: a window of only empty steps stays empty.)
             inside = [r for r in inside if r.samples > 0]
         if not inside:
             continue
