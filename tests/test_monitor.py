@@ -186,3 +186,88 @@ def test_steps_without_records_say_nothing_about_speed():
     for t in range(5, 30):
         mon.report_worker(1, now=t, step=t, batch_size=32, compute_s=0.001, comm_s=0.0, samples=0)
     assert 1 not in mon.snapshot(29).worker_short
+
+
+def _steps(mon: Monitor, rank: int, t0: int, rows: list[tuple[int, float]]) -> int:
+    """Report ``(batch, bpt)`` rows for ``rank``, one step a second from ``t0``."""
+    for i, (b, bpt) in enumerate(rows):
+        mon.report_worker(rank, now=t0 + i, step=t0 + i, batch_size=b, compute_s=bpt,
+                          comm_s=0.0, samples=b)  # fmt: skip
+    return t0 + len(rows)
+
+
+def test_the_short_window_starts_at_a_confirmed_regime_change():
+    """A straggler's onset: 6 fast steps then 2 slow ones. The short window keeps
+    only the slow ones (the plan sees the worker as it is now), the long window
+    keeps all; one slow step alone, steps alternating, or a jump that came with
+    a new batch size are no new regime."""
+    mon = Monitor(l_trans=20, l_per=20)
+    _steps(mon, 0, 0, [(32, 0.27)] * 6 + [(32, 0.39)] * 2)
+    snap = mon.snapshot(7)
+    assert snap.worker_short[0].reports == 2
+    assert snap.worker_short[0].mean_bpt == pytest.approx(0.39)
+    assert snap.worker_long[0].reports == 8
+    # Unconfirmed: the newest step alone is slow.
+    mon = Monitor(l_trans=20, l_per=20)
+    _steps(mon, 0, 0, [(32, 0.27)] * 6 + [(32, 0.39)])
+    assert mon.snapshot(6).worker_short[0].reports == 7
+    # A spike: one slow step, then fast again. Its end is a confirmed change, so
+    # the window holds the fast steps since: the spike itself is left out.
+    mon = Monitor(l_trans=20, l_per=20)
+    _steps(mon, 0, 0, [(32, 0.27)] * 3 + [(32, 0.39)] + [(32, 0.27)] * 3)
+    assert mon.snapshot(6).worker_short[0].mean_bpt == pytest.approx(0.27)
+    # Every other step slow (noise with a rhythm): no change is confirmed.
+    mon = Monitor(l_trans=20, l_per=20)
+    _steps(mon, 0, 0, [(32, 0.27), (32, 0.33)] * 4)
+    assert mon.snapshot(7).worker_short[0].reports == 8
+    # A plan shrank the batch: the line is fitted through both sizes, none dropped.
+    mon = Monitor(l_trans=20, l_per=20)
+    _steps(mon, 0, 0, [(32, 0.39)] * 3 + [(16, 0.25)] * 3)
+    st = mon.snapshot(5).worker_short[0]
+    assert st.reports == 6 and st.line == "fit"
+    # Confirmed by a step whose batch a plan had already changed (per sample).
+    mon = Monitor(l_trans=20, l_per=20)
+    _steps(mon, 0, 0, [(32, 0.27)] * 4 + [(32, 0.39), (24, 0.32), (24, 0.32)])
+    assert mon.snapshot(6).worker_short[0].reports == 3
+    # The end of an episode: quick again from the confirmed change on.
+    mon = Monitor(l_trans=20, l_per=20)
+    _steps(mon, 0, 0, [(24, 0.32)] * 4 + [(24, 0.2)] * 2)
+    assert mon.snapshot(5).worker_short[0].mean_bpt == pytest.approx(0.2)
+
+
+def test_a_worker_far_from_its_peers_batch_gets_their_per_sample_time():
+    """A replacement inherited a shrunk straggler's batch of 2 and sleeps 0.12 s a
+    step; 7 peers take 36 records at 1/120 s each. With one batch size seen, B/T
+    alone calls it 16x slow per sample; the peers' slope gives its line, and its
+    equal-share BPT is the line at the reference batch, not 2 -> 32 scaled up."""
+    mon = Monitor(l_trans=10, l_per=10)
+    for rank in range(7):
+        _steps(mon, rank, 0, [(36, 36 / 120)] * 5)
+    _steps(mon, 7, 0, [(2, 0.12 + 2 / 120)] * 5)
+    snap = mon.snapshot(4)
+    st = snap.worker_short[7]
+    assert st.line == "peers"
+    assert st.per_sample_s == pytest.approx(1 / 120)
+    assert st.fixed_s == pytest.approx(0.12)
+    b_ref = (7 * 36 + 2) / 8
+    assert st.mean_bpt_eq == pytest.approx(0.12 + b_ref / 120)
+    assert snap.worker_long[7].line == "peers"
+    # Peers at the reference batch keep no line; nor does a worker quicker per
+    # sample than its peers (its intercept would be negative).
+    assert all(snap.worker_short[r].line is None for r in range(7))
+    mon = Monitor(l_trans=10, l_per=10)
+    _steps(mon, 0, 0, [(40, 40 / 120)] * 3)
+    _steps(mon, 1, 0, [(8, 8 / 200)] * 3)
+    assert mon.snapshot(2).worker_short[1].line is None
+
+
+def test_a_batch_cut_short_by_the_end_of_the_data_is_not_a_faster_worker():
+    """At the end of the data a worker's batch of 32 holds 8 records and takes a
+    quarter of the time: per record it is as fast as before, not 4x faster."""
+    mon = Monitor(l_trans=10, l_per=10)
+    for t in range(3):
+        mon.report_worker(0, now=t, step=t, batch_size=32, compute_s=0.32, comm_s=0.0, samples=32)
+    mon.report_worker(0, now=3, step=3, batch_size=32, compute_s=0.08, comm_s=0.0, samples=8)
+    st = mon.snapshot(3).worker_short[0]
+    assert st.throughput == pytest.approx(100.0)
+    assert st.mean_batch == pytest.approx((3 * 32 + 8) / 4)

@@ -234,6 +234,33 @@ def test_a_fixed_per_step_delay_is_balanced_in_one_plan_once_its_line_is_known()
     assert real_makespan(first.sizes) > best + 0.01  # the proportional plan fell short
 
 
+def test_a_replacement_left_at_a_small_batch_is_given_records_and_not_killed():
+    """The newcomer inherits a straggler's batch of 2 and loses 0.12 s a step on its
+    host (transient): from its peers' per-sample time the plan gives it about the
+    optimum of the real step times at once, and nd does not call it persistent."""
+    pol = NdPolicy({"l_trans": "3", "l_per": "3", "min_batch": "2", "restart_cost": "1"})
+    mon = monitor_for(pol)
+    sizes = {**dict.fromkeys(range(7), 36), 7: 2}
+    sizes[0] += 256 - sum(sizes.values())
+
+    def step_s(rank: int, b: int) -> float:
+        return (0.12 if rank == 7 else 0.0) + b / 120
+
+    run(mon, {r: step_s(r, b) for r, b in sizes.items()}, start=0, end=4, batches=sizes)
+    mon.set_spare_capacity(1, ["spare1"])
+    actions = pol.decide(mon.snapshot(4, remaining_steps=10_000, restart_cost_s=1.0))
+    assert not [a for a in actions if isinstance(a, KillRestart)], names(actions)
+    [plan] = [a for a in actions if isinstance(a, AdjustBatchSize)]
+    assert plan.inputs["step_model_from"] == {7: "peers"}
+    assert sum(plan.sizes.values()) == 256
+    best = min(
+        max(step_s(7, b7), max(step_s(0, b) for b in solve_batch_sizes([120.0] * 7, 256 - b7, 2)))
+        for b7 in range(2, 40)
+    )
+    assert max(step_s(r, b) for r, b in plan.sizes.items()) == pytest.approx(best, rel=0.01)
+    assert plan.sizes[7] > 15
+
+
 def test_throughputs_within_the_tolerance_count_as_equal():
     """Step-time noise (within 3 % of the median throughput) moves no record,
     even with no margin; a worker 10 % slower still gets less."""

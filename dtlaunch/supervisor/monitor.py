@@ -21,6 +21,16 @@ sizes it equals the raw BPT; after an ADJUST_BS it still shows that a worker is
 slow (the raw BPT of a balanced straggler looks normal because it got less work),
 and it does not blame a small batch for its fixed communication cost.
 
+Two refinements keep balancing quick and fair (see their functions):
+
+- the short window starts at a worker's newest *regime change* (``since_regime_change``):
+  right after a transient straggler's onset or end its steps are averaged with
+  the new ones only, not with the old regime's;
+- a worker whose window holds one batch size far from its peers', so that no line
+  can be fitted (``step_model``), gets the peers' per-sample time as the slope of
+  its line (``with_peer_lines``); the equal-share BPT of a worker with a line is
+  the line's value at the reference batch.
+
 Steps without a record (``samples == 0``) of a worker that otherwise reports its
 records are left out: a worker waiting for a lease or out of data did no work.
 A node with no report inside a window is absent from that window's dict and from
@@ -30,7 +40,9 @@ as arguments only (no clock here), so tests drive it with a fake clock.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -48,6 +60,13 @@ class _WorkerReport:
     comm_s: float
     samples: int
     servers: tuple[tuple[int, float], ...] = ()  # (server, comm seconds) in this step
+
+    @property
+    def work(self) -> int:
+        """Records the step computed: its samples when it reports them (a batch
+        cut short at the end of the data is quicker, not a faster worker), else
+        its batch size."""
+        return self.samples if self.samples > 0 else self.batch_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +91,9 @@ class WindowStats:
     # line BPT = fixed_s + per_sample_s x B (both >= 0), else None (see step_model).
     fixed_s: float | None = None
     per_sample_s: float | None = None
+    line: str | None = None  # where the line comes from: "fit", "peers" (None: no line)
+    mean_batch: float = 0.0  # mean records per step (see _WorkerReport.work)
+    compute_per_sample_s: float = 0.0  # mean compute_s / B (communication left out)
 
     @property
     def span_s(self) -> float:
@@ -238,8 +260,12 @@ class Monitor:
         b_ref = sum(sizes) / len(sizes) if sizes else 1.0
         short_from, long_from = now - self.l_trans, now - self.l_per
         readers = self._reads_records
-        worker_short = _worker_stats(self._workers, short_from, now, b_ref, readers)
-        worker_long = _worker_stats(self._workers, long_from, now, b_ref, readers)
+        worker_short = with_peer_lines(
+            _worker_stats(self._workers, short_from, now, b_ref, readers, regimes=True), b_ref
+        )
+        worker_long = with_peer_lines(
+            _worker_stats(self._workers, long_from, now, b_ref, readers, regimes=False), b_ref
+        )
         server_long: dict[int, WindowStats] = {}
         for rank, reports in self._servers.items():
             upd = [r for r in reports if long_from <= r.t <= now]
@@ -292,6 +318,8 @@ def _worker_stats(
     end: float,
     b_ref: float,
     reads_records: set[int],
+    *,
+    regimes: bool,
 ) -> dict[int, WindowStats]:
     out: dict[int, WindowStats] = {}
     for rank, reports in windows.items():
@@ -305,10 +333,15 @@ def _worker_stats(
             inside = [r for r in inside if r.samples > 0]
         if not inside:
             continue
-        bpts = [max(r.compute_s + r.comm_s, MIN_BPT_S) for r in inside]
-        eq = [max(r.compute_s * b_ref / r.batch_size + r.comm_s, MIN_BPT_S) for r in inside]
-        rates = [r.batch_size / t for r, t in zip(inside, bpts, strict=True)]
-        fixed, per_sample = step_model([r.batch_size for r in inside], bpts)
+        if regimes:
+            inside = since_regime_change(inside)
+        bpts = [_bpt(r) for r in inside]
+        eq = [max(r.compute_s * b_ref / r.work + r.comm_s, MIN_BPT_S) for r in inside]
+        rates = [r.work / t for r, t in zip(inside, bpts, strict=True)]
+        fixed, per_sample = step_model([r.work for r in inside], bpts)
+        mean_batch = sum(r.work for r in inside) / len(inside)
+        if fixed is not None and per_sample is not None:
+            eq = [fixed + per_sample * b_ref]  # the line knows what scales with B
         out[rank] = WindowStats(
             reports=len(inside),
             first_s=inside[0].t,
@@ -319,6 +352,83 @@ def _worker_stats(
             samples=sum(r.samples for r in inside),
             fixed_s=fixed,
             per_sample_s=per_sample,
+            line=None if fixed is None else "fit",
+            mean_batch=mean_batch,
+            compute_per_sample_s=sum(r.compute_s / r.work for r in inside) / len(inside),
+        )
+    return out
+
+
+def _bpt(r: _WorkerReport) -> float:
+    return max(r.compute_s + r.comm_s, MIN_BPT_S)
+
+
+# A step time that jumps by more than this between two steps of one batch size,
+# and whose next step stays on the new side, starts a new regime. Step-time noise
+# on a shared machine is a few per cent; a straggler's onset is tens.
+REGIME_JUMP = 0.15
+
+
+def since_regime_change(reports: Sequence[_WorkerReport]) -> list[_WorkerReport]:
+    """The reports from the newest change of regime on (all of them if none).
+
+    Why: a short window that straddles a transient straggler's onset averages
+    the fast steps before it with the slow ones after, so the first plan
+    under-reacts and balancing takes several rounds (each a few steps late);
+    at the episode's end the same delay keeps the recovered worker's batch
+    small. A change is a BPT jump by more than ``REGIME_JUMP`` between two
+    consecutive steps of the same batch size, confirmed by the step after it,
+    compared per sample because a plan may already have changed its batch. One
+    slow step alone (a GC pause) is not a regime. A change between two batch
+    sizes is left alone: that is what ``step_model`` fits a line through.
+    """
+    for j in range(len(reports) - 2, 0, -1):
+        before, first, after = reports[j - 1], reports[j], reports[j + 1]
+        if before.work != first.work:
+            continue
+        old, new = _bpt(before), _bpt(first)
+        up, down = new > old * (1 + REGIME_JUMP), new * (1 + REGIME_JUMP) < old
+        per_old = old / before.work
+        per_after = _bpt(after) / after.work
+        half = 1 + REGIME_JUMP / 2
+        if (up and per_after > per_old * half) or (down and per_after * half < per_old):
+            return list(reports[j:])
+    return list(reports)
+
+
+def with_peer_lines(stats: dict[int, WindowStats], b_ref: float) -> dict[int, WindowStats]:
+    """``stats`` with a line for each worker whose batch is far from ``b_ref``
+    but whose window could not fit one: its slope is the median per-sample time
+    of the other workers, its intercept what is left of its mean BPT.
+
+    Why: with one batch size seen, eq. 3 takes a step's time as proportional
+    to its batch. Extrapolated far from that batch the guess fails badly for a
+    fixed per-step cost: a replacement that inherits a shrunk straggler's batch
+    of 2 and sleeps 0.12 s a step looks 16x slow per sample, so it would keep
+    batch 2 for good (no second size, no fitted line) and, rescaled to the
+    equal share, would look like a persistent straggler. Peers on like hardware
+    spend about the same time per sample; a wrong guess shows at the next plan,
+    whose second batch size gives the fitted line. A peer without a line of
+    its own counts with its compute time per sample (its communication is a
+    per-step cost). No line when that would need a negative intercept (the
+    worker is quicker per sample than its peers).
+    """
+    slopes = {
+        r: st.per_sample_s if st.per_sample_s is not None else st.compute_per_sample_s
+        for r, st in stats.items()
+    }
+    out = dict(stats)
+    for rank, st in stats.items():
+        far = abs(st.mean_batch - b_ref) > MIN_FIT_SPREAD * max(st.mean_batch, b_ref)
+        peers = sorted(v for r, v in slopes.items() if r != rank)
+        if st.line is not None or not far or not peers:
+            continue
+        slope = statistics.median(peers)
+        fixed = st.mean_bpt - slope * st.mean_batch
+        if fixed <= 0:
+            continue
+        out[rank] = dataclasses.replace(
+            st, fixed_s=fixed, per_sample_s=slope, line="peers", mean_bpt_eq=fixed + slope * b_ref
         )
     return out
 

@@ -185,6 +185,9 @@ class Balancer:
                 for r in ranks
                 if (st := snap.worker_short[r]).fixed_s is not None
             },
+            "step_model_from": {
+                r: line for r in ranks if (line := snap.worker_short[r].line) is not None
+            },
             "tolerance": self.tolerance,
             "current_sizes": dict(zip(ranks, current, strict=True)),
             "solver_sizes": dict(zip(ranks, sizes, strict=True)),
@@ -242,7 +245,7 @@ MAX_PLAN_ROUNDS = 8
 
 def _line(st: WindowStats) -> tuple[float, float]:
     """``(fixed_s, per_sample_s)`` of a worker's step time; proportional (eq. 3)
-    unless its window fitted a line (``monitor.step_model``)."""
+    unless the Monitor gave its window a line (fitted, or from its peers)."""
     if st.fixed_s is not None and st.per_sample_s is not None:
         return st.fixed_s, st.per_sample_s
     return 0.0, 1.0 / st.throughput
