@@ -42,7 +42,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -51,7 +50,7 @@ import torch
 import zmq
 
 from dtlaunch.errors import ConfigError, DtlaunchError
-from dtlaunch.ps.blocks import Block, ParamSpec, Placement, check_layout, plan
+from dtlaunch.ps.blocks import Placement, check_layout, plan
 from dtlaunch.ps.config import (
     ENV_KEYS,
     block_bytes_from,
@@ -61,6 +60,7 @@ from dtlaunch.ps.config import (
 )
 from dtlaunch.ps.exchange import Exchanger, PsError, Request, ServerRestarted, ServerTiming
 from dtlaunch.ps.frames import as_buffer, block_spec, optimizer_to_wire, tensor_from_frame
+from dtlaunch.ps.model_blocks import GradMark, ModelTensors
 from dtlaunch.ps.optim import OptimizerConfig
 from dtlaunch.ps.placement_map import from_wire, to_wire
 from dtlaunch.ps.transport import ServerLink, new_context
@@ -132,8 +132,8 @@ class Client:
         self.worker = worker if worker is not None else worker_rank_from(env)
         self._job = job
         self._timeout = timeout if timeout is not None else timeout_from(env)
-        self._params = [p for _, p in model.named_parameters()]
-        specs = self._specs = _param_specs(model)
+        self._tensors = ModelTensors(model)
+        specs = self._tensors.specs
         size = block_bytes if block_bytes is not None else block_bytes_from(env)
         if placement is None:
             placement = plan(specs, len(endpoints), size)
@@ -158,9 +158,8 @@ class Client:
         self._pushed_step = [0] * n
         self._applied_by = [0] * n
         self._pushed_samples = 0
-        self._pushed_grads: list[tuple[weakref.ref[torch.Tensor] | None, int]] = []
+        self._pushed_grads: list[GradMark] = []
         self._pushing = False  # p.grad holds the gradient being pushed, not the last one
-        self._zero_grads: dict[int, torch.Tensor] = {}
         self.dropped: list[int] = []  # servers that refused the last push (step went on)
         self._closed = False
         self._left = False  # told the servers it takes no more steps
@@ -240,7 +239,7 @@ class Client:
             waited.append(reply.waited_s)
             with torch.no_grad():
                 for block_id, frame in zip(reply.blocks, frames, strict=True):
-                    view = self._param_view(self.placement.blocks[block_id])
+                    view = self._tensors.param_view(self.placement.blocks[block_id])
                     view.copy_(tensor_from_frame(frame, block_spec(block_id, view)))
             self._versions[j] = reply.version
             return sum(len(f) for f in frames)
@@ -269,7 +268,7 @@ class Client:
             j: self._push_request(j, self._versions[j], samples, zeros=False)
             for j in range(len(self._exch.links))
         }
-        marks = [_grad_mark(p) for p in self._params]
+        marks = self._tensors.grad_marks()
         self.dropped = []
         started, mark = time.perf_counter(), len(self._exch.timings)
 
@@ -306,7 +305,7 @@ class Client:
             ConfigError: the placement does not fit this model or the server list.
         """
         endpoints = list(servers) if servers is not None else list(self.endpoints)
-        check_layout(placement, self._specs, len(endpoints))
+        check_layout(placement, self._tensors.specs, len(endpoints))
         if placement.version < self.placement.version:
             raise ConfigError(
                 f"placement version {placement.version} is older than the one in use "
@@ -373,17 +372,6 @@ class Client:
     def _ids(self, server: int) -> list[int]:
         return [b.block_id for b in self.placement.blocks_on(server)]
 
-    def _param_view(self, block: Block) -> torch.Tensor:
-        data = self._params[block.param].data
-        return data if data.dim() == 0 else data[block.row_start : block.row_end]
-
-    def _grad_view(self, block: Block) -> torch.Tensor:
-        grad = self._params[block.param].grad
-        if grad is None:
-            return self._zero_grad(block)
-        view = grad if grad.dim() == 0 else grad[block.row_start : block.row_end]
-        return view if view.is_contiguous() else view.contiguous()
-
     def _link(self, endpoint: str) -> ServerLink:
         identity = b"worker:%d:%d" % (self.worker, os.getpid())
         return ServerLink(self._ctx, endpoint, self._keys, identity)
@@ -391,7 +379,7 @@ class Client:
     def _init_request(self, j: int, with_data: bool) -> Request:
         """Seed server ``j`` with, or offer it, this worker's copy of its blocks."""
         blocks = self.placement.blocks_on(j)
-        views = [self._param_view(b).detach() for b in blocks]
+        views = [self._tensors.param_view(b).detach() for b in blocks]
         msg = PsInit(
             request_id=0,
             worker=self.worker,
@@ -404,7 +392,7 @@ class Client:
 
     def _push_request(self, j: int, step: int, samples: int, *, zeros: bool) -> Request:
         ids = self._ids(j)
-        grad = self._zero_grad if zeros else self._grad_view
+        grad = self._tensors.zero_grad if zeros else self._tensors.grad_view
         payloads = [as_buffer(grad(self.placement.blocks[b])) for b in ids]
         msg = PsPush(request_id=0, worker=self.worker, step=step, samples=samples, blocks=ids)
         return msg, payloads
@@ -413,14 +401,6 @@ class Client:
         # BSP: the step's update makes version step + 1; ASP: the ack's version.
         self._pushed_step[j] = ack.step
         self._applied_by[j] = max(ack.step + 1, ack.version)
-
-    def _zero_grad(self, block: Block) -> torch.Tensor:
-        zero = self._zero_grads.get(block.block_id)
-        if zero is None:
-            zero = self._zero_grads[block.block_id] = torch.zeros(
-                block.shape, dtype=self._params[block.param].dtype
-            )
-        return zero
 
     def _seed(self) -> None:
         unseeded: list[int] = []
@@ -488,9 +468,7 @@ class Client:
 
     def _repush(self, j: int) -> None:
         """Send the last accepted gradient again: the restarted server lost it."""
-        intact = len(self._pushed_grads) == len(self._params) and all(
-            _grad_mark(p) == mark for p, mark in zip(self._params, self._pushed_grads, strict=True)
-        )
+        intact = self._tensors.grads_unchanged(self._pushed_grads)
         if not intact:
             logger.warning(
                 "ps: p.grad changed since the push of step %d; server %d applies that step "
@@ -523,34 +501,3 @@ class Client:
 
 def _restarted(server: int, incarnation: int) -> None:
     raise ServerRestarted(server, incarnation)
-
-
-def _grad_mark(param: torch.Tensor) -> tuple[weakref.ref[torch.Tensor] | None, int]:
-    """Which tensor ``param.grad`` is and its in-place version counter: equal marks
-    mean the gradient is the one pushed, unchanged (a weak reference: never keeps
-    a gradient the user dropped alive)."""
-    grad = param.grad
-    if grad is None:
-        return None, 0
-    return weakref.ref(grad), int(getattr(grad, "_version", 0))
-
-
-def _param_specs(model: torch.nn.Module) -> list[ParamSpec]:
-    specs = []
-    for name, p in model.named_parameters():
-        if p.device.type != "cpu" or not p.data.is_contiguous():
-            raise ConfigError(
-                f"parameter {name} is on {p.device} or not contiguous; the PS client "
-                "needs contiguous CPU parameters (move the model with .cpu() first)"
-            )
-        specs.append(
-            ParamSpec(
-                name=name,
-                shape=tuple(p.shape),
-                dtype=str(p.dtype).removeprefix("torch."),
-                itemsize=p.element_size(),
-            )
-        )
-    if not specs:
-        raise ConfigError("the model has no parameters to keep on parameter servers")
-    return specs

@@ -1,90 +1,42 @@
 """A worker's connection to the supervisor's DDS: one daemon thread, one asyncio loop.
 
-All socket I/O happens in that thread, on a wire ``Dealer``; the training thread
-talks to it only through thread-safe queues and ``call_soon_threadsafe``, so
-``step()`` never waits on the network and ``next_lease()`` waits only when the
-prefetched leases have run out.
-
-Protocol, as the worker sees it:
-
-* ``Hello`` first (with the leases it holds), then ``Ping`` every heartbeat
-  interval so the supervisor knows it is alive.
-* ``Rehello`` from the supervisor (it restarted and does not know us): send
-  ``Hello`` again with the held leases, then re-send whatever is unanswered
-  (dataset request, shard request, unconfirmed acks). Several Rehellos answer the
-  messages sent before our Hello, and the link keeps order, so Rehellos that
-  arrive while that Hello awaits its ``Welcome`` are ignored.
-* Dataset: ``RegisterDataset`` when the script gave one, else the query
-  ``DatasetReady(dataset=None)``; both are answered by ``DatasetReady``.
-* PS placement: ``RegisterPlacement`` (the map this worker planned), answered by
-  ``PlacementReady`` with the job's map. Questions like these two are re-sent
-  until answered, also to a restarted supervisor.
-* Shards: ``FetchShards`` keeps ``prefetch`` shards' worth of records queued
-  ahead of the training thread. A grant is authoritative whenever it arrives,
-  even for a request given up on; leases are deduplicated by ``lease_id``. A
-  request unanswered after a timeout is sent again with a new ``request_id``.
-* A lease is held from its grant until the supervisor confirms it DONE
-  (``AckDone``); unconfirmed ``AckShards`` are re-sent after a timeout.
+All socket I/O happens in that thread (``runtime.link.SupervisorLink``, which
+also documents the protocol); the training thread talks to it only through
+thread-safe queues and ``call_soon_threadsafe``, so ``step()`` never waits on the
+network and ``next_lease()`` waits only when the prefetched leases have run out.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
-import contextlib
-import dataclasses
 import logging
-import math
-import os
 import queue
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import zmq.asyncio
-
-from dtlaunch import __version__
 from dtlaunch.errors import ConfigError, DtlaunchError
-from dtlaunch.runtime.data import NOT_READY, NotReady, lease_fits
+from dtlaunch.runtime.data import NOT_READY, NotReady
+from dtlaunch.runtime.link import Ask, Connection, End, Failed, Item, Shared, SupervisorLink
 from dtlaunch.runtime.steps import TimedReport
 from dtlaunch.sharding import DatasetSpec, dataset_spec
-from dtlaunch.wire.keys import PeerKeys
 from dtlaunch.wire.messages import (
-    AckDone,
-    AckShards,
-    AdjustBatch,
-    AdjustLR,
     DatasetInfo,
     DatasetReady,
-    FetchShards,
-    Hello,
     Lease,
     Message,
-    Ping,
     PlacementReady,
     PsPlacementMap,
     RegisterDataset,
     RegisterPlacement,
-    Regroup,
     RegroupGo,
-    Rehello,
-    ReleaseShards,
-    ShardGrant,
-    StepReports,
-    Welcome,
 )
-from dtlaunch.wire.sockets import Dealer
 
 __all__ = ["NO_DATASET", "Connection", "SupervisorClient"]
 
 logger = logging.getLogger(__name__)
 
-REQUEST_TIMEOUT_INTERVALS = 3  # heartbeat intervals without an answer before re-sending
-MIN_REQUEST_TIMEOUT_S = 1.0
-MIN_RETRY_S = 0.05  # an empty grant with retry_after 0 must not become a busy loop
 WAIT_WARNING_S = 30.0  # log while the training thread waits this long for shards
 THREAD_JOIN_MARGIN_S = 5.0
 
@@ -94,83 +46,21 @@ NO_DATASET = (
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Connection:
-    """Who this worker is and where its supervisor listens."""
-
-    endpoint: str
-    keys: PeerKeys
-    run_id: str
-    rank: int
-    attempt: int
-    heartbeat_interval: float
-
-
-class _End:
-    """Queued after the last lease: the supervisor said finished."""
-
-
-@dataclass(slots=True, kw_only=True)
-class _Ask:
-    """A question to the supervisor, sent again each request timeout until answered."""
-
-    msg: Message
-    future: concurrent.futures.Future[Message]
-    sent_at: float = -math.inf
-
-
-@dataclass(frozen=True, slots=True)
-class _Failed:
-    error: BaseException
-
-
-_Item = Lease | _End | _Failed
-
-
 class SupervisorClient:
     """A ``LeaseSource`` backed by the supervisor; see the module docstring."""
 
     def __init__(self, conn: Connection, *, prefetch: int, joining: bool = False) -> None:
         self._conn = conn
-        self._prefetch = prefetch
+        self._shared = Shared()
         # A replacement waiting to join has its own identity: the worker it
         # replaces is still connected under "worker:<rank>".
-        self._identity = (b"join:%d" if joining else b"worker:%d") % conn.rank
-        # Shared with the training thread.
-        self._items: queue.Queue[_Item] = queue.Queue()
-        self._queued_lock = threading.Lock()
-        self._queued_records = 0
-        self._negotiated: DatasetSpec | None = None  # training thread: negotiate()'s answer
-        self._failure: BaseException | None = None  # set once by the loop thread
-        self._ended = False  # training thread: END or a failure was taken
+        identity = (b"join:%d" if joining else b"worker:%d") % conn.rank
+        self._link = SupervisorLink(conn, self._shared, prefetch=prefetch, identity=identity)
+        self._negotiated: DatasetSpec | None = None  # negotiate()'s answer
+        self._ended = False  # END or a failure was taken
         self._closed = False
-        # Loop-thread state from here on.
-        self._loop = asyncio.new_event_loop()
-        self._wake = asyncio.Event()
-        self._dealer: Dealer | None = None
-        self._interval = conn.heartbeat_interval
-        self._need_hello = True
-        self._hello_at: float | None = None  # last Hello not yet answered by Welcome
-        self._ping_seq = 0
-        self._next_ping = 0.0
-        self._asks: dict[str, _Ask] = {}  # answer TYPE -> the question awaiting it
-        self._spec: DatasetSpec | None = None
-        self._held: set[int] = set()
-        self._seen: set[int] = set()
-        self._next_request_id = 1
-        self._outstanding: tuple[int, float] | None = None  # (request_id, sent at)
-        self._retry_at = 0.0
-        self._finished = False
-        self._consumer_waiting = False
-        self._pending_acks: dict[int, tuple[int, float]] = {}  # lease -> (step, sent at)
-        self._reports: list[TimedReport] = []  # step measurements not sent yet
-        self._actions: queue.Queue[Message] = queue.Queue()  # to the training thread
-        self._outbox: list[Message] = []  # notices from the training thread
-        self._sticky: list[Message] = []  # notices every new supervisor must hear
-        self._regroup_go: queue.Queue[RegroupGo] = queue.Queue()
-        self._close_deadline: float | None = None
         self._thread = threading.Thread(
-            target=self._thread_main, name=f"dtlaunch-runtime-{conn.rank}", daemon=True
+            target=self._link.run, name=f"dtlaunch-runtime-{conn.rank}", daemon=True
         )
         self._thread.start()
 
@@ -211,14 +101,14 @@ class SupervisorClient:
         """Begin prefetching shards (after ``negotiate``, once the script accepted them)."""
         if self._negotiated is None:
             raise RuntimeError("start_fetching() before negotiate()")
-        self._call(self._begin_fetching, self._negotiated)
+        self._call(self._link.begin_fetching, self._negotiated)
 
     def _ask(self, msg: Message, answer: type[Message], timeout: float) -> Message:
         """Send ``msg`` (again after each request timeout) until an ``answer`` comes."""
         future: concurrent.futures.Future[Message] = concurrent.futures.Future()
-        if self._failure is not None:
-            raise self._failure
-        self._call(self._start_ask, answer.TYPE, _Ask(msg=msg, future=future))
+        if self._link.failure is not None:
+            raise self._link.failure
+        self._call(self._link.start_ask, answer.TYPE, Ask(msg=msg, future=future))
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
@@ -232,9 +122,9 @@ class SupervisorClient:
         if self._ended:
             return None
         try:
-            item = self._items.get_nowait()
+            item = self._shared.items.get_nowait()
         except queue.Empty:
-            self._call(self._set_consumer_waiting)
+            self._call(self._link.set_consumer_waiting)
             item = self._wait_for_item()
         return self._take(item)
 
@@ -243,42 +133,41 @@ class SupervisorClient:
         if self._ended:
             return None
         try:
-            item = self._items.get_nowait()
+            item = self._shared.items.get_nowait()
         except queue.Empty:
-            self._call(self._set_consumer_waiting)
+            self._call(self._link.set_consumer_waiting)
             try:
-                item = self._items.get(timeout=timeout)
+                item = self._shared.items.get(timeout=timeout)
             except queue.Empty:
                 return NOT_READY
         return self._take(item)
 
-    def _take(self, item: _Item) -> Lease | None:
-        if isinstance(item, _End):
+    def _take(self, item: Item) -> Lease | None:
+        if isinstance(item, End):
             self._ended = True
             return None
-        if isinstance(item, _Failed):
+        if isinstance(item, Failed):
             self._ended = True
             if isinstance(item.error, DtlaunchError):
                 raise item.error
             raise RuntimeError(f"the connection to the supervisor failed: {item.error!r}")
-        with self._queued_lock:
-            self._queued_records -= item.end - item.start
-        self._call(self._lease_taken)
+        self._shared.queued.add(-(item.end - item.start))
+        self._call(self._link.lease_taken)
         return item
 
     def ack(self, lease_ids: Sequence[int], step: int) -> None:
-        self._call(self._add_acks, list(lease_ids), step)
+        self._call(self._link.add_acks, list(lease_ids), step)
 
     def release(self, lease_ids: Sequence[int], step: int) -> None:
-        self._call(self._release, list(lease_ids), step)
+        self._call(self._link.release, list(lease_ids), step)
 
     def report(self, reports: list[TimedReport]) -> None:
-        self._call(self._add_reports, list(reports))
+        self._call(self._link.add_reports, list(reports))
 
     def send(self, msg: Message, *, repeat_on_rehello: bool = False) -> None:
         """Send a notice (``Attached``, ``RegroupReady``) after our Hello; with
         ``repeat_on_rehello`` also to a supervisor that restarted (it forgot)."""
-        self._call(self._queue_send, msg, repeat_on_rehello)
+        self._call(self._link.queue_send, msg, repeat_on_rehello)
 
     def wait_regroup_go(self, gen: int, timeout: float) -> RegroupGo:
         """Block until the supervisor says where generation ``gen`` meets.
@@ -289,7 +178,7 @@ class SupervisorClient:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                go = self._regroup_go.get(timeout=max(0.0, deadline - time.monotonic()))
+                go = self._shared.regroup_go.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 raise TimeoutError(
                     f"the supervisor did not say where regroup generation {gen} meets "
@@ -302,7 +191,7 @@ class SupervisorClient:
         taken: list[Message] = []
         while True:
             try:
-                taken.append(self._actions.get_nowait())
+                taken.append(self._shared.actions.get_nowait())
             except queue.Empty:
                 return taken
 
@@ -311,315 +200,29 @@ class SupervisorClient:
         if self._closed:
             return
         self._closed = True
-        self._call(self._begin_close, timeout)
+        self._call(self._link.begin_close, timeout)
         self._thread.join(timeout + THREAD_JOIN_MARGIN_S)
         if self._thread.is_alive():
             logger.warning("the dtlaunch runtime thread did not stop; leaving it (daemon)")
 
     def _call(self, fn: Callable[..., None], *args: Any) -> None:
         try:
-            self._loop.call_soon_threadsafe(fn, *args)
+            self._link.loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the loop is closed: the thread ended (failed or closed)
             logger.debug("runtime thread gone; %s dropped", fn.__name__)
 
-    def _wait_for_item(self) -> _Item:
+    def _wait_for_item(self) -> Item:
         waited = 0.0
         while True:
             try:
-                return self._items.get(timeout=WAIT_WARNING_S)
+                return self._shared.items.get(timeout=WAIT_WARNING_S)
             except queue.Empty:
                 waited += WAIT_WARNING_S
                 if not self._thread.is_alive():
-                    return _Failed(RuntimeError("the dtlaunch runtime thread ended"))
+                    return Failed(RuntimeError("the dtlaunch runtime thread ended"))
                 logger.warning(
                     "rank %d has waited %.0fs for data shards from the supervisor at %s",
                     self._conn.rank,
                     waited,
                     self._conn.endpoint,
                 )
-
-    # ----------------------------------------- loop thread: training-thread calls
-
-    def _start_ask(self, answer_type: str, ask: _Ask) -> None:
-        if self._failure is not None:
-            ask.future.set_exception(self._failure)
-            return
-        self._asks[answer_type] = ask
-        self._wake.set()
-
-    def _begin_fetching(self, spec: DatasetSpec) -> None:
-        self._spec = spec
-        self._wake.set()
-
-    def _set_consumer_waiting(self) -> None:
-        self._consumer_waiting = True
-        self._wake.set()
-
-    def _lease_taken(self) -> None:
-        self._consumer_waiting = False
-        self._wake.set()
-
-    def _add_acks(self, lease_ids: list[int], step: int) -> None:
-        for lease_id in lease_ids:
-            self._pending_acks[lease_id] = (step, -math.inf)
-        self._wake.set()
-
-    def _release(self, lease_ids: list[int], step: int) -> None:
-        # Not ours any more: a Hello after a supervisor restart must not claim
-        # them (the supervisor then releases them itself if this notice is lost).
-        for lease_id in lease_ids:
-            self._held.discard(lease_id)
-            self._pending_acks.pop(lease_id, None)
-        reason = f"step {step} of worker {self._conn.rank} was dropped (BACKUP_WORKERS)"
-        self._queue_send(ReleaseShards(lease_ids=lease_ids, step=step, reason=reason), False)
-
-    def _queue_send(self, msg: Message, repeat_on_rehello: bool) -> None:
-        self._outbox.append(msg)
-        if repeat_on_rehello:
-            self._sticky.append(msg)
-        self._wake.set()
-
-    def _add_reports(self, reports: list[TimedReport]) -> None:
-        self._reports.extend(reports)
-        self._wake.set()
-
-    def _begin_close(self, timeout: float) -> None:
-        self._close_deadline = self._loop.time() + timeout
-        self._wake.set()
-
-    # ------------------------------------------------------------ loop thread
-
-    def _thread_main(self) -> None:
-        try:
-            self._loop.run_until_complete(self._main())
-        finally:
-            self._loop.close()
-
-    async def _main(self) -> None:
-        ctx = zmq.asyncio.Context()
-        try:
-            self._dealer = Dealer(ctx, self._conn.endpoint, self._conn.keys, self._identity)
-            tasks = [
-                asyncio.create_task(self._receive_loop(self._dealer)),
-                asyncio.create_task(self._control_loop()),
-            ]
-            try:
-                # The control loop returns when closed; the receive loop only by failing.
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-            for task in done:
-                task.result()  # re-raise a failure
-        except DtlaunchError as exc:
-            logger.error("dtlaunch runtime: %s", exc)
-            self._fail(exc)
-        except Exception as exc:
-            logger.exception("dtlaunch runtime: the supervisor connection failed")
-            self._fail(exc)
-        finally:
-            if self._dealer is not None:
-                self._dealer.close()
-            ctx.term()
-
-    def _fail(self, error: BaseException) -> None:
-        self._failure = error
-        for ask in self._asks.values():
-            if not ask.future.done():
-                ask.future.set_exception(error)
-        self._asks.clear()
-        self._items.put(_Failed(error))
-
-    async def _control_loop(self) -> None:
-        while True:
-            now = self._loop.time()
-            # Pump first: what close() queued (the last step reports) goes out too.
-            await self._pump(now)
-            if self._close_deadline is not None:
-                if not self._pending_acks:
-                    return
-                if now >= self._close_deadline:
-                    logger.warning(
-                        "the supervisor did not confirm %d finished lease(s) in time; "
-                        "it will hand them out again",
-                        len(self._pending_acks),
-                    )
-                    return
-            delay = max(0.0, self._next_deadline() - self._loop.time())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
-            self._wake.clear()
-
-    @property
-    def _timeout(self) -> float:
-        return max(MIN_REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_INTERVALS * self._interval)
-
-    def _next_deadline(self) -> float:
-        deadlines = [self._next_ping]
-        deadlines += [ask.sent_at + self._timeout for ask in self._asks.values()]
-        if self._outstanding is not None:
-            deadlines.append(self._outstanding[1] + self._timeout)
-        elif self._spec is not None and not self._finished and self._retry_at > self._loop.time():
-            deadlines.append(self._retry_at)  # a past retry time would spin this loop
-        if self._pending_acks:
-            deadlines.append(min(sent for _, sent in self._pending_acks.values()) + self._timeout)
-        if self._close_deadline is not None:
-            deadlines.append(self._close_deadline)
-        return min(deadlines)
-
-    async def _send(self, msg: Message) -> None:
-        assert self._dealer is not None
-        if not await self._dealer.send(msg):
-            logger.debug("%s not queued (send queue full); retried later", msg.TYPE)
-
-    async def _pump(self, now: float) -> None:
-        """Send whatever is due; every decision is made from state, never blocks."""
-        if self._need_hello:
-            self._need_hello = False
-            self._hello_at = now
-            # The link keeps order: what we re-send now arrives after the Hello.
-            for ask in self._asks.values():
-                ask.sent_at = -math.inf
-            self._outstanding = None
-            self._pending_acks = {
-                lease_id: (step, -math.inf) for lease_id, (step, _) in self._pending_acks.items()
-            }
-            await self._send(
-                Hello(
-                    role="worker",
-                    run_id=self._conn.run_id,
-                    host=socket.gethostname(),
-                    pid=os.getpid(),
-                    version=__version__,
-                    rank=self._conn.rank,
-                    attempt=self._conn.attempt,
-                    leases=sorted(self._held),
-                )
-            )
-        if now >= self._next_ping:
-            self._ping_seq += 1
-            self._next_ping = now + self._interval
-            await self._send(Ping(seq=self._ping_seq))
-        for ask in list(self._asks.values()):  # an answer may come while we send
-            if now - ask.sent_at >= self._timeout:
-                ask.sent_at = now
-                await self._send(ask.msg)
-        if self._outbox and self._hello_at is None:
-            outbox, self._outbox = self._outbox, []
-            for msg in outbox:
-                await self._send(msg)
-        await self._pump_fetch(now)
-        await self._pump_acks(now)
-        if self._reports and self._hello_at is None:
-            # Measurements are best effort: if the link is down they are dropped.
-            reports = [
-                dataclasses.replace(t.report, age_s=max(0.0, time.monotonic() - t.ended))
-                for t in self._reports
-            ]
-            self._reports = []
-            await self._send(StepReports(reports=reports))
-
-    async def _pump_fetch(self, now: float) -> None:
-        spec = self._spec
-        if spec is None or self._finished or self._close_deadline is not None:
-            return
-        if self._outstanding is not None:
-            request_id, sent_at = self._outstanding
-            if now - sent_at < self._timeout:
-                return
-            logger.info("no answer to shard request %d; asking again", request_id)
-            self._outstanding = None
-        if now < self._retry_at:
-            return
-        target = self._prefetch * spec.shard_size
-        if self._consumer_waiting:
-            target = max(target, spec.shard_size)
-        with self._queued_lock:
-            wanted = target - self._queued_records
-        if wanted <= 0:
-            return
-        request_id = self._next_request_id
-        self._next_request_id += 1
-        self._outstanding = (request_id, now)
-        count = math.ceil(wanted / spec.shard_size)
-        await self._send(FetchShards(request_id=request_id, count=count))
-
-    async def _pump_acks(self, now: float) -> None:
-        by_step: dict[int, list[int]] = {}
-        for lease_id, (step, sent_at) in list(self._pending_acks.items()):
-            if now - sent_at >= self._timeout:
-                by_step.setdefault(step, []).append(lease_id)
-                self._pending_acks[lease_id] = (step, now)
-        for step, lease_ids in sorted(by_step.items()):
-            await self._send(AckShards(lease_ids=sorted(lease_ids), step=step))
-
-    async def _receive_loop(self, dealer: Dealer) -> None:
-        while True:
-            msg = await dealer.recv()
-            if msg is None:
-                continue
-            try:
-                self._on_message(msg, self._loop.time())
-            except Exception:  # one odd message must not end the connection
-                logger.exception("error handling %s from the supervisor", msg.TYPE)
-            self._wake.set()
-
-    def _on_message(self, msg: Message, now: float) -> None:
-        if isinstance(msg, ShardGrant):
-            self._on_grant(msg, now)
-        elif isinstance(msg, AckDone):
-            for lease_id in msg.lease_ids:
-                self._pending_acks.pop(lease_id, None)
-                self._held.discard(lease_id)
-        elif isinstance(msg, Welcome):
-            self._hello_at = None
-            self._interval = msg.heartbeat_interval
-        elif isinstance(msg, Rehello):
-            if self._hello_at is not None and now - self._hello_at < self._timeout:
-                return  # answers a message sent before our latest Hello
-            logger.info(
-                "the supervisor asks for a new Hello (it restarted); holding leases %s",
-                sorted(self._held),
-            )
-            self._need_hello = True
-            self._outbox.extend(self._sticky)
-        elif isinstance(msg, (DatasetReady, PlacementReady)):
-            self._on_answer(msg)
-        elif isinstance(msg, (AdjustBatch, AdjustLR, Regroup)):
-            self._actions.put(msg)
-        elif isinstance(msg, RegroupGo):
-            self._regroup_go.put(msg)
-        elif not isinstance(msg, Ping):
-            logger.debug("ignoring %s from the supervisor", msg.TYPE)
-
-    def _on_answer(self, msg: Message) -> None:
-        ask = self._asks.pop(msg.TYPE, None)
-        if ask is None or ask.future.done():
-            return  # an answer to a question re-sent after the first answer
-        ask.future.set_result(msg)
-
-    def _on_grant(self, msg: ShardGrant, now: float) -> None:
-        if self._outstanding is not None and self._outstanding[0] == msg.request_id:
-            self._outstanding = None
-        spec = self._spec
-        if spec is None:
-            logger.warning("shard grant before the data set is known; ignored")
-            return
-        for lease in msg.leases:
-            if lease.lease_id in self._seen:
-                continue  # a grant we already had (answers to re-sent requests)
-            self._seen.add(lease.lease_id)
-            if not lease_fits(spec, lease):
-                logger.error("lease %r does not fit the data set %s; ignored", lease, spec)
-                continue
-            self._held.add(lease.lease_id)
-            with self._queued_lock:
-                self._queued_records += lease.end - lease.start
-            self._items.put(lease)
-        if msg.finished:
-            if not self._finished:
-                self._finished = True
-                self._items.put(_End())
-        elif not msg.leases:
-            self._retry_at = now + max(MIN_RETRY_S, msg.retry_after)
