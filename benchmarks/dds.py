@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 
 from dtlaunch.sharding import DatasetSpec
-from dtlaunch.supervisor.dds import ShardQueue
-from dtlaunch.supervisor.dds_records import Grant, encode_transition
-from dtlaunch.supervisor.wal import GroupCommitter, Wal
+from dtlaunch.supervisor.dds.queue import ShardQueue
+from dtlaunch.supervisor.dds.records import Grant, encode_transition
+from dtlaunch.supervisor.wal.log import GroupCommitter, Wal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from wal_bench import fsync_latency_percentiles

@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from dtlaunch.supervisor.wal import GroupCommitter, RealFiles, Wal
-from dtlaunch.supervisor.wal_files import FileHandle
+from dtlaunch.supervisor.wal.files import FileHandle
+from dtlaunch.supervisor.wal.log import GroupCommitter, RealFiles, Wal
 
 PAYLOAD = b"G|shard=000123|worker=07|attempt=01|ep=3|"  # ~ one DDS transition
 # Targets of the issue on a 2-core machine; checked when run as a script.

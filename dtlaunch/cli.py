@@ -246,7 +246,7 @@ def run(
     try:
         servers_mode = mode or ("ps" if servers > 0 else "allreduce")
         from dtlaunch.inject import parse_injections
-        from dtlaunch.supervisor.policies import parse_policy
+        from dtlaunch.supervisor.control.policies import parse_policy
 
         parse_policy(policy)  # refuse a bad --policy before anything starts
         parse_injections(inject or [])
@@ -343,8 +343,8 @@ def check(
 ) -> None:
     """Check every host in parallel: ssh, host key, python, dtlaunch, workdir, ports."""
     _setup_logging(False)
+    from dtlaunch.preflight import check_hosts, render_checks
     from dtlaunch.sshconn import SshOptions
-    from dtlaunch.supervisor.preflight import check_hosts, render_checks
 
     try:
         host_specs = load_hosts(hosts)
@@ -375,7 +375,7 @@ def stop(
 ) -> None:
     """Stop a running job gracefully (SIGTERM, then SIGKILL after the grace period)."""
     _setup_logging(False)
-    from dtlaunch.supervisor.control import request_stop
+    from dtlaunch.jobclient import request_stop
 
     try:
         detail = asyncio.run(request_stop(run_dir, timeout=timeout))
@@ -395,7 +395,7 @@ def wal_repair(
     """Cut the WAL at its first corruption (a backup of the cut keeps every byte)."""
     _setup_logging(False)
     from dtlaunch.supervisor.rundir import RunDir
-    from dtlaunch.supervisor.wal import repair
+    from dtlaunch.supervisor.wal.log import repair
 
     try:
         run = RunDir.open(run_dir.absolute())

@@ -27,7 +27,7 @@ from rich.live import Live
 
 from dtlaunch.errors import DtlaunchError, RunDirError
 from dtlaunch.supervisor.rundir import RunDir
-from dtlaunch.supervisor.status import STATUS_PREFIX
+from dtlaunch.supervisor.status.tracker import STATUS_PREFIX
 from dtlaunch.ui.status_model import find_newest_run, open_run, snapshot_from_run_dir
 from dtlaunch.ui.status_view import render_status
 from dtlaunch.ui.timeline import to_plain

@@ -17,7 +17,7 @@ STEP_S = 0.05
 # Rank 2 runs on the second host: 0.05 + 0.07 s a step, 2.4x the others, so
 # 1.64x the mean of three: lambda 1.5 calls it persistent, lambda 2.0 does not.
 # Shrunk to min_batch (6 of 10) it still looks under 2x: its equal-share BPT
-# scales the fixed delay up by 10/6 (see dtlaunch.supervisor.monitor).
+# scales the fixed delay up by 10/6 (see dtlaunch.supervisor.control.monitor).
 DELAY_S = 0.07
 
 

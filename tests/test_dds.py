@@ -10,7 +10,7 @@ import pytest
 
 from dtlaunch.errors import ConfigError, DtlaunchError
 from dtlaunch.sharding import DatasetSpec, epoch_order
-from dtlaunch.supervisor.dds import (
+from dtlaunch.supervisor.dds.queue import (
     DdsStateError,
     Done,
     Grant,

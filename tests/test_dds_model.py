@@ -17,7 +17,7 @@ from hypothesis.stateful import (
 )
 
 from dtlaunch.sharding import DatasetSpec, epoch_order
-from dtlaunch.supervisor.dds import (
+from dtlaunch.supervisor.dds.queue import (
     Done,
     Grant,
     Release,

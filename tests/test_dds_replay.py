@@ -7,8 +7,8 @@ import msgpack
 import pytest
 
 from dtlaunch.sharding import DatasetSpec
-from dtlaunch.supervisor.dds import ShardQueue
-from dtlaunch.supervisor.dds_records import DdsStateError, encode_transition
+from dtlaunch.supervisor.dds.queue import ShardQueue
+from dtlaunch.supervisor.dds.records import DdsStateError, encode_transition
 
 SPEC = DatasetSpec(dataset_size=1000, shard_size=30, epochs=3, seed=5)
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from dtlaunch.sharding import DatasetSpec
-from dtlaunch.supervisor.dds import ShardQueue
-from dtlaunch.supervisor.wal import Wal
+from dtlaunch.supervisor.dds.queue import ShardQueue
+from dtlaunch.supervisor.wal.log import Wal
 from tests.jobs import SCRIPTS, Started, events, run, summary, wait_until
 from tests.test_dds_jobs import dataset_args, ledger_counts
 

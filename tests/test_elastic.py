@@ -15,10 +15,10 @@ import pytest
 
 from dtlaunch.errors import ConfigError
 from dtlaunch.hostfile import HostSpec
-from dtlaunch.supervisor.jobstate import JobState, ProcState, Timing
-from dtlaunch.supervisor.nodes import JoinSpec
+from dtlaunch.supervisor.jobstate.machine import JobState, ProcState, Timing
+from dtlaunch.supervisor.jobstate.nodes import JoinSpec
 from dtlaunch.supervisor.placement import place
-from dtlaunch.supervisor.regroup import RegroupCoordinator
+from dtlaunch.supervisor.regroup.coordinator import RegroupCoordinator
 from dtlaunch.wire.messages import Exited, Kill, RegroupReady, Spawn
 from tests.elastic_run import DATASET
 from tests.jobs import REPO, SCRIPTS, events, job_env, run, summary

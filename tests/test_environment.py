@@ -6,7 +6,7 @@ from pathlib import Path
 
 from dtlaunch.config import JobSpec
 from dtlaunch.supervisor.environment import LaunchContext, build_spawn
-from dtlaunch.supervisor.jobstate import ProcSlot
+from dtlaunch.supervisor.jobstate.machine import ProcSlot
 from dtlaunch.supervisor.placement import Assignment
 
 

@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from dtlaunch.supervisor.failures import EARLY_EXIT_S, classify_exit, last_exception_line
+from dtlaunch.supervisor.jobstate.failures import EARLY_EXIT_S, classify_exit, last_exception_line
 
 TRACE = ["Traceback (most recent call last):", '  File "train.py", line 3, in <module>']
 

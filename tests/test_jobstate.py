@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from dtlaunch.hostfile import HostSpec
-from dtlaunch.supervisor.jobstate import (
+from dtlaunch.supervisor.jobstate.machine import (
     AgentState,
     EmitEvent,
     Finish,

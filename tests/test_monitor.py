@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dtlaunch.supervisor.monitor import Monitor
+from dtlaunch.supervisor.control.monitor import Monitor
 
 
 def feed(mon, rank, *, start, end, every=1.0, compute=1.0, comm=0.0, batch=32, step0=0):
@@ -115,8 +115,8 @@ def test_zero_time_step_does_not_divide_by_zero():
 
 
 def test_the_controller_offers_only_free_spare_hosts_to_the_policy():
-    from dtlaunch.supervisor.controller import Controller
-    from dtlaunch.supervisor.policies import parse_policy
+    from dtlaunch.supervisor.control.controller import Controller
+    from dtlaunch.supervisor.control.policies import parse_policy
     from dtlaunch.wire.messages import StepReport
 
     policy = parse_policy("nd:l_trans=2,l_per=4,min_reports=2,restart_cost=0")
@@ -144,7 +144,7 @@ def test_each_servers_comm_time_is_averaged_over_the_workers_steps():
 
 
 def test_a_window_with_two_batch_sizes_fits_the_fixed_and_per_sample_time():
-    from dtlaunch.supervisor.monitor import step_model
+    from dtlaunch.supervisor.control.monitor import step_model
 
     # 0.12 s lost every step plus 1/120 s per sample, with a little noise.
     sizes = [32, 32, 28, 28, 28]

@@ -8,15 +8,15 @@ import pytest
 
 from dtlaunch.errors import ConfigError
 from dtlaunch.solvers.batch import solve_batch_sizes
-from dtlaunch.supervisor.actions import (
+from dtlaunch.supervisor.control.actions import (
     AdjustBatchSize,
     KillRestart,
     NoAction,
     action_fields,
     action_name,
 )
-from dtlaunch.supervisor.monitor import Monitor
-from dtlaunch.supervisor.policies import (
+from dtlaunch.supervisor.control.monitor import Monitor
+from dtlaunch.supervisor.control.policies import (
     LbBspPolicy,
     NdPolicy,
     NonePolicy,
@@ -91,7 +91,7 @@ def user_module(tmp_path, monkeypatch):
     (tmp_path / "my_policies_for_test.py").write_text(
         textwrap.dedent(
             """
-            from dtlaunch.supervisor.actions import NoAction
+            from dtlaunch.supervisor.control.actions import NoAction
 
             class Plain:
                 def __init__(self, threshold=1, label="x", verbose=False):

@@ -14,7 +14,7 @@ from rich.console import Console
 import dtlaunch
 from dtlaunch.errors import ConfigError
 from dtlaunch.hostfile import HostSpec
-from dtlaunch.supervisor.preflight import (
+from dtlaunch.preflight import (
     CHECKS,
     OK,
     SKIPPED,

@@ -1,4 +1,4 @@
-"""The supervisor's PS placement map (``dtlaunch.supervisor.ps_placement``): the
+"""The supervisor's PS placement map (``dtlaunch.supervisor.psfleet.placement``): the
 first registration is kept on disk and answered to everyone; another model's
 blocks are refused with the difference named; a resumed supervisor reads it back;
 ``dtlaunch.ps.placement_map`` carries a Placement over the wire unchanged."""
@@ -13,7 +13,7 @@ from dtlaunch.errors import RunDirError
 from dtlaunch.events import EventRecorder, MemorySink
 from dtlaunch.ps.blocks import ParamSpec, plan
 from dtlaunch.ps.placement_map import from_wire, to_wire
-from dtlaunch.supervisor.ps_placement import PLACEMENT_FILE, PlacementKeeper
+from dtlaunch.supervisor.psfleet.placement import PLACEMENT_FILE, PlacementKeeper
 from dtlaunch.wire.codec import decode, encode
 from dtlaunch.wire.messages import PlacementReady, RegisterPlacement
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 
 from dtlaunch.hostfile import HostSpec
-from dtlaunch.supervisor.jobstate import JobState, ProcState
+from dtlaunch.supervisor.jobstate.machine import JobState, ProcState
 from dtlaunch.supervisor.placement import place
 from dtlaunch.wire.messages import Kill, Spawn
 from tests.test_jobstate import TIMING, exited, sent

@@ -9,12 +9,12 @@ import pytest
 
 from dtlaunch.errors import RunDirError, WireError
 from dtlaunch.events import Event, EventRecorder
-from dtlaunch.supervisor.controller import Controller
-from dtlaunch.supervisor.jobstate import EmitEvent
-from dtlaunch.supervisor.monitor import Monitor
-from dtlaunch.supervisor.policies import parse_policy
-from dtlaunch.supervisor.status import StatusTracker, monitor_stragglers
-from dtlaunch.supervisor.status_events import SPARK_POINTS, BptPoint, StatusFold, lambda_of
+from dtlaunch.supervisor.control.controller import Controller
+from dtlaunch.supervisor.control.monitor import Monitor
+from dtlaunch.supervisor.control.policies import parse_policy
+from dtlaunch.supervisor.jobstate.machine import EmitEvent
+from dtlaunch.supervisor.status.fold import SPARK_POINTS, BptPoint, StatusFold, lambda_of
+from dtlaunch.supervisor.status.tracker import StatusTracker, monitor_stragglers
 from dtlaunch.ui.status_model import find_newest_run, open_run
 from dtlaunch.wire.codec import decode, encode
 from dtlaunch.wire.messages import (

@@ -16,7 +16,8 @@ import pytest
 from crc32c import crc32c
 
 from dtlaunch.errors import DtlaunchError, RunDirError
-from dtlaunch.supervisor.wal import (
+from dtlaunch.supervisor.wal.format import encode_record, encode_segment_header
+from dtlaunch.supervisor.wal.log import (
     GroupCommitter,
     RealFiles,
     Wal,
@@ -25,7 +26,6 @@ from dtlaunch.supervisor.wal import (
     WalVersionError,
     repair,
 )
-from dtlaunch.supervisor.wal_format import encode_record, encode_segment_header
 
 REPO = Path(__file__).resolve().parents[1]
 HEADER = 24  # segment header bytes
@@ -207,7 +207,7 @@ def test_snapshot_through_committer_while_appends_continue(tmp_path):
 
 
 SYNC_THEN_HANG = """
-import sys, time; from pathlib import Path; from dtlaunch.supervisor.wal import Wal
+import sys, time; from pathlib import Path; from dtlaunch.supervisor.wal.log import Wal
 wal, _ = Wal.open(Path(sys.argv[1]))
 for i in range(10): wal.append(b"synced-%d" % i)
 wal.sync()
@@ -237,7 +237,7 @@ def test_killed_writer_leaves_exactly_its_synced_records_and_frees_the_lock(tmp_
 
 TRY_OPEN = """
 import sys; from pathlib import Path; from dtlaunch.errors import RunDirError
-from dtlaunch.supervisor.wal import Wal
+from dtlaunch.supervisor.wal.log import Wal
 try: wal, rec = Wal.open(Path(sys.argv[1]))
 except RunDirError as err: print(err); sys.exit(3)
 print(len(rec.records)); wal.close()

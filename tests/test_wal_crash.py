@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from dtlaunch.supervisor.wal import Wal
-from dtlaunch.supervisor.wal_files import FileHandle
+from dtlaunch.supervisor.wal.files import FileHandle
+from dtlaunch.supervisor.wal.log import Wal
 
 WAL_DIR = Path("/run/wal")
 SEED = 20240611

@@ -3,7 +3,7 @@
 Under ``dtlaunch run`` the supervisor keeps the job's placement map: the first
 worker to ask registers the map it planned from its model, and every worker,
 including one restarted later, follows the map the supervisor answers with
-(``dtlaunch.supervisor.ps_placement``).
+(``dtlaunch.supervisor.psfleet.placement``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from dtlaunch.config import JobSpec
 from dtlaunch.runtime.steps import REPORT_EVERY_S
-from dtlaunch.supervisor.jobstate import ProcSlot
+from dtlaunch.supervisor.jobstate.machine import ProcSlot
 from dtlaunch.wire.messages import Spawn
 
 

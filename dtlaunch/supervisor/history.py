@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dtlaunch.events import read_events
-from dtlaunch.supervisor.nodes import FailureRecord, RestartRecord
+from dtlaunch.supervisor.jobstate.nodes import FailureRecord, RestartRecord
 
 
 @dataclass(slots=True, kw_only=True)

@@ -21,22 +21,22 @@ from dtlaunch.errors import ConfigError, RunDirError
 from dtlaunch.events import EventRecorder, JsonlEventLog
 from dtlaunch.hostfile import HostSpec
 from dtlaunch.sshconn import SshOptions
-from dtlaunch.supervisor.controller import Controller
-from dtlaunch.supervisor.ddsservice import DdsService
+from dtlaunch.supervisor.control.controller import Controller
+from dtlaunch.supervisor.control.policies import parse_policy
+from dtlaunch.supervisor.dds.service import DdsService
 from dtlaunch.supervisor.environment import LaunchContext, build_spawn, builtin_ps
 from dtlaunch.supervisor.history import History, load_history
-from dtlaunch.supervisor.jobstate import SERVERS_PER_HOST_MAX, JobState, ProcSlot, Timing
+from dtlaunch.supervisor.jobstate.machine import SERVERS_PER_HOST_MAX, JobState, ProcSlot, Timing
 from dtlaunch.supervisor.launcher import HostInfo, Launcher, LocalLauncher, SshLauncher
 from dtlaunch.supervisor.output import OutputRouter
 from dtlaunch.supervisor.placement import place
-from dtlaunch.supervisor.policies import parse_policy
-from dtlaunch.supervisor.ps_placement import PlacementKeeper
-from dtlaunch.supervisor.regroup import RegroupCoordinator
-from dtlaunch.supervisor.report import build_summary
+from dtlaunch.supervisor.psfleet.placement import PlacementKeeper
+from dtlaunch.supervisor.regroup.coordinator import RegroupCoordinator
 from dtlaunch.supervisor.rundir import RunDir
-from dtlaunch.supervisor.status import StatusTracker
+from dtlaunch.supervisor.status.tracker import StatusTracker
+from dtlaunch.supervisor.summary import build_summary
 from dtlaunch.supervisor.supervisor import Supervisor
-from dtlaunch.supervisor.wal_files import WalFsyncError
+from dtlaunch.supervisor.wal.files import WalFsyncError
 from dtlaunch.wire.keys import RunKeys, create_run_keys, load_run_keys
 from dtlaunch.wire.messages import AgentBootstrap, Message, Spawn
 from dtlaunch.wire.sockets import Router

@@ -28,7 +28,7 @@ from dtlaunch.errors import LaunchError, SshError
 from dtlaunch.hostfile import HostSpec
 from dtlaunch.procwait import wait_popen
 from dtlaunch.sshconn import SshOptions, connect, run_remote
-from dtlaunch.supervisor.failures import signal_name
+from dtlaunch.supervisor.jobstate.failures import signal_name
 from dtlaunch.wire.codec import to_dict
 from dtlaunch.wire.messages import AgentBootstrap
 

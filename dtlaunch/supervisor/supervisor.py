@@ -19,17 +19,18 @@ from dtlaunch import __version__
 from dtlaunch.errors import DtlaunchError
 from dtlaunch.events import EventRecorder
 from dtlaunch.hostfile import HostSpec
-from dtlaunch.supervisor.actions import (
+from dtlaunch.supervisor.control.actions import (
     AdjustBatchSize,
     AdjustLR,
     BackupWorkers,
     KillRestart,
     action_fields,
 )
-from dtlaunch.supervisor.controller import Controller
-from dtlaunch.supervisor.ddsservice import DdsService
+from dtlaunch.supervisor.control.controller import Controller
+from dtlaunch.supervisor.control.intake import record_worker_steps
+from dtlaunch.supervisor.dds.service import DdsService
 from dtlaunch.supervisor.history import History as ResumeInfo
-from dtlaunch.supervisor.jobstate import (
+from dtlaunch.supervisor.jobstate.machine import (
     AgentState,
     Command,
     EmitEvent,
@@ -42,12 +43,11 @@ from dtlaunch.supervisor.jobstate import (
 )
 from dtlaunch.supervisor.launcher import AgentProcess, HostInfo, Launcher
 from dtlaunch.supervisor.output import OutputRouter
-from dtlaunch.supervisor.ps_placement import PlacementKeeper
-from dtlaunch.supervisor.ps_servers import ServerFleet
-from dtlaunch.supervisor.regroup import RegroupCoordinator
-from dtlaunch.supervisor.regroup_driver import JOIN_PREFIX, RegroupDriver
-from dtlaunch.supervisor.reports import record_worker_steps
-from dtlaunch.supervisor.status import STATUS_PREFIX, StatusTracker
+from dtlaunch.supervisor.psfleet.fleet import ServerFleet
+from dtlaunch.supervisor.psfleet.placement import PlacementKeeper
+from dtlaunch.supervisor.regroup.coordinator import RegroupCoordinator
+from dtlaunch.supervisor.regroup.driver import JOIN_PREFIX, RegroupDriver
+from dtlaunch.supervisor.status.tracker import STATUS_PREFIX, StatusTracker
 from dtlaunch.wire.keys import PeerKeys
 from dtlaunch.wire.messages import (
     Ack,

@@ -7,7 +7,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from dtlaunch.supervisor.failures import signal_name
+from dtlaunch.supervisor.jobstate.failures import signal_name
 
 
 def _exit_text(failure: dict[str, Any]) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 from dtlaunch.errors import RunDirError
 from dtlaunch.events import read_events
 from dtlaunch.supervisor.rundir import RunDir
-from dtlaunch.supervisor.status_events import StatusFold, lambda_of
+from dtlaunch.supervisor.status.fold import StatusFold, lambda_of
 from dtlaunch.wire.messages import StatusSnapshot
 
 log = logging.getLogger(__name__)

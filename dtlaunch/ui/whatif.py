@@ -30,9 +30,9 @@ from rich.table import Table
 from rich.text import Text
 
 from dtlaunch.events import Event
-from dtlaunch.supervisor.actions import Action, action_fields
-from dtlaunch.supervisor.controller import Controller
-from dtlaunch.supervisor.policies import BUILTIN_POLICIES, parse_policy
+from dtlaunch.supervisor.control.actions import Action, action_fields
+from dtlaunch.supervisor.control.controller import Controller
+from dtlaunch.supervisor.control.policies import BUILTIN_POLICIES, parse_policy
 from dtlaunch.ui.runlog import ActionRow, RecordedRun, StepRow, read_run
 from dtlaunch.ui.timeline import format_elapsed
 from dtlaunch.wire.messages import StepReport

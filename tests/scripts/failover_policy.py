@@ -5,8 +5,8 @@ Controller, supervisor and agents. Nothing else."""
 
 from __future__ import annotations
 
-from dtlaunch.supervisor.actions import Action, KillRestart, NoAction
-from dtlaunch.supervisor.monitor import MonitorSnapshot
+from dtlaunch.supervisor.control.actions import Action, KillRestart, NoAction
+from dtlaunch.supervisor.control.monitor import MonitorSnapshot
 
 
 class Scripted:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dtlaunch.supervisor.failures import ExitVerdict
-from dtlaunch.supervisor.nodes import (
+from dtlaunch.supervisor.jobstate.failures import ExitVerdict
+from dtlaunch.supervisor.jobstate.nodes import (
     AgentSlot,
     Command,
     EmitEvent,

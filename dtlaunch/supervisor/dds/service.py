@@ -17,15 +17,15 @@ from typing import Any
 from dtlaunch.errors import ConfigError, RunDirError
 from dtlaunch.events import EventRecorder
 from dtlaunch.sharding import DatasetSpec, dataset_info, dataset_spec
-from dtlaunch.supervisor.dds import ShardQueue
-from dtlaunch.supervisor.dds_records import (
+from dtlaunch.supervisor.dds.queue import ShardQueue
+from dtlaunch.supervisor.dds.records import (
     Grant,
     Release,
     Transition,
     encode_transition,
 )
 from dtlaunch.supervisor.rundir import write_json_atomic
-from dtlaunch.supervisor.wal import GroupCommitter, Wal
+from dtlaunch.supervisor.wal.log import GroupCommitter, Wal
 from dtlaunch.wire.messages import (
     AckDone,
     AckShards,

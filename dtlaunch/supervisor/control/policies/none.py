@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dtlaunch.supervisor.actions import Action, NoAction
-from dtlaunch.supervisor.monitor import MonitorSnapshot
-from dtlaunch.supervisor.policies.base import ParamReader, read_windows, window_inputs
+from dtlaunch.supervisor.control.actions import Action, NoAction
+from dtlaunch.supervisor.control.monitor import MonitorSnapshot
+from dtlaunch.supervisor.control.policies.base import ParamReader, read_windows, window_inputs
 
 
 class NonePolicy:

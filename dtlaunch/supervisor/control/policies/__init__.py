@@ -21,18 +21,18 @@ from collections.abc import Callable
 from typing import Any
 
 from dtlaunch.errors import ConfigError
-from dtlaunch.supervisor.actions import Action
-from dtlaunch.supervisor.monitor import Monitor, MonitorSnapshot
-from dtlaunch.supervisor.policies.backup import BackupPolicy
-from dtlaunch.supervisor.policies.base import (
+from dtlaunch.supervisor.control.actions import Action
+from dtlaunch.supervisor.control.monitor import Monitor, MonitorSnapshot
+from dtlaunch.supervisor.control.policies.backup import BackupPolicy
+from dtlaunch.supervisor.control.policies.base import (
     DEFAULT_L_PER,
     DEFAULT_L_TRANS,
     DEFAULT_LAMBDA,
     Policy,
 )
-from dtlaunch.supervisor.policies.lb_bsp import LbBspPolicy
-from dtlaunch.supervisor.policies.nd import NdPolicy
-from dtlaunch.supervisor.policies.none import NonePolicy
+from dtlaunch.supervisor.control.policies.lb_bsp import LbBspPolicy
+from dtlaunch.supervisor.control.policies.nd import NdPolicy
+from dtlaunch.supervisor.control.policies.none import NonePolicy
 
 __all__ = [
     "BUILTIN_POLICIES",

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 from dtlaunch.errors import ConfigError
 from dtlaunch.solvers.batch import InfeasibleError, solve_batch_sizes
-from dtlaunch.supervisor.actions import Action, AdjustBatchSize
-from dtlaunch.supervisor.monitor import MonitorSnapshot, WindowStats
+from dtlaunch.supervisor.control.actions import Action, AdjustBatchSize
+from dtlaunch.supervisor.control.monitor import MonitorSnapshot, WindowStats
 
 DEFAULT_LAMBDA = 1.5
 DEFAULT_L_TRANS = 60.0

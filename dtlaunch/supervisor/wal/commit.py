@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from dtlaunch.supervisor.wal_files import WalFsyncError
+from dtlaunch.supervisor.wal.files import WalFsyncError
 
-if TYPE_CHECKING:
-    from dtlaunch.supervisor.wal import Wal
+
+class SyncedLog(Protocol):
+    """What the committer needs of a :class:`~dtlaunch.supervisor.wal.log.Wal`
+    (a protocol, so that the log can own a committer without an import loop)."""
+
+    @property
+    def durable_seq(self) -> int: ...
+
+    def append(self, payload: bytes) -> int: ...
+
+    def sync(self) -> int: ...
+
+    def mark_snapshot_point(self) -> int: ...
+
+    def write_snapshot(self, state: bytes, *, covers_seq: int) -> None: ...
 
 
 class GroupCommitter:
@@ -22,7 +35,7 @@ class GroupCommitter:
     records, at most ``max_delay`` seconds): a cap on gathering, not a fixed wait.
     """
 
-    def __init__(self, wal: Wal, *, max_batch: int = 4096, max_delay: float = 0.002) -> None:
+    def __init__(self, wal: SyncedLog, *, max_batch: int = 4096, max_delay: float = 0.002) -> None:
         if max_batch < 1 or max_delay < 0:
             raise ValueError(
                 f"need max_batch >= 1 and max_delay >= 0, got {max_batch}, {max_delay}"

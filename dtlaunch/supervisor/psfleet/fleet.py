@@ -40,10 +40,10 @@ from typing import Any, TypeVar
 from dtlaunch.events import EventRecorder
 from dtlaunch.ps.control import ServerControl
 from dtlaunch.ps.exchange import PsError
-from dtlaunch.supervisor.actions import KillRestart
-from dtlaunch.supervisor.controller import Controller
-from dtlaunch.supervisor.jobstate import Command, JobState, ProcState
-from dtlaunch.supervisor.reports import record_server_updates
+from dtlaunch.supervisor.control.actions import KillRestart
+from dtlaunch.supervisor.control.controller import Controller
+from dtlaunch.supervisor.control.intake import record_server_updates
+from dtlaunch.supervisor.jobstate.machine import Command, JobState, ProcState
 from dtlaunch.wire.keys import PeerKeys
 from dtlaunch.wire.messages import PsStats, PsUpdate
 

@@ -28,15 +28,15 @@ from pathlib import Path
 from types import TracebackType
 
 from dtlaunch.errors import RunDirError
-from dtlaunch.supervisor.wal_commit import GroupCommitter
-from dtlaunch.supervisor.wal_files import (
+from dtlaunch.supervisor.wal.commit import GroupCommitter
+from dtlaunch.supervisor.wal.files import (
     FileHandle,
     FileLayer,
     LockHeldError,
     RealFiles,
     WalFsyncError,
 )
-from dtlaunch.supervisor.wal_format import (
+from dtlaunch.supervisor.wal.format import (
     MAX_PAYLOAD,
     SEGMENT_HEADER,
     TEMP_SUFFIX,
@@ -51,7 +51,7 @@ from dtlaunch.supervisor.wal_format import (
     snapshot_name,
     snapshot_seq,
 )
-from dtlaunch.supervisor.wal_recovery import (
+from dtlaunch.supervisor.wal.recovery import (
     RepairReport,
     TornTail,
     cut_torn_tail,

@@ -23,10 +23,10 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from dtlaunch.events import EventRecorder
-from dtlaunch.supervisor.actions import KillRestart
-from dtlaunch.supervisor.jobstate import Command, JobState
-from dtlaunch.supervisor.nodes import JoinSpec
-from dtlaunch.supervisor.regroup import RegroupCoordinator
+from dtlaunch.supervisor.control.actions import KillRestart
+from dtlaunch.supervisor.jobstate.machine import Command, JobState
+from dtlaunch.supervisor.jobstate.nodes import JoinSpec
+from dtlaunch.supervisor.regroup.coordinator import RegroupCoordinator
 from dtlaunch.wire.messages import Message, RegroupGo, RegroupReady
 
 __all__ = ["JOIN_PREFIX", "RegroupDriver"]

@@ -13,9 +13,9 @@ Needs the built-in parameter servers (``--servers M``).
 
 from __future__ import annotations
 
-from dtlaunch.supervisor.actions import Action, BackupWorkers, NoAction
-from dtlaunch.supervisor.monitor import MonitorSnapshot
-from dtlaunch.supervisor.policies.base import ParamReader, read_windows, window_inputs
+from dtlaunch.supervisor.control.actions import Action, BackupWorkers, NoAction
+from dtlaunch.supervisor.control.monitor import MonitorSnapshot
+from dtlaunch.supervisor.control.policies.base import ParamReader, read_windows, window_inputs
 
 
 class BackupPolicy:

@@ -56,9 +56,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtlaunch.errors import ConfigError
-from dtlaunch.supervisor.actions import Action, AdjustBatchSize, KillRestart, NoAction
-from dtlaunch.supervisor.monitor import MonitorSnapshot, WindowStats
-from dtlaunch.supervisor.policies.base import (
+from dtlaunch.supervisor.control.actions import Action, AdjustBatchSize, KillRestart, NoAction
+from dtlaunch.supervisor.control.monitor import MonitorSnapshot, WindowStats
+from dtlaunch.supervisor.control.policies.base import (
     ParamReader,
     read_balancer,
     read_windows,

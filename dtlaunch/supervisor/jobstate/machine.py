@@ -19,15 +19,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dtlaunch.supervisor.failures import ExitVerdict, classify_exit, traceback_tail
-from dtlaunch.supervisor.jobstate_agents import AgentLifecycle
-from dtlaunch.supervisor.jobstate_endpoints import (
+from dtlaunch.supervisor.jobstate.agents import AgentLifecycle
+from dtlaunch.supervisor.jobstate.endpoints import (
     MASTER_PORT_SLOTS,
     SERVERS_PER_HOST_MAX,
     Endpoints,
 )
-from dtlaunch.supervisor.jobstate_replace import Replacements
-from dtlaunch.supervisor.nodes import (
+from dtlaunch.supervisor.jobstate.failures import ExitVerdict, classify_exit, traceback_tail
+from dtlaunch.supervisor.jobstate.nodes import (
     LIVE_PROC_STATES,
     AgentSlot,
     AgentState,
@@ -44,6 +43,7 @@ from dtlaunch.supervisor.nodes import (
     Timing,
     WorkerGone,
 )
+from dtlaunch.supervisor.jobstate.replace import Replacements
 from dtlaunch.supervisor.placement import Assignment
 from dtlaunch.wire.messages import Exited, Kill, Shutdown, Spawn
 

@@ -3,8 +3,8 @@ join an elastic allreduce group, or hand over to a replacement started ahead."""
 
 from __future__ import annotations
 
-from dtlaunch.supervisor.jobstate_base import JobStateBase
-from dtlaunch.supervisor.nodes import (
+from dtlaunch.supervisor.jobstate.base import JobStateBase
+from dtlaunch.supervisor.jobstate.nodes import (
     LIVE_PROC_STATES,
     AgentState,
     Command,

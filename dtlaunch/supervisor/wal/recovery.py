@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dtlaunch.supervisor.wal_files import FileLayer
-from dtlaunch.supervisor.wal_format import (
+from dtlaunch.supervisor.wal.files import FileLayer
+from dtlaunch.supervisor.wal.format import (
     SEGMENT_HEADER,
     TEMP_SUFFIX,
     WalCorruptError,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dtlaunch.config import JobSpec
-from dtlaunch.supervisor.jobstate import JobState
+from dtlaunch.supervisor.jobstate.machine import JobState
 
 
 def build_summary(spec: JobSpec, state: JobState, *, jct_s: float, reason: str) -> dict[str, Any]:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from dtlaunch.supervisor.actions import Action, KillRestart, NoAction, action_name
-from dtlaunch.supervisor.policies import monitor_for
-from dtlaunch.supervisor.policies.base import Policy
+from dtlaunch.supervisor.control.actions import Action, KillRestart, NoAction, action_name
+from dtlaunch.supervisor.control.policies import monitor_for
+from dtlaunch.supervisor.control.policies.base import Policy
 from dtlaunch.wire.messages import PsUpdate, StepReport
 
 

@@ -3,9 +3,9 @@ exits and launch failures, and reconciling what a reconnecting agent runs."""
 
 from __future__ import annotations
 
-from dtlaunch.supervisor.failures import ExitVerdict
-from dtlaunch.supervisor.jobstate_base import JobStateBase
-from dtlaunch.supervisor.nodes import (
+from dtlaunch.supervisor.jobstate.base import JobStateBase
+from dtlaunch.supervisor.jobstate.failures import ExitVerdict
+from dtlaunch.supervisor.jobstate.nodes import (
     LIVE_PROC_STATES,
     AgentSlot,
     AgentState,

@@ -4,8 +4,8 @@ the workers are given)."""
 
 from __future__ import annotations
 
-from dtlaunch.supervisor.jobstate_base import JobStateBase
-from dtlaunch.supervisor.nodes import AgentState, ProcSlot
+from dtlaunch.supervisor.jobstate.base import JobStateBase
+from dtlaunch.supervisor.jobstate.nodes import AgentState, ProcSlot
 
 __all__ = ["MASTER_PORT_SLOTS", "SERVERS_PER_HOST_MAX", "Endpoints"]
 

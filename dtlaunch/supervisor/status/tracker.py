@@ -20,11 +20,11 @@ from collections import Counter
 from collections.abc import Callable
 
 from dtlaunch.events import Event
-from dtlaunch.supervisor.controller import Controller
-from dtlaunch.supervisor.ddsservice import DdsService
-from dtlaunch.supervisor.jobstate import JobState
-from dtlaunch.supervisor.monitor import MonitorSnapshot, WindowStats
-from dtlaunch.supervisor.status_events import NodeKey, StatusFold, lambda_of
+from dtlaunch.supervisor.control.controller import Controller
+from dtlaunch.supervisor.control.monitor import MonitorSnapshot, WindowStats
+from dtlaunch.supervisor.dds.service import DdsService
+from dtlaunch.supervisor.jobstate.machine import JobState
+from dtlaunch.supervisor.status.fold import NodeKey, StatusFold, lambda_of
 from dtlaunch.wire.messages import StatusReply, StatusRequest, StatusSnapshot
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ import msgpack
 import numpy as np
 
 from dtlaunch.sharding import DatasetSpec, epoch_order
-from dtlaunch.supervisor.dds_records import (
+from dtlaunch.supervisor.dds.records import (
     DdsStateError,
     Done,
     EpochImage,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from dtlaunch.events import EventRecorder
-from dtlaunch.supervisor.controller import Controller
+from dtlaunch.supervisor.control.controller import Controller
 from dtlaunch.wire.messages import PsUpdate, StepReport
 
 __all__ = ["record_server_updates", "record_worker_steps"]

@@ -14,9 +14,9 @@ this fraction of the median count as equal, default 0.03).
 
 from __future__ import annotations
 
-from dtlaunch.supervisor.actions import Action, NoAction
-from dtlaunch.supervisor.monitor import MonitorSnapshot
-from dtlaunch.supervisor.policies.base import (
+from dtlaunch.supervisor.control.actions import Action, NoAction
+from dtlaunch.supervisor.control.monitor import MonitorSnapshot
+from dtlaunch.supervisor.control.policies.base import (
     ParamReader,
     read_balancer,
     read_windows,

@@ -1,0 +1,39 @@
+"""The job's node table: an I/O-free state machine (AntDT §V-D restart rules).
+
+Stimuli go in through :class:`JobState`'s methods; each returns the commands the
+supervisor carries out (:data:`Command`). ``nodes`` holds the vocabulary (states,
+commands, records), ``failures`` classifies a process exit, ``machine`` the
+transitions.
+"""
+
+from dtlaunch.supervisor.jobstate.machine import (
+    SERVERS_PER_HOST_MAX,
+    AgentState,
+    Command,
+    EmitEvent,
+    Finish,
+    JobState,
+    LaunchAgent,
+    Phase,
+    ProcSlot,
+    ProcState,
+    SendToAgent,
+    Timing,
+    WorkerGone,
+)
+
+__all__ = [
+    "SERVERS_PER_HOST_MAX",
+    "AgentState",
+    "Command",
+    "EmitEvent",
+    "Finish",
+    "JobState",
+    "LaunchAgent",
+    "Phase",
+    "ProcSlot",
+    "ProcState",
+    "SendToAgent",
+    "Timing",
+    "WorkerGone",
+]

@@ -1,0 +1,12 @@
+"""What ``dtlaunch status`` is shown, on the supervisor's side.
+
+- ``fold``     :class:`StatusFold`: events folded into a bounded snapshot (I/O-free;
+               ``dtlaunch status`` replays an ended job's events through it too)
+- ``tracker``  :class:`StatusTracker`: the read-only endpoint's answers, adding
+               what only the live supervisor knows (node table, queue, Monitor)
+"""
+
+from dtlaunch.supervisor.status.fold import StatusFold
+from dtlaunch.supervisor.status.tracker import STATUS_PREFIX, StatusTracker
+
+__all__ = ["STATUS_PREFIX", "StatusFold", "StatusTracker"]
