@@ -41,8 +41,7 @@ def test_coordinator_regroups_only_when_every_worker_attached_and_one_at_a_time(
     for rank in range(3):
         assert coord.attached(rank) is None
     assert coord.can_regroup(2)
-    coord.batch_sizes({0: 12, 1: 12, 2: 6})
-    msg = coord.begin(2, target_host="spare", reason="slow", now=1.0)
+    msg = coord.begin(2, target_host="spare", reason="slow", now=1.0, batch_size=6)
     assert (msg.gen, msg.leaving_rank, msg.store_rank) == (1, 2, 0)
     assert not coord.can_regroup(1)  # one in flight
     assert coord.survivors() == [0, 1]

@@ -26,6 +26,15 @@ class History:
     resumes: int = 0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResumePlan:
+    """How a resumed supervisor takes its job over."""
+
+    history: History  # from the event log
+    adopt: set[str]  # hosts whose running agents reconnect instead of being launched
+    restart_workers: str = ""  # non-empty: why every worker must restart (a WAL repair)
+
+
 def load_history(events_path: Path) -> History:
     history = History()
     if not events_path.exists():

@@ -21,24 +21,25 @@ from dtlaunch.errors import ConfigError, RunDirError
 from dtlaunch.events import EventRecorder, JsonlEventLog
 from dtlaunch.hostfile import HostSpec
 from dtlaunch.sshconn import SshOptions
-from dtlaunch.supervisor.control.controller import Controller
+from dtlaunch.supervisor.agents import AgentStarter
+from dtlaunch.supervisor.control import Controller
 from dtlaunch.supervisor.control.policies import parse_policy
-from dtlaunch.supervisor.dds.service import DdsService
+from dtlaunch.supervisor.dds import DdsService
 from dtlaunch.supervisor.environment import LaunchContext, build_spawn, builtin_ps
-from dtlaunch.supervisor.history import History, load_history
-from dtlaunch.supervisor.jobstate.machine import SERVERS_PER_HOST_MAX, JobState, ProcSlot, Timing
-from dtlaunch.supervisor.launcher import HostInfo, Launcher, LocalLauncher, SshLauncher
+from dtlaunch.supervisor.history import History, ResumePlan, load_history
+from dtlaunch.supervisor.jobstate import SERVERS_PER_HOST_MAX, JobState, ProcSlot, Timing
+from dtlaunch.supervisor.launcher import Launcher, LocalLauncher, SshLauncher
 from dtlaunch.supervisor.output import OutputRouter
 from dtlaunch.supervisor.placement import place
-from dtlaunch.supervisor.psfleet.placement import PlacementKeeper
-from dtlaunch.supervisor.regroup.coordinator import RegroupCoordinator
+from dtlaunch.supervisor.psfleet import PlacementKeeper
+from dtlaunch.supervisor.regroup import RegroupCoordinator
 from dtlaunch.supervisor.rundir import RunDir
-from dtlaunch.supervisor.status.tracker import StatusTracker
+from dtlaunch.supervisor.status import StatusTracker
 from dtlaunch.supervisor.summary import build_summary
-from dtlaunch.supervisor.supervisor import Supervisor
-from dtlaunch.supervisor.wal.files import WalFsyncError
+from dtlaunch.supervisor.supervisor import JobServices, Supervisor
+from dtlaunch.supervisor.wal import WalFsyncError
 from dtlaunch.wire.keys import RunKeys, create_run_keys, load_run_keys
-from dtlaunch.wire.messages import AgentBootstrap, Message, Spawn
+from dtlaunch.wire.messages import Message, Spawn
 from dtlaunch.wire.sockets import Router
 
 log = logging.getLogger(__name__)
@@ -132,9 +133,22 @@ async def run_job(
                 embedded=spec.embedded,
                 resumed=resume,
             )
-            supervisor = _build_supervisor(
-                spec, hosts, assignments, keys, router, run, recorder, output, dds, history,
+            services = JobServices(
+                recorder=recorder,
+                output=output,
+                dds=dds,
                 status=status,
+                controller=_controller(spec, hosts),
+                regroup=(
+                    RegroupCoordinator(world_size=spec.workers, timeout_s=REGROUP_TIMEOUT_S)
+                    if spec.mode == "allreduce"
+                    else None
+                ),
+                placements=PlacementKeeper(run.path, recorder) if spec.mode == "ps" else None,
+                ps_keys=keys.peer(),
+            )
+            supervisor = _build_supervisor(
+                spec, hosts, assignments, keys, router, run, services, history
             )
             state = supervisor.state
             try:
@@ -216,6 +230,16 @@ def _first(err: BaseException, kind: type[_E]) -> _E | None:
     return err if isinstance(err, kind) else None
 
 
+def _launcher(spec: JobSpec, run: RunDir, *, python: str, workdir: str) -> Launcher:
+    if spec.embedded:
+        return LocalLauncher(python=python, agents_dir=run.agents)
+    options = SshOptions(
+        config_paths=tuple(Path(p) for p in spec.ssh_config),
+        verify_host_keys=spec.verify_host_keys,
+    )
+    return SshLauncher(options=options, python=python, workdir=workdir, run_id=spec.run_id)
+
+
 def _build_supervisor(
     spec: JobSpec,
     hosts: list[HostSpec],
@@ -223,24 +247,12 @@ def _build_supervisor(
     keys: RunKeys,
     router: Router,
     run: RunDir,
-    recorder: EventRecorder,
-    output: OutputRouter,
-    dds: DdsService,
+    services: JobServices,
     history: History | None,
-    status: StatusTracker | None = None,
 ) -> Supervisor:
     python = spec.python or sys.executable
     workdir = spec.workdir or os.getcwd()
     by_label = {h.label: h for h in hosts}
-    launcher: Launcher
-    if spec.embedded:
-        launcher = LocalLauncher(python=python, agents_dir=run.agents)
-    else:
-        options = SshOptions(
-            config_paths=tuple(Path(p) for p in spec.ssh_config),
-            verify_host_keys=spec.verify_host_keys,
-        )
-        launcher = SshLauncher(options=options, python=python, workdir=workdir, run_id=spec.run_id)
     launch_ctx = LaunchContext(
         spec=spec,
         python=python,
@@ -249,39 +261,15 @@ def _build_supervisor(
         endpoints={},
         state_dirs={},
     )
-
-    # A resumed supervisor has not prepared the hosts whose agents it adopts.
-    known = run.hosts()
-    for label, info in known.items():
-        launch_ctx.endpoints[label] = info["endpoint"]
-        launch_ctx.state_dirs[label] = info["state_dir"]
-
-    def on_host_prepared(label: str, info: HostInfo) -> None:
-        launch_ctx.endpoints[label] = f"tcp://{info.endpoint_addr}:{router.port}"
-        launch_ctx.state_dirs[label] = info.state_dir
-
-    def on_agent_started(label: str) -> None:
-        # Only agents recorded here are waited for by a resumed supervisor.
-        known[label] = {
-            "endpoint": launch_ctx.endpoints[label],
-            "state_dir": launch_ctx.state_dirs[label],
-        }
-        run.write_hosts(known)
-
-    def make_bootstrap(host: HostSpec, info: HostInfo) -> AgentBootstrap:
-        return AgentBootstrap(
-            run_id=spec.run_id,
-            host=host.label,
-            endpoint=launch_ctx.endpoints[host.label],
-            server_public=keys.server.public.decode(),
-            client_public=keys.client.public.decode(),
-            client_secret=keys.client.secret.decode(),
-            state_dir=info.state_dir,
-            heartbeat_interval=spec.heartbeat_interval,
-            dead_after=spec.dead_after,
-            orphan_timeout=spec.orphan_timeout,
-            kill_grace=spec.kill_grace,
-        )
+    agents = AgentStarter(
+        spec=spec,
+        hosts=hosts,
+        launcher=_launcher(spec, run, python=python, workdir=workdir),
+        launch_ctx=launch_ctx,
+        keys=keys,
+        run=run,
+        router_port=router.port,
+    )
 
     def spawn_for(slot: ProcSlot, master_addr: str, master_port: int) -> Spawn:
         return build_spawn(launch_ctx, slot, master_addr, master_port)
@@ -307,36 +295,27 @@ def _build_supervisor(
         master_addr_of=master_addr_of,
         spare_hosts=[h.label for h in hosts if h.spare],
     )
+    resume = (
+        ResumePlan(
+            history=history,
+            adopt=agents.started_before,
+            restart_workers=(
+                "the data-sharding log was repaired; the workers' shards are stale"
+                if run.repaired_marker.exists()
+                else ""
+            ),
+        )
+        if history is not None
+        else None
+    )
     return Supervisor(
         state=state,
         router=router,
-        launcher=launcher,
-        hosts=by_label,
-        make_bootstrap=make_bootstrap,
-        on_host_prepared=on_host_prepared,
-        on_agent_started=on_agent_started,
-        recorder=recorder,
-        output=output,
-        agent_log_path=lambda label: run.logs / f"agent-{label}.log",
+        agents=agents,
+        services=services,
         run_id=spec.run_id,
         heartbeat_interval=spec.heartbeat_interval,
-        dds=dds,
-        controller=_controller(spec, hosts),
-        regroup=(
-            RegroupCoordinator(world_size=spec.workers, timeout_s=REGROUP_TIMEOUT_S)
-            if spec.mode == "allreduce"
-            else None
-        ),
-        status=status,
-        ps_keys=keys.peer(),
-        placements=PlacementKeeper(run.path, recorder) if spec.mode == "ps" else None,
-        resume=history,
-        adopt=set(known),
-        restart_workers=(
-            "the data-sharding log was repaired; the workers' shards are stale"
-            if history is not None and run.repaired_marker.exists()
-            else ""
-        ),
+        resume=resume,
     )
 
 

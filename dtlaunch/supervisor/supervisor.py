@@ -12,25 +12,23 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from dtlaunch import __version__
 from dtlaunch.errors import DtlaunchError
 from dtlaunch.events import EventRecorder
-from dtlaunch.hostfile import HostSpec
-from dtlaunch.supervisor.control.actions import (
-    AdjustBatchSize,
-    AdjustLR,
-    BackupWorkers,
-    KillRestart,
-    action_fields,
+from dtlaunch.supervisor.agents import AgentStarter
+from dtlaunch.supervisor.control import Controller
+from dtlaunch.supervisor.control.loop import (
+    WORKER_PREFIX,
+    ActionTargets,
+    ControlLoop,
+    ReportIntake,
 )
-from dtlaunch.supervisor.control.controller import Controller
-from dtlaunch.supervisor.control.intake import record_worker_steps
-from dtlaunch.supervisor.dds.service import DdsService
-from dtlaunch.supervisor.history import History as ResumeInfo
-from dtlaunch.supervisor.jobstate.machine import (
+from dtlaunch.supervisor.dds import DdsService
+from dtlaunch.supervisor.history import ResumePlan
+from dtlaunch.supervisor.jobstate import (
     AgentState,
     Command,
     EmitEvent,
@@ -41,19 +39,15 @@ from dtlaunch.supervisor.jobstate.machine import (
     SendToAgent,
     WorkerGone,
 )
-from dtlaunch.supervisor.launcher import AgentProcess, HostInfo, Launcher
+from dtlaunch.supervisor.launcher import AgentProcess
 from dtlaunch.supervisor.output import OutputRouter
-from dtlaunch.supervisor.psfleet.fleet import ServerFleet
-from dtlaunch.supervisor.psfleet.placement import PlacementKeeper
-from dtlaunch.supervisor.regroup.coordinator import RegroupCoordinator
-from dtlaunch.supervisor.regroup.driver import JOIN_PREFIX, RegroupDriver
-from dtlaunch.supervisor.status.tracker import STATUS_PREFIX, StatusTracker
+from dtlaunch.supervisor.psfleet import PlacementKeeper, ServerFleet
+from dtlaunch.supervisor.regroup import JOIN_PREFIX, RegroupCoordinator, RegroupDriver
+from dtlaunch.supervisor.status import STATUS_PREFIX, StatusTracker
 from dtlaunch.wire.keys import PeerKeys
 from dtlaunch.wire.messages import (
     Ack,
     AckShards,
-    AdjustBatch,
-    AgentBootstrap,
     AgentHeartbeat,
     Attached,
     Bye,
@@ -77,17 +71,26 @@ from dtlaunch.wire.messages import (
     StopJob,
     Welcome,
 )
-from dtlaunch.wire.messages import AdjustLR as AdjustLRMessage
 from dtlaunch.wire.sockets import Router
 
 log = logging.getLogger(__name__)
 
 AGENT_PREFIX = b"agent:"
-WORKER_PREFIX = b"worker:"
 AGENT_EXIT_WAIT_S = 5.0
 
-# Builds an agent's bootstrap once its host is prepared.
-BootstrapFactory = Callable[[HostSpec, HostInfo], AgentBootstrap]
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobServices:
+    """What the job serves besides its node table, as ``job.py`` built it."""
+
+    recorder: EventRecorder  # the event log and the status fold
+    output: OutputRouter  # process output to the logs and the console
+    dds: DdsService  # the shard queue and its write-ahead log
+    status: StatusTracker  # answers read-only status clients
+    controller: Controller | None  # the policy's Controller; None for --policy none
+    regroup: RegroupCoordinator | None  # allreduce mode: replace without a group restart
+    placements: PlacementKeeper | None  # PS mode: the job's block placement map
+    ps_keys: PeerKeys | None  # built-in PS: how the supervisor reaches the servers
 
 
 class Supervisor:
@@ -96,81 +99,71 @@ class Supervisor:
         *,
         state: JobState,
         router: Router,
-        launcher: Launcher,
-        hosts: dict[str, HostSpec],
-        make_bootstrap: BootstrapFactory,
-        on_host_prepared: Callable[[str, HostInfo], None],
-        on_agent_started: Callable[[str], None],
-        recorder: EventRecorder,
-        output: OutputRouter,
-        agent_log_path: Callable[[str], Path],
+        agents: AgentStarter,
+        services: JobServices,
         run_id: str,
         heartbeat_interval: float,
-        dds: DdsService | None = None,
-        controller: Controller | None = None,
-        resume: ResumeInfo | None = None,
-        adopt: set[str] | None = None,
-        restart_workers: str = "",
-        regroup: RegroupCoordinator | None = None,
-        status: StatusTracker | None = None,
-        ps_keys: PeerKeys | None = None,
-        placements: PlacementKeeper | None = None,
+        resume: ResumePlan | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._dds = dds
-        self._placements = placements  # PS mode: the job's block placement map
-        self._status = status  # answers read-only status clients
+        self.state = state
+        self._router = router
+        self._agents_starter = agents
+        self._recorder = services.recorder
+        self._output = services.output
+        self._dds = services.dds
+        self._placements = services.placements
+        self._status = services.status
+        self._resume = resume
+        self._run_id = run_id
+        self._interval = heartbeat_interval
+        self._clock = clock
+        controller = services.controller
+        self._intake = ReportIntake(controller, recorder=self._recorder, clock=clock)
         # allreduce mode: replace stragglers without a group restart
         self._regroup = (
             RegroupDriver(
-                regroup,
+                services.regroup,
                 state=state,
-                recorder=recorder,
+                recorder=self._recorder,
                 send=router.send,
                 apply=self._apply,
                 clock=clock,
                 worker_prefix=WORKER_PREFIX,
                 measured=controller.restart_measured if controller is not None else None,
             )
-            if regroup is not None
+            if services.regroup is not None
             else None
         )
-        self._controller = controller
         # Built-in PS: feed the servers' update times to the Monitor, move stragglers.
         self._fleet = (
             ServerFleet(
                 state=state,
-                keys=ps_keys,
-                recorder=recorder,
+                keys=services.ps_keys,
+                recorder=self._recorder,
                 apply=self._apply,
                 clock=clock,
-                controller=controller,
+                intake=self._intake,
                 interval=controller.interval if controller is not None else heartbeat_interval,
             )
-            if ps_keys is not None and state.builtin_ps
+            if services.ps_keys is not None and state.builtin_ps
             else None
         )
-        self._resume = resume
-        self._adopt = adopt or set()
-        self._restart_workers = restart_workers
-        self.state = state
-        self._router = router
-        self._launcher = launcher
-        self._hosts = hosts
-        self._make_bootstrap = make_bootstrap
-        self._on_host_prepared = on_host_prepared
-        self._on_agent_started = on_agent_started
-        self._recorder = recorder
-        self._output = output
-        self._agent_log_path = agent_log_path
-        self._run_id = run_id
-        self._interval = heartbeat_interval
-        self._clock = clock
+        self._control = ControlLoop(
+            controller,
+            recorder=self._recorder,
+            send=router.send,
+            targets=ActionTargets(
+                state=state, apply=self._apply, servers=self._fleet, workers=self._regroup
+            ),
+            remaining_steps=self._dds.remaining_steps,
+            clock=clock,
+            tick_s=heartbeat_interval / 2,
+        )
         self._done = asyncio.Event()
         self._agents: dict[str, AgentProcess] = {}
         self._launch_tasks: set[asyncio.Task[None]] = set()
         self._greeted: set[int] = set()  # worker ranks that said Hello to this supervisor
-        self._batch_plan: dict[int, int] = {}  # rank -> local batch size of the last ADJUST_BS
         self._tasks: asyncio.TaskGroup | None = None
         self._ping_seq = 0
         self._signals = 0
@@ -183,35 +176,36 @@ class Supervisor:
             self._tasks = tg
             receiver = tg.create_task(self._receive_loop(), name="receive")
             ticker = tg.create_task(self._tick_loop(), name="tick")
+            control = tg.create_task(self._control.run(), name="control")
             fleet = tg.create_task(self._fleet.run(), name="ps") if self._fleet else None
             if self._resume is None:
                 self._apply(self.state.start(self._clock()))
             else:
+                history = self._resume.history
                 self._apply(
                     self.state.resume(
                         self._clock(),
-                        attempts=self._resume.attempts,
-                        hosts=self._resume.hosts,
-                        restarts=self._resume.restarts,
-                        failures=self._resume.failures,
-                        adopt=self._adopt,
-                        restart_workers=self._restart_workers,
+                        attempts=history.attempts,
+                        hosts=history.hosts,
+                        restarts=history.restarts,
+                        failures=history.failures,
+                        adopt=self._resume.adopt,
+                        restart_workers=self._resume.restart_workers,
                     )
                 )
             await self._done.wait()
-            receiver.cancel()
-            ticker.cancel()
-            if fleet is not None:
-                fleet.cancel()
+            for task in (receiver, ticker, control, fleet):
+                if task is not None:
+                    task.cancel()
             await self._terminate_stragglers()
             for task in self._launch_tasks:
                 task.cancel()
-        await self._launcher.close()
+        await self._agents_starter.close()
         return self.state.status
 
     def actions_taken(self) -> dict[str, int]:
         """Controller actions by name (AntDT Table II), for the summary."""
-        return dict(self._controller.counts) if self._controller is not None else {}
+        return self._control.actions_taken()
 
     def request_stop(self, reason: str) -> None:
         """From a signal handler: first time stop gracefully, second time hurry."""
@@ -250,10 +244,8 @@ class Supervisor:
                     self._spawn_task(
                         self._regroup.worker_gone(command.rank), f"regroup-{command.rank}"
                     )
-                if self._controller is not None:
-                    self._controller.worker_gone(command.rank)
-                if self._dds is not None:
-                    self._spawn_task(self._dds.worker_gone(command.rank), f"gone-{command.rank}")
+                self._control.worker_gone(command.rank)
+                self._spawn_task(self._dds.worker_gone(command.rank), f"gone-{command.rank}")
             elif isinstance(command, Finish):
                 self._recorder.emit("job_end", status=command.status, reason=self.state.stop_reason)
                 self._done.set()
@@ -263,21 +255,17 @@ class Supervisor:
         return self._tasks.create_task(coro, name=name)
 
     async def _launch(self, label: str) -> None:
-        host = self._hosts[label]
         try:
-            info = await self._launcher.prepare(host)
+            info = await self._agents_starter.prepare(label)
             if self.state.phase is not Phase.RUNNING and self.state.phase is not Phase.STARTING:
                 self._apply(self.state.agent_launch_abandoned(label, self._clock()))
                 return
-            self._on_host_prepared(label, info)
-            boot = self._make_bootstrap(host, info)
-            proc = await self._launcher.start(host, boot, self._agent_log_path(label))
+            proc = await self._agents_starter.start(label, info)
         except DtlaunchError as err:
             log.error("%s", err)
             self._apply(self.state.agent_launch_failed(label, str(err), self._clock()))
             return
         self._agents[label] = proc
-        self._on_agent_started(label)
         outcome = await proc.wait()
         if self._agents.get(label) is proc:
             del self._agents[label]
@@ -309,58 +297,6 @@ class Supervisor:
                 if agent.state in (AgentState.UP, AgentState.UNRESPONSIVE):
                     await self._router.send(AGENT_PREFIX + host.encode(), Ping(seq=self._ping_seq))
             self._apply(self.state.tick(self._clock()))
-            if self._controller is not None and self.state.phase is Phase.RUNNING:
-                await self._control(self._clock())
-                if self._regroup is not None:
-                    self._regroup.check_timeout(self._clock())
-
-    async def _control(self, now: float) -> None:
-        """Ask the policy; record each decision with its inputs; carry it out."""
-        assert self._controller is not None
-        remaining = self._dds.remaining_steps() if self._dds is not None else None
-        decided = self._controller.decide(
-            now, remaining_steps=remaining, free_spare_hosts=self.state.free_spare_hosts()
-        )
-        for action in decided:
-            self._recorder.emit(
-                "decision", policy=self._controller.policy.name, **action_fields(action)
-            )
-            if isinstance(action, AdjustBatchSize):
-                total = sum(action.sizes.values())
-                for rank, size in action.sizes.items():
-                    message = AdjustBatch(
-                        batch_size=size, apply_at_step=action.apply_at_step, global_batch=total
-                    )
-                    await self._router.send(WORKER_PREFIX + str(rank).encode(), message)
-            elif isinstance(action, AdjustLR):
-                for rank, factor in action.factors.items():
-                    message_lr = AdjustLRMessage(factor=factor, apply_at_step=action.apply_at_step)
-                    await self._router.send(WORKER_PREFIX + str(rank).encode(), message_lr)
-            elif isinstance(action, BackupWorkers):
-                if self._fleet is not None:
-                    self._fleet.set_backup(action.count)
-                else:
-                    log.warning("BACKUP_WORKERS needs the built-in parameter servers; ignored")
-            elif isinstance(action, KillRestart):
-                fleet = self._fleet
-                if action.role == "server" and fleet and fleet.kill_restart(action, now):
-                    pass  # moved live onto a spare host (ps_servers)
-                elif self._regroup is not None:
-                    await self._regroup.kill_restart(action, now)
-                else:
-                    self._apply(
-                        self.state.kill_restart(
-                            action.role,
-                            action.rank,
-                            action.reason,
-                            now,
-                            target_host=self.state.free_spare(action.target_host),
-                        )
-                    )
-            if isinstance(action, AdjustBatchSize):
-                self._batch_plan.update(action.sizes)
-                if self._regroup is not None:
-                    self._regroup.coordinator.batch_sizes(action.sizes)
 
     async def _receive_loop(self) -> None:
         while True:
@@ -374,9 +310,13 @@ class Supervisor:
         now = self._clock()
         if peer.startswith(STATUS_PREFIX):
             # Read-only peers: a StatusRequest is answered, anything else ignored.
-            if isinstance(msg, StatusRequest) and self._status is not None:
+            if isinstance(msg, StatusRequest):
                 reply = self._status.reply(
-                    msg, state=self.state, dds=self._dds, controller=self._controller, now=now
+                    msg,
+                    state=self.state,
+                    dds=self._dds,
+                    controller=self._control.controller,
+                    now=now,
                 )
                 if reply is not None:
                     await self._router.send(peer, reply)
@@ -385,7 +325,7 @@ class Supervisor:
             await self._from_agent(
                 peer, peer[len(AGENT_PREFIX) :].decode("utf-8", "replace"), msg, now
             )
-        elif peer.startswith(WORKER_PREFIX) and self._dds is not None:
+        elif peer.startswith(WORKER_PREFIX):
             await self._from_worker(peer, msg)
         elif peer.startswith(JOIN_PREFIX):
             await self._from_joiner(peer, msg)
@@ -421,7 +361,6 @@ class Supervisor:
         """Data-sharding requests; each runs as its own task so that many share
         one WAL fsync (group commit). Queue changes happen in arrival order,
         before each task's first await."""
-        assert self._dds is not None
         try:
             rank = int(peer[len(WORKER_PREFIX) :])
         except ValueError:
@@ -435,14 +374,7 @@ class Supervisor:
             await self._router.send(
                 peer, Welcome(run_id=self._run_id, heartbeat_interval=self._interval)
             )
-            planned = self._batch_plan.get(rank)
-            if planned is not None and msg.attempt > 0:
-                # A restarted worker starts with the nominal size; give it its share
-                # of the current plan at once (step 0: "from your next step").
-                total = sum(self._batch_plan.values())
-                await self._router.send(
-                    peer, AdjustBatch(batch_size=planned, apply_at_step=0, global_batch=total)
-                )
+            await self._control.worker_greeted(rank, msg.attempt)
             self._spawn_task(
                 self._dds.worker_hello(rank, msg.attempt, list(msg.leases)), f"hello-{rank}"
             )
@@ -472,9 +404,7 @@ class Supervisor:
         elif isinstance(msg, RegroupReady) and self._regroup is not None:
             await self._regroup.store_ready(rank, msg)
         elif isinstance(msg, StepReports):
-            record_worker_steps(
-                self._recorder, self._controller, rank, list(msg.reports), self._clock()
-            )
+            self._intake.worker_reports(rank, list(msg.reports))
 
     async def _from_agent(self, peer: bytes, host: str, msg: Message, now: float) -> None:
         if host not in self.state.agents:

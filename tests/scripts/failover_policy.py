@@ -5,8 +5,7 @@ Controller, supervisor and agents. Nothing else."""
 
 from __future__ import annotations
 
-from dtlaunch.supervisor.control.actions import Action, KillRestart, NoAction
-from dtlaunch.supervisor.control.monitor import MonitorSnapshot
+from dtlaunch.policy import Action, KillRestart, MonitorSnapshot, NoAction
 
 
 class Scripted:

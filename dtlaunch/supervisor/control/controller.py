@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-from dtlaunch.supervisor.control.actions import Action, KillRestart, NoAction, action_name
+from dtlaunch.supervisor.control.actions import (
+    Action,
+    AdjustBatchSize,
+    KillRestart,
+    NoAction,
+    action_name,
+)
 from dtlaunch.supervisor.control.policies import monitor_for
 from dtlaunch.supervisor.control.policies.base import Policy
 from dtlaunch.wire.messages import PsUpdate, StepReport
@@ -21,6 +27,10 @@ class Controller:
         self.monitor = monitor_for(policy)
         self.monitor.set_spare_capacity(len(spare_hosts), hosts=spare_hosts)
         self.counts: Counter[str] = Counter()
+        # The batch plan in force: rank -> local batch size of the last ADJUST_BS.
+        # The one copy: policies see it in their snapshot, a restarted worker or a
+        # regroup's newcomer is given its rank's share of it.
+        self.batch_plan: dict[int, int] = {}
         self._next_decision = 0.0
         self._restarting: set[tuple[str, int]] = set()
         self._moving: set[int] = set()  # servers in a live move (ps_servers)
@@ -31,21 +41,15 @@ class Controller:
         self.restart_cost_s: float | None = None  # workers
         self.server_restart_cost_s: float | None = None  # servers: a move costs another price
 
-    def observe(self, rank: int, reports: list[StepReport], now: float) -> float:
-        """Feed a worker's step reports; returns the straggler delay they contain."""
-        injected = 0.0
+    def observe(self, rank: int, reports: list[StepReport], now: float) -> None:
+        """Feed a worker's step reports (idle ones too: the Monitor knows which
+        steps say nothing about a worker's speed)."""
         if rank in self._replaced and reports:
             self._replaced.discard(rank)
             began = self._restart_began.pop(rank, None)
             if began is not None:
                 self.restart_cost_s = max(0.0, now - min(r.age_s for r in reports) - began)
         for report in sorted(reports, key=lambda r: r.step):
-            injected += report.injected_s
-            if report.samples == 0:
-                # An idle step (no data at hand, e.g. at the end of the data) says
-                # nothing about this worker's speed; as a fast step it would skew
-                # the windows and the batch plan.
-                continue
             self.monitor.report_worker(
                 rank,
                 now=max(0.0, now - report.age_s),
@@ -56,20 +60,17 @@ class Controller:
                 samples=report.samples,
                 servers=tuple((c.server, c.comm_s) for c in report.servers),
             )
-        return injected
 
     def observe_server(
         self, rank: int, updates: list[PsUpdate], now: float, *, ages: list[float] | None = None
-    ) -> float:
-        """Feed a server's applied updates (its T_s), each ``ages[i]`` seconds old;
-        returns the delay injected in them."""
+    ) -> None:
+        """Feed a server's applied updates (its T_s), each ``ages[i]`` seconds old."""
         if updates and ("server", rank) in self._restarting and rank not in self._moving:
             # A server restarted in place (no move) is back: the restart is over.
             self._restarting.discard(("server", rank))
         for i, update in enumerate(updates):
             at = max(0.0, now - (ages[i] if ages is not None else 0.0))
             self.monitor.report_server(rank, now=at, step=update.version, update_s=update.update_s)
-        return sum(u.injected_s for u in updates)
 
     def server_moving(self, rank: int) -> None:
         """A server KILL_RESTART is being carried out as a live move."""
@@ -127,10 +128,13 @@ class Controller:
             restart_pending=bool(self._restarting),
             restart_cost_s=self.restart_cost_s,
             server_restart_cost_s=self.server_restart_cost_s,
+            batch_plan=self.batch_plan,
         )
         actions = [a for a in self.policy.decide(snap) if not isinstance(a, NoAction)]
         for action in actions:
             self.counts[action_name(action)] += 1
+            if isinstance(action, AdjustBatchSize):
+                self.batch_plan.update(action.sizes)
             if isinstance(action, KillRestart):
                 self._restarting.add((action.role, action.rank))
                 if action.role == "worker":

@@ -142,6 +142,10 @@ class MonitorSnapshot:
     restart_cost_s: float | None = None  # a worker's KILL_RESTART, as measured
     server_restart_cost_s: float | None = None  # a server's (a live move), as measured
     restart_pending: bool = False
+    # The batch plan in force (rank -> local batch size of the last ADJUST_BS), kept
+    # by the Controller: workers that do not step together report old and new sizes
+    # at the same moment, so the plan, not the reports, says what the split is.
+    batch_plan: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 class Monitor:
@@ -250,6 +254,7 @@ class Monitor:
         restart_cost_s: float | None = None,
         server_restart_cost_s: float | None = None,
         restart_pending: bool = False,
+        batch_plan: dict[int, int] | None = None,
     ) -> MonitorSnapshot:
         """Aggregate the windows ending at ``now`` (see module doc)."""
         for w in self._workers.values():
@@ -302,6 +307,7 @@ class Monitor:
             restart_cost_s=restart_cost_s,
             server_restart_cost_s=server_restart_cost_s,
             restart_pending=restart_pending,
+            batch_plan=dict(batch_plan or {}),
         )
 
     def _prune(self, window: deque[_WorkerReport] | deque[_ServerReport], now: float) -> None:

@@ -41,8 +41,7 @@ from dtlaunch.events import EventRecorder
 from dtlaunch.ps.control import ServerControl
 from dtlaunch.ps.exchange import PsError
 from dtlaunch.supervisor.control.actions import KillRestart
-from dtlaunch.supervisor.control.controller import Controller
-from dtlaunch.supervisor.control.intake import record_server_updates
+from dtlaunch.supervisor.control.loop import ReportIntake
 from dtlaunch.supervisor.jobstate.machine import Command, JobState, ProcState
 from dtlaunch.wire.keys import PeerKeys
 from dtlaunch.wire.messages import PsStats, PsUpdate
@@ -75,7 +74,7 @@ class ServerFleet:
         recorder: EventRecorder,
         apply: Callable[[list[Command]], None],
         clock: Callable[[], float],
-        controller: Controller | None,
+        intake: ReportIntake,
         interval: float,
     ) -> None:
         self._state = state
@@ -83,7 +82,8 @@ class ServerFleet:
         self._recorder = recorder
         self._apply = apply
         self._clock = clock
-        self._controller = controller
+        self._intake = intake
+        self._controller = intake.controller
         self._interval = interval
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ps-control")
         # Moves wait for a server to start and for a step boundary: on their own
@@ -131,14 +131,7 @@ class ServerFleet:
                 continue
             updates = self._new_updates(rank, stats)
             if updates:
-                record_server_updates(
-                    self._recorder,
-                    self._controller,
-                    rank,
-                    updates,
-                    self._clock(),
-                    server_now=stats.now_s,
-                )
+                self._intake.server_updates(rank, updates, server_now=stats.now_s)
 
     def set_backup(self, count: int) -> None:
         """BACKUP_WORKERS(count) on every server from the next poll on (within an

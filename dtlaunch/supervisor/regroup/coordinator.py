@@ -46,7 +46,6 @@ class RegroupCoordinator:
         self.store_port = 0  # of the pending regroup, once its store listens
         self.store_addr = ""
         self._attached: set[int] = set()
-        self._batch_sizes: dict[int, int] = {}
 
     def attached(self, rank: int) -> PendingRegroup | None:
         """A worker called ``job.attach()``; returns the regroup this completes
@@ -63,10 +62,6 @@ class RegroupCoordinator:
     def worker_gone(self, rank: int) -> None:
         """A worker process ended: it must attach again before it can be relied on."""
         self._attached.discard(rank)
-
-    def batch_sizes(self, sizes: dict[int, int]) -> None:
-        """ADJUST_BS went out: a replacement starts with its predecessor's size."""
-        self._batch_sizes.update(sizes)
 
     def can_regroup(self, rank: int) -> bool:
         """Whether replacing ``rank`` can keep the others running."""
@@ -85,9 +80,12 @@ class RegroupCoordinator:
         reason: str,
         now: float,
         prewarmed: bool = False,
+        batch_size: int = 0,
     ) -> Regroup:
         """Start replacing ``rank``; the message goes to every worker, at once or,
-        for a ``prewarmed`` replacement, when ``announce()`` says it is ready."""
+        for a ``prewarmed`` replacement, when ``announce()`` says it is ready.
+        ``batch_size``: the leaving worker's share of the batch plan (0: the
+        nominal size), which its replacement starts with."""
         self.gen += 1
         store_rank = min(r for r in range(self.world_size) if r != rank)
         self.pending = PendingRegroup(
@@ -97,7 +95,7 @@ class RegroupCoordinator:
             target_host=target_host,
             reason=reason,
             started=now,
-            batch_size=self._batch_sizes.get(rank, 0),
+            batch_size=batch_size,
             prewarmed=prewarmed,
             announced=not prewarmed,
             announced_at=now,

@@ -153,10 +153,6 @@ class Balancer:
         self.apply_after = apply_after
         self.tolerance = tolerance
         self._pending_step: int | None = None
-        # The sizes this balancer last planned: workers that do not step together
-        # (no BSP barrier) report old and new sizes at the same moment, and summing
-        # those would let the global batch drift.
-        self._planned: dict[int, int] = {}
 
     def propose(
         self, snap: MonitorSnapshot, *, reason: str, inputs: dict[str, Any]
@@ -169,7 +165,9 @@ class Balancer:
             return "fewer than 2 workers reported in the short window"
         measured = [snap.worker_short[r].throughput for r in ranks]
         models = [_line(snap.worker_short[r]) for r in ranks]
-        current = [self._planned.get(r, snap.workers[r].batch_size) for r in ranks]
+        # The plan in force, not the reported sizes: summing a mix of old and new
+        # sizes (workers without a BSP barrier) would let the global batch drift.
+        current = [snap.batch_plan.get(r, snap.workers[r].batch_size) for r in ranks]
         total = sum(current)
         try:
             sizes, v = self._solve(models, current)
@@ -204,7 +202,6 @@ class Balancer:
             )
         apply_at = max(snap.latest_step, 0) + self.apply_after
         self._pending_step = apply_at
-        self._planned.update(zip(ranks, sizes, strict=True))
         return AdjustBatchSize(
             sizes=dict(zip(ranks, sizes, strict=True)),
             apply_at_step=apply_at,

@@ -1,0 +1,104 @@
+"""Bringing up the agent of one host: prepare the host, hand the agent its
+bootstrap, start it, and remember it in the run directory.
+
+``AgentStarter`` is the supervisor's one view of the launchers (``launcher``):
+it knows each host's spec, where that host reaches the supervisor, and the
+agent's folder there. Every agent it starts is written to ``hosts.json`` at
+once, so that a supervisor resumed after a crash knows whose reconnection to
+wait for (and what endpoints its own restarted processes must be told).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dtlaunch.config import JobSpec
+from dtlaunch.hostfile import HostSpec
+from dtlaunch.supervisor.environment import LaunchContext
+from dtlaunch.supervisor.launcher import AgentProcess, HostInfo, Launcher
+from dtlaunch.supervisor.rundir import RunDir
+from dtlaunch.wire.keys import RunKeys
+from dtlaunch.wire.messages import AgentBootstrap
+
+__all__ = ["AgentStarter"]
+
+
+class AgentStarter:
+    def __init__(
+        self,
+        *,
+        spec: JobSpec,
+        hosts: list[HostSpec],
+        launcher: Launcher,
+        launch_ctx: LaunchContext,
+        keys: RunKeys,
+        run: RunDir,
+        router_port: int,
+    ) -> None:
+        self._spec = spec
+        self._hosts = {h.label: h for h in hosts}
+        self._launcher = launcher
+        self._ctx = launch_ctx
+        self._keys = keys
+        self._run = run
+        self._router_port = router_port
+        # The agents a (possibly earlier) supervisor of this run started: a
+        # resumed supervisor adopts them instead of preparing their hosts again.
+        self._known = run.hosts()
+        for label, info in self._known.items():
+            launch_ctx.endpoints[label] = info["endpoint"]
+            launch_ctx.state_dirs[label] = info["state_dir"]
+
+    @property
+    def started_before(self) -> set[str]:
+        """Hosts whose agents were started by this run's earlier supervisor."""
+        return set(self._known)
+
+    async def prepare(self, label: str) -> HostInfo:
+        """Probe the host and make the agent's folder there.
+
+        Raises:
+            DtlaunchError: the host cannot be reached or cannot run the agent.
+        """
+        info = await self._launcher.prepare(self._hosts[label])
+        self._ctx.endpoints[label] = f"tcp://{info.endpoint_addr}:{self._router_port}"
+        self._ctx.state_dirs[label] = info.state_dir
+        return info
+
+    async def start(self, label: str, info: HostInfo) -> AgentProcess:
+        """Start the agent of a prepared host and record it in the run directory.
+
+        Raises:
+            DtlaunchError: the agent could not be started.
+        """
+        host = self._hosts[label]
+        proc = await self._launcher.start(host, self._bootstrap(host, info), self._log(label))
+        # Only agents recorded here are waited for by a resumed supervisor.
+        self._known[label] = {
+            "endpoint": self._ctx.endpoints[label],
+            "state_dir": self._ctx.state_dirs[label],
+        }
+        self._run.write_hosts(self._known)
+        return proc
+
+    async def close(self) -> None:
+        await self._launcher.close()
+
+    def _log(self, label: str) -> Path:
+        return self._run.logs / f"agent-{label}.log"
+
+    def _bootstrap(self, host: HostSpec, info: HostInfo) -> AgentBootstrap:
+        spec, keys = self._spec, self._keys
+        return AgentBootstrap(
+            run_id=spec.run_id,
+            host=host.label,
+            endpoint=self._ctx.endpoints[host.label],
+            server_public=keys.server.public.decode(),
+            client_public=keys.client.public.decode(),
+            client_secret=keys.client.secret.decode(),
+            state_dir=info.state_dir,
+            heartbeat_interval=spec.heartbeat_interval,
+            dead_after=spec.dead_after,
+            orphan_timeout=spec.orphan_timeout,
+            kill_grace=spec.kill_grace,
+        )

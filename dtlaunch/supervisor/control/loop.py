@@ -1,0 +1,270 @@
+"""The straggler control loop's edge (AntDT §V-E): step reports in, actions out.
+
+``ControlLoop`` is where the I/O-free ``Controller`` meets the job:
+
+* **Intake.** Every worker's step reports and every server's applied updates are
+  recorded as events, policy or not, so that ``replay`` can plot a run and
+  re-decide it offline (columns keep the lines short; ``t`` is when each step
+  ended, in the event log's ``mono`` seconds, as worker reports arrive batched).
+  Injected straggler delays are recorded apart (``injected``), so a benchmark
+  can say what it injected. With a policy, the reports also feed the Controller.
+* **Decisions.** Every tick while the job runs, the Controller asks the policy
+  when a decision is due; each action is recorded as a ``decision`` event with
+  its inputs and carried out here, under the name it was decided with:
+  ADJUST_BS and ADJUST_LR go to every worker named, for the same step;
+  BACKUP_WORKERS to the parameter servers (``psfleet``); KILL_RESTART as a live
+  server move (``psfleet``), a regroup around the survivors (``regroup``) or a
+  restart by the node table (``jobstate``).
+
+The batch plan lives in the Controller; a restarted worker is given its share
+of it as soon as it says Hello (``worker_greeted``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from dtlaunch.events import EventRecorder
+from dtlaunch.supervisor.control.actions import (
+    AdjustBatchSize,
+    AdjustLR,
+    BackupWorkers,
+    KillRestart,
+    action_fields,
+)
+from dtlaunch.supervisor.control.controller import Controller
+from dtlaunch.supervisor.jobstate import Command, JobState, Phase
+from dtlaunch.wire.messages import AdjustBatch, Message, PsUpdate, StepReport
+from dtlaunch.wire.messages import AdjustLR as AdjustLRMessage
+
+__all__ = [
+    "ActionTargets",
+    "ControlLoop",
+    "ReportIntake",
+    "ServerMover",
+    "WorkerReplacer",
+    "worker_identity",
+]
+
+log = logging.getLogger(__name__)
+
+WORKER_PREFIX = b"worker:"
+
+
+def worker_identity(rank: int) -> bytes:
+    """The ZeroMQ routing identity of worker ``rank``'s SDK."""
+    return WORKER_PREFIX + str(rank).encode()
+
+
+class ServerMover(Protocol):
+    """What carries BACKUP_WORKERS and a server's KILL_RESTART (``psfleet``)."""
+
+    def set_backup(self, count: int) -> None: ...
+
+    def kill_restart(self, action: KillRestart, now: float) -> bool:
+        """False when the server cannot move (then it is restarted in place)."""
+        ...
+
+
+class WorkerReplacer(Protocol):
+    """What replaces a worker around its survivors (``regroup``)."""
+
+    async def kill_restart(self, action: KillRestart, now: float) -> None: ...
+
+    def check_timeout(self, now: float) -> None: ...
+
+
+class ActionTargets:
+    """Who carries out the actions that are not messages to the workers."""
+
+    def __init__(
+        self,
+        *,
+        state: JobState,
+        apply: Callable[[list[Command]], None],
+        servers: ServerMover | None = None,
+        workers: WorkerReplacer | None = None,
+    ) -> None:
+        self.state = state
+        self.apply = apply  # carries out the node table's commands
+        self.servers = servers  # the built-in parameter servers, when the job has them
+        self.workers = workers  # allreduce mode: regroups around the survivors
+
+
+class ReportIntake:
+    """Step reports of workers and servers: into the event log and the Controller."""
+
+    def __init__(
+        self,
+        controller: Controller | None,
+        *,
+        recorder: EventRecorder,
+        clock: Callable[[], float],
+    ) -> None:
+        self.controller = controller  # None: --policy none (reports are still recorded)
+        self._recorder = recorder
+        self._clock = clock
+
+    def worker_reports(self, rank: int, reports: list[StepReport]) -> None:
+        """A batch of worker ``rank``'s step reports: recorded, then fed."""
+        now = self._clock()
+        at, ordered = self._recorder.elapsed(), sorted(reports, key=lambda r: r.step)
+        columns: dict[str, Any] = {
+            "step": [r.step for r in ordered],
+            "batch_size": [r.batch_size for r in ordered],
+            "compute_s": [round(r.compute_s, 6) for r in ordered],
+            "comm_s": [round(r.comm_s, 6) for r in ordered],
+            "samples": [r.samples for r in ordered],
+            "injected_s": [round(r.injected_s, 6) for r in ordered],
+            "t": [round(max(0.0, at - r.age_s), 6) for r in ordered],
+        }
+        if any(r.servers for r in ordered):
+            # PS mode: per step, [server, bytes, seconds] of each server it exchanged with.
+            columns["servers"] = [
+                [[c.server, c.nbytes, round(c.comm_s, 6)] for c in r.servers] for r in ordered
+            ]
+        self._recorder.emit("reports", role="worker", rank=rank, **columns)
+        if self.controller is not None:
+            self.controller.observe(rank, reports, now)
+        injected = sum(r.injected_s for r in reports)
+        self._record_injected("worker", rank, injected, [r.step for r in reports if r.injected_s])
+
+    def server_updates(self, rank: int, updates: list[PsUpdate], *, server_now: float) -> None:
+        """A server's applied updates (AntDT §II: T_s), as polled by ``psfleet``:
+        ``server_now`` is the server's clock when it answered, so each update's
+        age (``server_now - ended_s``) places it in time here."""
+        if not updates:
+            return
+        now = self._clock()
+        ordered = sorted(updates, key=lambda u: u.version)
+        ages = [max(0.0, server_now - u.ended_s) if u.ended_s > 0 else 0.0 for u in ordered]
+        at = self._recorder.elapsed()
+        self._recorder.emit(
+            "server_reports",
+            role="server",
+            rank=rank,
+            version=[u.version for u in ordered],
+            update_s=[round(u.update_s, 6) for u in ordered],
+            injected_s=[round(u.injected_s, 6) for u in ordered],
+            dropped=[list(u.dropped) for u in ordered],
+            t=[round(max(0.0, at - age), 6) for age in ages],
+        )
+        if self.controller is not None:
+            self.controller.observe_server(rank, ordered, now, ages=ages)
+        slowed = [u.version for u in ordered if u.injected_s]
+        self._record_injected("server", rank, sum(u.injected_s for u in ordered), slowed)
+
+    def _record_injected(self, role: str, rank: int, delay_s: float, steps: list[int]) -> None:
+        if delay_s > 0:
+            self._recorder.emit(
+                "injected", role=role, rank=rank, delay_s=round(delay_s, 4), steps=steps
+            )
+
+
+
+class ControlLoop:
+    """Decisions every tick while the job runs, carried out (see module doc)."""
+
+    def __init__(
+        self,
+        controller: Controller | None,
+        *,
+        recorder: EventRecorder,
+        send: Callable[[bytes, Message], Awaitable[None]],
+        targets: ActionTargets,
+        remaining_steps: Callable[[], int | None],
+        clock: Callable[[], float],
+        tick_s: float,
+    ) -> None:
+        self.controller = controller  # None: --policy none (nothing to decide)
+        self._recorder = recorder
+        self._send = send
+        self._targets = targets
+        self._remaining_steps = remaining_steps
+        self._clock = clock
+        self._tick_s = tick_s
+
+    def actions_taken(self) -> dict[str, int]:
+        """Actions by name (AntDT Table II), for the summary."""
+        return dict(self.controller.counts) if self.controller is not None else {}
+
+    def worker_gone(self, rank: int) -> None:
+        if self.controller is not None:
+            self.controller.worker_gone(rank)
+
+    async def worker_greeted(self, rank: int, attempt: int) -> None:
+        """A restarted worker starts with the nominal batch size: give it its
+        share of the plan in force at once (step 0: "from your next step")."""
+        if self.controller is None or attempt == 0:
+            return
+        plan = self.controller.batch_plan
+        if rank in plan:
+            message = AdjustBatch(
+                batch_size=plan[rank], apply_at_step=0, global_batch=sum(plan.values())
+            )
+            await self._send(worker_identity(rank), message)
+
+    # ------------------------------------------------------------- decisions
+
+    async def run(self) -> None:
+        """Decide while the job runs, until cancelled (nothing to do without a policy)."""
+        if self.controller is None:
+            return
+        while True:
+            await asyncio.sleep(self._tick_s)
+            if self._targets.state.phase is Phase.RUNNING:
+                now = self._clock()
+                await self.decide(now)
+                if self._targets.workers is not None:
+                    self._targets.workers.check_timeout(now)
+
+    async def decide(self, now: float) -> None:
+        """Ask the policy; record each decision with its inputs; carry it out."""
+        assert self.controller is not None
+        decided = self.controller.decide(
+            now,
+            remaining_steps=self._remaining_steps(),
+            free_spare_hosts=self._targets.state.free_spare_hosts(),
+        )
+        for action in decided:
+            self._recorder.emit(
+                "decision", policy=self.controller.policy.name, **action_fields(action)
+            )
+            if isinstance(action, AdjustBatchSize):
+                total = sum(action.sizes.values())
+                for rank, size in action.sizes.items():
+                    message = AdjustBatch(
+                        batch_size=size, apply_at_step=action.apply_at_step, global_batch=total
+                    )
+                    await self._send(worker_identity(rank), message)
+            elif isinstance(action, AdjustLR):
+                for rank, factor in action.factors.items():
+                    message_lr = AdjustLRMessage(factor=factor, apply_at_step=action.apply_at_step)
+                    await self._send(worker_identity(rank), message_lr)
+            elif isinstance(action, BackupWorkers):
+                if self._targets.servers is not None:
+                    self._targets.servers.set_backup(action.count)
+                else:
+                    log.warning("BACKUP_WORKERS needs the built-in parameter servers; ignored")
+            elif isinstance(action, KillRestart):
+                await self._kill_restart(action, now)
+
+    async def _kill_restart(self, action: KillRestart, now: float) -> None:
+        servers, workers, state = self._targets.servers, self._targets.workers, self._targets.state
+        if action.role == "server" and servers is not None and servers.kill_restart(action, now):
+            return  # moved live onto a spare host
+        if workers is not None:
+            await workers.kill_restart(action, now)
+            return
+        self._targets.apply(
+            state.kill_restart(
+                action.role,
+                action.rank,
+                action.reason,
+                now,
+                target_host=state.free_spare(action.target_host),
+            )
+        )
