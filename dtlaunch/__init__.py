@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from dtlaunch.version import __version__
+
 if TYPE_CHECKING:
     from dtlaunch.runtime import Job
-
-__version__ = "0.1.0"
 
 __all__ = ["__version__", "init"]
 

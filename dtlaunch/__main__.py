@@ -2,4 +2,5 @@
 
 from dtlaunch.cli import main
 
-main()
+if __name__ == "__main__":  # importing this module (a test walking the package) runs nothing
+    main()

@@ -8,17 +8,67 @@
     ├── WireError                 a frame that is not a valid message (dropped, logged)
     ├── KeyFileError              CURVE key files missing or with unsafe permissions
     ├── SshError                  a host cannot be reached, authenticated or verified
+    │   └── SshConnectError       the same, saying which kind it was (``kind``: SshFailure)
+    ├── HostCheckError            a ``dtlaunch check`` stage failed on a host (caught there)
     ├── LaunchError               an agent or process could not be started
-    └── RunDirError               a run directory is missing, locked or malformed
+    ├── RunDirError               a run directory is missing, locked or malformed
+    │   └── LockHeldError         another process holds a lock file (``holder``)
+    ├── WalError                  the data-sharding write-ahead log cannot be used
+    │   ├── WalCorruptError       damaged before its tail; names file, byte and the repair
+    │   ├── WalVersionError       written in a format version this release does not read
+    │   └── WalFsyncError         a write or fsync failed; the log accepts nothing more
+    ├── DdsStateError             a shard-queue record or snapshot disagrees with the data set
+    ├── PsError                   a parameter server refused a request or did not answer
+    │   └── ServerRestarted       a server restarted where the caller cannot resync
+    └── InfeasibleError           batch balancing has no solution (also a ValueError)
 
-Raises sites document which of these they raise under ``Raises:``.
+Raises sites document which of these they raise under ``Raises:``. Each class is
+also importable from the module that raises it (``dtlaunch.sshconn.SshConnectError``,
+``dtlaunch.supervisor.wal.WalCorruptError``, ``dtlaunch.ps.PsError``, ...).
+
+This module imports nothing of dtlaunch, not even lazily, and only the standard
+library, so every layer, the pure ``dtlaunch.solvers`` included, may use it. What a
+message needs from a layer above (the WAL's format version, a run directory) its
+raiser passes in.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+__all__ = [
+    "ConfigError",
+    "DdsStateError",
+    "DtlaunchError",
+    "HostCheckError",
+    "HostfileError",
+    "InfeasibleError",
+    "KeyFileError",
+    "LaunchError",
+    "LockHeldError",
+    "PsError",
+    "RunDirError",
+    "ServerRestarted",
+    "SshConnectError",
+    "SshError",
+    "SshFailure",
+    "WalCorruptError",
+    "WalError",
+    "WalFsyncError",
+    "WalVersionError",
+    "WireError",
+]
+
 
 class DtlaunchError(Exception):
     """Base class; ``str(err)`` is shown to the user as is."""
+
+
+# ---------------------------------------------------------------- configuration
 
 
 class ConfigError(DtlaunchError):
@@ -37,12 +87,18 @@ class HostfileError(ConfigError):
         super().__init__("\n".join(self.problems))
 
 
+# ---------------------------------------------------------------- wire and keys
+
+
 class WireError(DtlaunchError):
     """A received frame is not a valid message of this protocol."""
 
 
 class KeyFileError(DtlaunchError):
     """CURVE key material is missing, malformed or readable by others."""
+
+
+# ---------------------------------------------------------------- hosts
 
 
 class SshError(DtlaunchError):
@@ -55,9 +111,164 @@ class SshError(DtlaunchError):
         super().__init__(f"{host}: {problem}. Fix: {fix}")
 
 
+class SshFailure(StrEnum):
+    """What went wrong while connecting; one value per distinct fix."""
+
+    CONFIG = "ssh config"
+    CLIENT_KEY = "client key"
+    DNS = "dns"
+    REFUSED = "refused"
+    UNREACHABLE = "unreachable"
+    TIMEOUT = "timeout"
+    PROTOCOL = "protocol"
+    HOST_KEY_UNKNOWN = "host key unknown"
+    HOST_KEY_CHANGED = "host key changed"
+    HOST_KEY_REVOKED = "host key revoked"
+    AUTH = "auth"
+    DISCONNECTED = "disconnected"
+
+    @property
+    def is_host_key(self) -> bool:
+        return self in _HOST_KEY_FAILURES
+
+
+_HOST_KEY_FAILURES = frozenset(
+    {SshFailure.HOST_KEY_UNKNOWN, SshFailure.HOST_KEY_CHANGED, SshFailure.HOST_KEY_REVOKED}
+)
+
+
+class SshConnectError(SshError):
+    """An :class:`SshError` that also says which kind of failure it was.
+
+    Raised by :mod:`dtlaunch.sshconn` (which also exports :class:`SshFailure`).
+    """
+
+    def __init__(
+        self,
+        host: str,
+        problem: str,
+        fix: str,
+        *,
+        kind: SshFailure,
+        user: str | None = None,
+        port: int | None = None,
+    ) -> None:
+        self.kind = kind
+        self.user = user  # the login user and port really used, when known
+        self.port = port
+        super().__init__(host, problem, fix)
+
+
+class HostCheckError(DtlaunchError):
+    """One stage of a host's pre-flight check failed (:mod:`dtlaunch.preflight`).
+
+    Raised and caught inside the check of one host: ``problem`` goes in the failed
+    column of the check table, ``fix`` under it.
+    """
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.fix = fix
+
+
 class LaunchError(DtlaunchError):
     """An agent or a training process could not be started."""
 
 
+# ---------------------------------------------------------------- run directory and WAL
+
+
 class RunDirError(DtlaunchError):
     """A run directory is missing, locked by another supervisor, or malformed."""
+
+
+class LockHeldError(RunDirError):
+    """Raised by ``FileLayer.lock`` when another process holds the lock.
+
+    ``holder`` is the owner text that process wrote in the lock file; the WAL turns
+    this into a :class:`RunDirError` that says what to do.
+    """
+
+    def __init__(self, holder: str) -> None:
+        self.holder = holder
+        super().__init__(holder)
+
+
+class WalError(DtlaunchError):
+    """The write-ahead log of the data-sharding service cannot be read or written."""
+
+
+class WalCorruptError(WalError):
+    """The log is damaged before its tail; it is refused rather than half-read.
+
+    ``run_dir`` is what the user passes to ``dtlaunch wal repair`` (the raiser knows
+    the layout: ``dtlaunch.supervisor.wal.format.run_dir_of``).
+    """
+
+    def __init__(self, file: Path, offset: int, problem: str, *, run_dir: Path) -> None:
+        self.file = file
+        self.offset = offset
+        self.problem = problem
+        super().__init__(
+            f"WAL file {file} is damaged at byte {offset}: {problem}. The log cannot be "
+            f"trusted past that point, so it was not loaded. Run `dtlaunch wal repair "
+            f"{run_dir}` to cut the log there (everything removed is kept "
+            f"in a repair-* folder next to it), then resume."
+        )
+
+
+class WalVersionError(WalError):
+    """A WAL file has a format version this dtlaunch does not read.
+
+    ``supported`` is the one it reads (``dtlaunch.supervisor.wal.format.FORMAT_VERSION``).
+    """
+
+    def __init__(self, file: Path, version: int, *, supported: int) -> None:
+        self.file = file
+        self.version = version
+        self.supported = supported
+        super().__init__(
+            f"{file} has WAL format version {version}, but this dtlaunch reads only "
+            f"version {supported}: it was written by another dtlaunch release (or its "
+            f"header is damaged). Resume it with the dtlaunch release that wrote it, or "
+            f"start the job in a new --run-dir."
+        )
+
+
+class WalFsyncError(WalError):
+    """Writing or fsyncing the WAL failed; the log accepts nothing more."""
+
+
+class DdsStateError(DtlaunchError):
+    """A shard-queue record or snapshot is malformed, or disagrees with the queue.
+
+    Raised while recovering: the write-ahead log or snapshot belongs to another
+    data set (different size, shard size, epochs or seed) or is corrupt.
+    """
+
+
+# ---------------------------------------------------------------- parameter servers
+
+
+class PsError(DtlaunchError):
+    """A parameter server refused a request or did not answer in time."""
+
+
+class ServerRestarted(PsError):
+    """A server answered from a new process where the caller cannot resync."""
+
+    def __init__(self, server: int, incarnation: int) -> None:
+        super().__init__(f"parameter server {server} restarted (incarnation {incarnation})")
+        self.server = server
+        self.incarnation = incarnation
+
+
+# ---------------------------------------------------------------- solvers
+
+
+class InfeasibleError(DtlaunchError, ValueError):
+    """The batch-balancing problem has no solution or its inputs are invalid.
+
+    Also a ``ValueError``, as it always was, for callers that catch that.
+    """

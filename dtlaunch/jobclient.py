@@ -11,7 +11,7 @@ from pathlib import Path
 
 import zmq.asyncio
 
-from dtlaunch import __version__
+from dtlaunch.version import __version__
 from dtlaunch.errors import RunDirError
 from dtlaunch.supervisor.rundir import RunDir
 from dtlaunch.wire.keys import load_run_keys

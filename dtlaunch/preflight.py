@@ -27,7 +27,7 @@ import asyncssh
 from rich.table import Table
 from rich.text import Text
 
-from dtlaunch.errors import ConfigError, SshError
+from dtlaunch.errors import ConfigError, HostCheckError, SshError
 from dtlaunch.hostfile import HostSpec
 from dtlaunch.sshconn import SshConnectError, SshFailure, SshOptions, connect, run_remote
 
@@ -90,13 +90,6 @@ class HostCheck:
     items: dict[str, str]  # check name (see CHECKS) -> "ok", "skipped" or a short problem
     fix: str  # how to fix the failing check; "" when ok
     version: str = ""  # dtlaunch version found on the host, "" when not reached
-
-
-class _StageFailed(Exception):
-    def __init__(self, problem: str, fix: str) -> None:
-        super().__init__(problem)
-        self.problem = problem
-        self.fix = fix
 
 
 @dataclass(slots=True)
@@ -184,7 +177,7 @@ async def _check_host(
                 progress.passed("workdir")
                 await remote.check_ports(ports_needed)
                 progress.passed("ports")
-    except _StageFailed as exc:
+    except HostCheckError as exc:
         return progress.failed(host.label, exc.problem, exc.fix)
     except TimeoutError:
         return progress.failed(
@@ -241,7 +234,7 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Remote:
-    """Runs the probe snippets with the host's ``--python``; raises _StageFailed."""
+    """Runs the probe snippets with the host's ``--python``; raises HostCheckError."""
 
     conn: asyncssh.SSHClientConnection
     label: str
@@ -269,31 +262,31 @@ class _Remote:
         use_other = f"pass --python with the path of a Python >= 3.11 that exists on {self.label}"
         if report is None:
             if status == 127 or "No such file" in err or "not found" in err:
-                raise _StageFailed(f"not found: {python}", f"install Python there or {use_other}")
+                raise HostCheckError(f"not found: {python}", f"install Python there or {use_other}")
             if status == 126:
-                raise _StageFailed(
+                raise HostCheckError(
                     f"not executable: {python}", f"fix its permissions or {use_other}"
                 )
-            raise _StageFailed(
+            raise HostCheckError(
                 f"failed (exit {status}): {err[:60]}",
                 f"run `{python} -c 'import sys'` on {self.label} to see why; or {use_other}",
             )
         found = str(report.get("python", "0"))
         if _version_tuple(found) < MIN_PYTHON:
-            raise _StageFailed(
+            raise HostCheckError(
                 f"Python {found} is too old", f"dtlaunch needs Python >= 3.11: {use_other}"
             )
         progress.passed("python")
         install = f"`{python} -m pip install dtlaunch=={expected_version}` on {self.label}"
         if "error" in report:
-            raise _StageFailed(
+            raise HostCheckError(
                 f"not importable ({str(report['error'])[:50]})",
                 f"install dtlaunch {expected_version} for that interpreter: {install}",
             )
         version = str(report.get("dtlaunch", ""))
         if version != expected_version:
             progress.version = version
-            raise _StageFailed(
+            raise HostCheckError(
                 f"version {version} != {expected_version} here",
                 f"install the same version everywhere: {install}",
             )
@@ -302,7 +295,7 @@ class _Remote:
     async def check_workdir(self, workdir: str) -> None:
         _status, report, err = await self.probe(_WORKDIR_PROBE, workdir)
         if report is None:
-            raise _StageFailed(
+            raise HostCheckError(
                 f"probe failed: {err[:60]}", f"run {self.python} on {self.label} to see why"
             )
         if not report.get("ok"):
@@ -313,7 +306,7 @@ class _Remote:
                 state = "not a directory"
             else:
                 state = "not accessible"
-            raise _StageFailed(
+            raise HostCheckError(
                 f"{state}: {path}",
                 f"create it on {self.label} (`mkdir -p {path}`) or pass --workdir with a "
                 "directory that exists on every host",
@@ -326,7 +319,7 @@ class _Remote:
         ports = report.get("ports") if report else None
         if not isinstance(ports, list) or len(ports) != ports_needed:
             reason = str(report.get("error", "")) if report else err
-            raise _StageFailed(
+            raise HostCheckError(
                 f"cannot bind {ports_needed} ports: {reason[:50]}",
                 f"free some TCP ports on {self.label} or widen net.ipv4.ip_local_port_range",
             )

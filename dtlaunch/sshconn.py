@@ -26,13 +26,12 @@ import shlex
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import cast
 
 import asyncssh
 
-from dtlaunch.errors import ConfigError, SshError
+from dtlaunch.errors import ConfigError, SshConnectError, SshError, SshFailure
 from dtlaunch.hostfile import HostSpec
 
 __all__ = [
@@ -61,51 +60,6 @@ _KEEPALIVE_COUNT_MAX = 3
 # Seconds to wait for a timed-out remote command's channel to close.
 _CLOSE_GRACE = 1.0
 _UNREACHABLE_ERRNOS = (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.EADDRNOTAVAIL)
-
-
-class SshFailure(StrEnum):
-    """What went wrong while connecting; one value per distinct fix."""
-
-    CONFIG = "ssh config"
-    CLIENT_KEY = "client key"
-    DNS = "dns"
-    REFUSED = "refused"
-    UNREACHABLE = "unreachable"
-    TIMEOUT = "timeout"
-    PROTOCOL = "protocol"
-    HOST_KEY_UNKNOWN = "host key unknown"
-    HOST_KEY_CHANGED = "host key changed"
-    HOST_KEY_REVOKED = "host key revoked"
-    AUTH = "auth"
-    DISCONNECTED = "disconnected"
-
-    @property
-    def is_host_key(self) -> bool:
-        return self in _HOST_KEY_FAILURES
-
-
-_HOST_KEY_FAILURES = frozenset(
-    {SshFailure.HOST_KEY_UNKNOWN, SshFailure.HOST_KEY_CHANGED, SshFailure.HOST_KEY_REVOKED}
-)
-
-
-class SshConnectError(SshError):
-    """An :class:`SshError` that also says which kind of failure it was."""
-
-    def __init__(
-        self,
-        host: str,
-        problem: str,
-        fix: str,
-        *,
-        kind: SshFailure,
-        user: str | None = None,
-        port: int | None = None,
-    ) -> None:
-        self.kind = kind
-        self.user = user  # the login user and port really used, when known
-        self.port = port
-        super().__init__(host, problem, fix)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import zmq.asyncio
 
-import dtlaunch
+from dtlaunch.version import __version__
 from dtlaunch.agent.oom import OomWatcher
 from dtlaunch.agent.procs import ChildProcess, ExitInfo, ProcessGroupRunner, SpawnSpec
 from dtlaunch.agent.proctable import claim_agent_pid, kill_stale_groups
@@ -197,7 +197,7 @@ class Agent:
                 run_id=self._boot.run_id,
                 host=self._boot.host,
                 pid=os.getpid(),
-                version=dtlaunch.__version__,
+                version=__version__,
                 procs=runner.reports(),
                 free_ports=find_free_ports(),
                 host_addr=self._host_addr,

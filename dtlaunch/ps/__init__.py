@@ -43,9 +43,16 @@ supervisor's next ``PsMembership``), not those of the dead process.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from dtlaunch.errors import PsError
 from dtlaunch.ps.blocks import DEFAULT_BLOCK_BYTES, Block, ParamSpec, Placement, place_lpt, plan
-from dtlaunch.ps.client import Client, PsError, ServerTiming
-from dtlaunch.ps.optim import OptimizerConfig
+from dtlaunch.ps.exchange import ServerTiming
+
+if TYPE_CHECKING:
+    from dtlaunch.ps.client import Client
+    from dtlaunch.ps.optim import OptimizerConfig
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
@@ -59,3 +66,27 @@ __all__ = [
     "place_lpt",
     "plan",
 ]
+
+# Names that need torch, imported on first use: the supervisor imports this package
+# (``control``, ``exchange``) and never imports torch.
+_LAZY = {"Client": "dtlaunch.ps.client", "OptimizerConfig": "dtlaunch.ps.optim"}
+
+
+def __getattr__(name: str) -> Any:
+    """``Client`` and ``OptimizerConfig`` on first use; a submodule (``dtlaunch.ps.client``)
+    as an attribute, as when this package imported them all eagerly."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__"):
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -1,5 +1,8 @@
 """Commands to PS servers, as the supervisor (or a test, or a benchmark) sends them.
 
+Imports no torch (the supervisor never does): only ``ExportedBlocks.tensors``
+needs it, and imports it when called.
+
 ``ServerControl`` is a blocking request/answer client for one server:
 membership (the workers a BSP step waits for, BACKUP's b), statistics (update
 times, dropped workers), snapshots, block export/import, shutdown.
@@ -17,13 +20,11 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import zmq
 
-from dtlaunch.ps.client import PsError
-from dtlaunch.ps.frames import tensor_from_frame
+from dtlaunch.errors import PsError
 from dtlaunch.ps.transport import ServerLink, new_context
 from dtlaunch.wire.keys import PeerKeys
 from dtlaunch.wire.messages import (
@@ -38,6 +39,9 @@ from dtlaunch.wire.messages import (
     PsStats,
     PsStatsRequest,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ExportedBlocks", "ServerControl", "migrate"]
 
@@ -55,6 +59,9 @@ class ExportedBlocks:
 
     def tensors(self) -> dict[int, dict[str, torch.Tensor]]:
         """Each block's ``param`` and state tensors (views of the frames)."""
+        # torch only here: the supervisor drives servers through this module without it.
+        from dtlaunch.ps.frames import tensor_from_frame
+
         out: dict[int, dict[str, torch.Tensor]] = {}
         frames = iter(self.frames)
         for record in self.message.blocks:

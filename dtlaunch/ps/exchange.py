@@ -30,7 +30,7 @@ from typing import Any
 
 import zmq
 
-from dtlaunch.errors import DtlaunchError
+from dtlaunch.errors import PsError, ServerRestarted
 from dtlaunch.ps.transport import ServerLink
 from dtlaunch.wire.messages import Message, PsPing, PsReply
 
@@ -52,19 +52,6 @@ OnRestart = Callable[[int, int], None]  # (server, new incarnation)
 Connect = Callable[[str], ServerLink]  # endpoint -> a new link
 
 logger = logging.getLogger(__name__)
-
-
-class PsError(DtlaunchError):
-    """A parameter server refused a request or did not answer in time."""
-
-
-class ServerRestarted(PsError):
-    """A server answered from a new process where the caller cannot resync."""
-
-    def __init__(self, server: int, incarnation: int) -> None:
-        super().__init__(f"parameter server {server} restarted (incarnation {incarnation})")
-        self.server = server
-        self.incarnation = incarnation
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -55,13 +55,6 @@ def allreduce_gradients(
     return time.monotonic() - start, waited
 
 
-def any_worker(flag: bool, *, group: dist.ProcessGroup | None = None) -> bool:
-    """Whether ``flag`` holds on at least one worker (a collective: all must call)."""
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
-    return bool(value.item())
-
-
 def agree(done: bool, gen: int, *, group: dist.ProcessGroup | None = None) -> tuple[bool, int]:
     """One collective per BSP step: whether any worker is out of data, and the
     newest regroup generation that EVERY worker has heard of (see ``elastic``)."""

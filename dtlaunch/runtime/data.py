@@ -146,7 +146,6 @@ class BatchStream:
         # and every lease it read from.
         self._uncovered: deque[tuple[list[int], set[int]]] = deque()
         self._steps = 0
-        self._batches = 0
 
     @property
     def batch_size(self) -> int:
@@ -168,10 +167,6 @@ class BatchStream:
         if steps < self._steps:
             raise ValueError(f"cannot go back from step {self._steps} to {steps}")
         self._steps = steps
-
-    @property
-    def batches_returned(self) -> int:
-        return self._batches
 
     @property
     def ended(self) -> bool:
@@ -214,7 +209,6 @@ class BatchStream:
         if not batch:
             return [] if first_wait is not None and not self._ended else None
         self._uncovered.append((completed, touched))
-        self._batches += 1
         return batch
 
     def step(self) -> int:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import zmq.asyncio
 
-from dtlaunch import __version__
+from dtlaunch.version import __version__
 from dtlaunch.errors import DtlaunchError
 from dtlaunch.runtime.data import lease_fits
 from dtlaunch.runtime.steps import TimedReport

@@ -67,6 +67,8 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
+from dtlaunch.errors import InfeasibleError
+
 __all__ = ["MAX_SPEED_RATIO", "MAX_TOTAL", "InfeasibleError", "makespan", "solve_batch_sizes"]
 
 # Products t * v_i stay far below 2**53, so float floors are off by at most one.
@@ -78,10 +80,6 @@ _LEVEL_MARGIN = 1e-9
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-
-
-class InfeasibleError(ValueError):
-    """The batch-balancing problem has no solution or its inputs are invalid."""
 
 
 def solve_batch_sizes(throughputs: Sequence[float], total: int, minimum: int = 1) -> list[int]:

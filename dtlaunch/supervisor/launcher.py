@@ -12,18 +12,16 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import shlex
 import signal
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
 import asyncssh
 
-from dtlaunch import __version__
+from dtlaunch.version import __version__
 from dtlaunch.errors import LaunchError, SshError
 from dtlaunch.hostfile import HostSpec
 from dtlaunch.procwait import wait_popen
@@ -278,7 +276,3 @@ async def _pump_to_file(proc: asyncssh.SSHClientProcess[bytes], path: Path) -> N
         async with asyncio.TaskGroup() as tg:
             tg.create_task(copy(proc.stdout))
             tg.create_task(copy(proc.stderr))
-
-
-def default_python() -> str:
-    return os.environ.get("DTLAUNCH_PYTHON") or sys.executable

@@ -15,7 +15,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from dtlaunch import __version__
+from dtlaunch.version import __version__
 from dtlaunch.errors import DtlaunchError
 from dtlaunch.events import EventRecorder
 from dtlaunch.supervisor.agents import AgentStarter

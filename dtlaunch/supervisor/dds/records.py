@@ -22,7 +22,7 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from dtlaunch.errors import DtlaunchError
+from dtlaunch.errors import DdsStateError
 from dtlaunch.wire.messages import Lease
 
 __all__ = [
@@ -42,14 +42,6 @@ __all__ = [
 ]
 
 IntArray = npt.NDArray[np.int64]
-
-
-class DdsStateError(DtlaunchError):
-    """A shard-queue record or snapshot is malformed, or disagrees with the queue.
-
-    Raised while recovering: the write-ahead log or snapshot belongs to another
-    data set (different size, shard size, epochs or seed) or is corrupt.
-    """
 
 
 # ----------------------------------------------------------------- transitions

@@ -12,21 +12,10 @@ import os
 from pathlib import Path
 from typing import Protocol
 
-from dtlaunch.errors import DtlaunchError
+from dtlaunch.errors import LockHeldError as LockHeldError  # defined with every error
+from dtlaunch.errors import WalFsyncError as WalFsyncError
 
 FileHandle = int
-
-
-class WalFsyncError(DtlaunchError):
-    """Writing or fsyncing the WAL failed; the log accepts nothing more."""
-
-
-class LockHeldError(Exception):
-    """Raised by :meth:`FileLayer.lock` when another process holds the lock."""
-
-    def __init__(self, holder: str) -> None:
-        self.holder = holder
-        super().__init__(holder)
 
 
 class FileLayer(Protocol):

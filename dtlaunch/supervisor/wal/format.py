@@ -24,7 +24,8 @@ from pathlib import Path
 
 from crc32c import crc32c
 
-from dtlaunch.errors import DtlaunchError
+from dtlaunch.errors import WalCorruptError as WalCorruptError  # defined with every error
+from dtlaunch.errors import WalVersionError as WalVersionError
 
 FORMAT_VERSION = 1
 SEGMENT_MAGIC = b"DTLWAL\x00S"
@@ -40,35 +41,6 @@ RESYNC_TRIES = 16  # how many following sequence numbers a damaged-record check 
 _SEGMENT_RE = re.compile(r"seg-(\d{20})\.wal")
 _SNAPSHOT_RE = re.compile(r"snap-(\d{20})\.snap")
 TEMP_SUFFIX = ".tmp"
-
-
-class WalCorruptError(DtlaunchError):
-    """The log is damaged before its tail; it is refused rather than half-read."""
-
-    def __init__(self, file: Path, offset: int, problem: str) -> None:
-        self.file = file
-        self.offset = offset
-        self.problem = problem
-        super().__init__(
-            f"WAL file {file} is damaged at byte {offset}: {problem}. The log cannot be "
-            f"trusted past that point, so it was not loaded. Run `dtlaunch wal repair "
-            f"{run_dir_of(file.parent)}` to cut the log there (everything removed is kept "
-            f"in a repair-* folder next to it), then resume."
-        )
-
-
-class WalVersionError(DtlaunchError):
-    """A WAL file has a format version this dtlaunch does not read."""
-
-    def __init__(self, file: Path, version: int) -> None:
-        self.file = file
-        self.version = version
-        super().__init__(
-            f"{file} has WAL format version {version}, but this dtlaunch reads only "
-            f"version {FORMAT_VERSION}: it was written by another dtlaunch release (or its "
-            f"header is damaged). Resume it with the dtlaunch release that wrote it, or "
-            f"start the job in a new --run-dir."
-        )
 
 
 def run_dir_of(wal_dir: Path) -> Path:
@@ -113,10 +85,10 @@ def decode_segment_header(buf: bytes, file: Path) -> tuple[int | None, str]:
         return None, f"not a dtlaunch WAL segment (magic {magic!r})"
     if crc != crc32c(buf[: SEGMENT_HEADER.size - 4]):
         if version != FORMAT_VERSION:
-            raise WalVersionError(file, version)
+            raise WalVersionError(file, version, supported=FORMAT_VERSION)
         return None, "segment header checksum mismatch"
     if version != FORMAT_VERSION:
-        raise WalVersionError(file, version)
+        raise WalVersionError(file, version, supported=FORMAT_VERSION)
     return first_seq, ""
 
 
@@ -258,7 +230,7 @@ def decode_snapshot(buf: bytes, file: Path) -> tuple[int, bytes] | str:
     if magic != SNAPSHOT_MAGIC:
         return f"not a dtlaunch WAL snapshot (magic {magic!r})"
     if version != FORMAT_VERSION:
-        raise WalVersionError(file, version)
+        raise WalVersionError(file, version, supported=FORMAT_VERSION)
     state = buf[SNAPSHOT_HEADER.size :]
     if len(state) != length:
         return f"snapshot holds {len(state)} bytes of state, its header says {length}"

@@ -20,6 +20,7 @@ from dtlaunch.supervisor.wal.format import (
     count_sound_records,
     decode_segment_header,
     decode_snapshot,
+    run_dir_of,
     scan_records,
     segment_name,
     segment_seq,
@@ -56,7 +57,9 @@ class Damage:
     tail: bool  # a torn final write of the last segment, which open() may cut
 
     def error(self) -> WalCorruptError:
-        return WalCorruptError(self.file, self.offset, self.problem)
+        return WalCorruptError(
+            self.file, self.offset, self.problem, run_dir=run_dir_of(self.file.parent)
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,0 +1,334 @@
+"""The supervisor, the agent and the CLI never import torch or tensorflow.
+
+Two levels: a fast check that imports every module of those layers with ``import
+torch`` / ``import tensorflow`` made to fail, and a real one that installs dtlaunch in
+a fresh venv without torch and runs a DDS job and a ``--ps-server script`` job with it.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dtlaunch.ps
+from tests.jobs import REPO, SCRIPTS, summary
+
+BLOCKED = ("torch", "tensorflow")
+
+# What must load without torch: the supervisor, the agent, the CLI (a module or a
+# package, and any dtlaunch.cli_* module), and what the CLI's commands import lazily.
+NO_TORCH_ROOTS = (
+    "dtlaunch",
+    "dtlaunch.supervisor",
+    "dtlaunch.agent",
+    "dtlaunch.cli",
+    "dtlaunch.ui",
+    "dtlaunch.preflight",
+    "dtlaunch.jobclient",
+    "dtlaunch.manpages",
+)
+
+# Run in a fresh interpreter: imports ROOTS (argv) and, for packages, every module
+# below them, with torch and tensorflow blocked. Prints a JSON report.
+_IMPORT_WITH_TORCH_BLOCKED = r"""
+import importlib, json, pkgutil, sys, traceback
+
+BLOCKED = ("torch", "tensorflow")
+
+
+class Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in BLOCKED:
+            raise ImportError(f"import of {name} blocked by tests/test_no_torch.py", name=name)
+        return None
+
+
+sys.meta_path.insert(0, Blocker())
+imported, problems = [], {}
+
+
+def load(name):
+    try:
+        module = importlib.import_module(name)
+    except ImportError as exc:
+        chain = [
+            f"{frame.filename}:{frame.lineno}"
+            for frame in traceback.extract_tb(exc.__traceback__)
+            if "/dtlaunch/" in frame.filename
+        ]
+        problems[name] = [*chain, str(exc)]
+        return
+    imported.append(name)
+    if hasattr(module, "__path__") and name != "dtlaunch":
+        for info in pkgutil.iter_modules(module.__path__, name + "."):
+            load(info.name)
+
+
+import dtlaunch
+
+cli = [i.name for i in pkgutil.iter_modules(dtlaunch.__path__, "dtlaunch.")]
+cli = [name for name in cli if name.startswith("dtlaunch.cli")]
+for root in dict.fromkeys([*sys.argv[1:], *sorted(cli)]):
+    load(root)
+loaded = sorted(m for m in sys.modules if m.partition(".")[0] in BLOCKED)
+print(json.dumps({"imported": imported, "problems": problems, "loaded": loaded}))
+"""
+
+
+def test_supervisor_agent_and_cli_import_no_torch() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _IMPORT_WITH_TORCH_BLOCKED, *NO_TORCH_ROOTS],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    # Each entry: the module, then the dtlaunch lines of the import chain to torch.
+    assert report["problems"] == {}
+    assert report["loaded"] == []
+    imported = set(report["imported"])
+    for module in (
+        "dtlaunch.supervisor.supervisor",
+        "dtlaunch.supervisor.job",
+        "dtlaunch.supervisor.psfleet.fleet",
+        "dtlaunch.agent.agent",
+        "dtlaunch.cli",
+    ):
+        assert module in imported
+
+
+def test_ps_package_still_offers_client_and_submodules() -> None:
+    """``dtlaunch.ps`` loads torch only on first use of a torch name; users see no change."""
+    from dtlaunch.ps import Client, OptimizerConfig
+
+    assert dtlaunch.ps.Client is Client is dtlaunch.ps.client.Client
+    assert dtlaunch.ps.OptimizerConfig is OptimizerConfig is dtlaunch.ps.optim.OptimizerConfig
+    assert set(dtlaunch.ps.__all__) <= set(dir(dtlaunch.ps))
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        _ = dtlaunch.ps.NoSuchName
+
+
+# ------------------------------------------------------------ a real venv without torch
+
+# Installed as a .pth hook in the fresh venv: when DTLAUNCH_TEST_PROBE_DIR is set, every
+# Python process of a job records its modules, and every attempt to import torch or
+# tensorflow (even one a try/except would hide), in <dir>/<pid>.json at exit.
+_PROBE = """\
+import atexit
+import json
+import os
+import sys
+
+_DIR = os.environ.get("DTLAUNCH_TEST_PROBE_DIR")
+
+
+class _Recorder:
+    def __init__(self):
+        self.attempted = []
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("torch", "tensorflow"):
+            self.attempted.append(name)
+        return None
+
+
+def _dump(recorder):
+    dtlaunch = sys.modules.get("dtlaunch")
+    record = {
+        "argv": sys.argv,
+        "orig_argv": getattr(sys, "orig_argv", []),
+        "modules": sorted(sys.modules),
+        "attempted": recorder.attempted,
+        "dtlaunch_file": getattr(dtlaunch, "__file__", None),
+    }
+    with open(os.path.join(_DIR, f"{os.getpid()}.json"), "w") as f:
+        json.dump(record, f)
+
+
+if _DIR:
+    _recorder = _Recorder()
+    sys.meta_path.insert(0, _recorder)
+    atexit.register(_dump, _recorder)
+"""
+
+
+@dataclass(frozen=True)
+class Venv:
+    root: Path
+    site_packages: Path
+
+    @property
+    def python(self) -> Path:
+        return self.root / "bin" / "python"
+
+    @property
+    def dtlaunch(self) -> Path:
+        return self.root / "bin" / "dtlaunch"
+
+
+def _copy_sources(dest: Path) -> Path:
+    """The repository's package sources, so that building the wheel writes no build/ or
+    egg-info into the working tree (and picks up no stale build/lib files)."""
+    dest.mkdir()
+    for name in ("pyproject.toml", "README.md", "setup.py", "setup.cfg", "MANIFEST.in"):
+        if (REPO / name).exists():
+            shutil.copy2(REPO / name, dest / name)
+    for path in REPO.glob("LICEN[CS]E*"):
+        shutil.copy2(path, dest / path.name)
+    shutil.copytree(
+        REPO / "dtlaunch", dest / "dtlaunch", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    return dest
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """The caller's environment without anything that points at the dev venv or a job."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("DTLAUNCH_") and k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+    }
+    env.update(PYTHONUNBUFFERED="1", COLUMNS="200", **extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def no_torch_venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
+    """dtlaunch installed (plain, no extras) in a fresh venv; built once for this module."""
+    base = tmp_path_factory.mktemp("no-torch")
+    src = _copy_sources(base / "src")
+    root = base / "venv"
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=120)
+    # --no-compile: byte-compiling every dependency costs more than the jobs need.
+    pip = [str(root / "bin" / "pip"), "install", "-q", "--no-compile", str(src)]
+    result = subprocess.run(
+        pip, env=_clean_env(), capture_output=True, text=True, timeout=540, check=False
+    )
+    assert result.returncode == 0, f"pip install failed:\n{result.stdout}\n{result.stderr}"
+    print(f"no-torch venv built in {time.monotonic() - started:.1f}s")
+    site_packages = Path(
+        subprocess.check_output(
+            [
+                str(root / "bin" / "python"),
+                "-c",
+                "import sysconfig; print(sysconfig.get_path('purelib'))",
+            ],
+            text=True,
+        ).strip()
+    )
+    (site_packages / "_dtlaunch_import_probe.py").write_text(_PROBE)
+    (site_packages / "_dtlaunch_import_probe.pth").write_text("import _dtlaunch_import_probe\n")
+    return Venv(root=root, site_packages=site_packages)
+
+
+def _run_job(venv: Venv, tmp_path: Path, args: list[str]) -> tuple[Path, list[dict[str, Any]]]:
+    """``dtlaunch run ARGS`` with the venv's own ``dtlaunch``, from a directory outside the
+    repository (the agent runs ``python -m dtlaunch.agent`` there, which must not find
+    the repository's sources). Returns the run directory and every process's probe."""
+    run_dir, probes, work = tmp_path / "run", tmp_path / "probes", tmp_path / "work"
+    probes.mkdir()
+    work.mkdir()
+    result = subprocess.run(
+        [str(venv.dtlaunch), "run", "--run-dir", str(run_dir), *args],
+        cwd=work,
+        env=_clean_env(DTLAUNCH_TEST_PROBE_DIR=str(probes)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return run_dir, [json.loads(p.read_text()) for p in sorted(probes.glob("*.json"))]
+
+
+def _check_no_torch(venv: Venv, probes: list[dict[str, Any]]) -> None:
+    """The supervisor and the agent ran from the venv and never tried to import torch."""
+    supervisor = [p for p in probes if Path(p["argv"][0]) == venv.dtlaunch]
+    agent = [p for p in probes if "dtlaunch.agent" in p["orig_argv"]]
+    assert len(supervisor) == 1, [p["orig_argv"] for p in probes]
+    assert len(agent) == 1, [p["orig_argv"] for p in probes]
+    for probe in (*supervisor, *agent):
+        assert probe["attempted"] == [], probe["orig_argv"]
+        assert not {"torch", "tensorflow"} & set(probe["modules"]), probe["orig_argv"]
+        assert probe["dtlaunch_file"].startswith(str(venv.site_packages)), probe["dtlaunch_file"]
+    assert "dtlaunch.supervisor.supervisor" in supervisor[0]["modules"]
+    assert "dtlaunch.agent.agent" in agent[0]["modules"]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)  # the first test builds the venv
+def test_the_venv_has_no_torch(no_torch_venv: Venv) -> None:
+    for module in BLOCKED:
+        result = subprocess.run(
+            [str(no_torch_venv.python), "-c", f"import {module}"],
+            env=_clean_env(),
+            cwd=no_torch_venv.root,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode != 0
+        assert f"No module named '{module}'" in result.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_a_dds_job_runs_without_torch(no_torch_venv: Venv, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    run_dir, probes = _run_job(
+        no_torch_venv,
+        tmp_path,
+        [
+            "--workers", "2",
+            "--dataset-size", "200", "--shard-size", "20", "--epochs", "2",
+            "--global-batch", "20", "--seed", "3",
+            str(SCRIPTS / "dds_worker.py"), str(ledger), "0",
+        ],
+    )  # fmt: skip
+    counts: collections.Counter[int] = collections.Counter()
+    for path in ledger.glob("*.txt"):
+        for line in path.read_text().splitlines():
+            counts.update(int(x) for x in line.split())
+    assert counts == dict.fromkeys(range(200), 2)  # every record, once per epoch
+    assert summary(run_dir)["status"] == "succeeded"
+    _check_no_torch(no_torch_venv, probes)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_a_script_ps_server_job_runs_without_torch(no_torch_venv: Venv, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    run_dir, probes = _run_job(
+        no_torch_venv,
+        tmp_path,
+        [
+            "--workers", "2", "--servers", "1", "--ps-server", "script", "--kill-grace", "2",
+            str(SCRIPTS / "ps_script_roles.py"), str(out),
+        ],
+    )  # fmt: skip
+    server = json.loads((out / "server-0.json").read_text())
+    assert (server["DMLC_ROLE"], server["torch_loaded"]) == ("server", False)
+    for rank in (0, 1):
+        worker = json.loads((out / f"worker-{rank}.json").read_text())
+        assert (worker["DMLC_ROLE"], worker["DMLC_NUM_SERVER"]) == ("worker", "1")
+    data = summary(run_dir)
+    assert (data["status"], data["mode"], data["servers"]) == ("succeeded", "ps", 1)
+    assert data["failures"] == []
+    _check_no_torch(no_torch_venv, probes)
