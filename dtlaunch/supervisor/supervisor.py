@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from dtlaunch.version import __version__
-from dtlaunch.errors import DtlaunchError
+from dtlaunch.errors import DtlaunchError, WalError
 from dtlaunch.events import EventRecorder
 from dtlaunch.supervisor.agents import AgentStarter
 from dtlaunch.supervisor.control import Controller
@@ -44,6 +44,7 @@ from dtlaunch.supervisor.output import OutputRouter
 from dtlaunch.supervisor.psfleet import PlacementKeeper, ServerFleet
 from dtlaunch.supervisor.regroup import JOIN_PREFIX, RegroupCoordinator, RegroupDriver
 from dtlaunch.supervisor.status import STATUS_PREFIX, StatusTracker
+from dtlaunch.version import __version__
 from dtlaunch.wire.keys import PeerKeys
 from dtlaunch.wire.messages import (
     Ack,
@@ -77,6 +78,7 @@ log = logging.getLogger(__name__)
 
 AGENT_PREFIX = b"agent:"
 AGENT_EXIT_WAIT_S = 5.0
+MAX_RANK_DIGITS = 9  # a billion workers: any longer "rank" is garbage
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,6 +169,7 @@ class Supervisor:
         self._tasks: asyncio.TaskGroup | None = None
         self._ping_seq = 0
         self._signals = 0
+        self._refused_at: dict[bytes, float] = {}  # peer -> when we last logged a refusal
 
     # --------------------------------------------------------------- public
 
@@ -253,6 +256,22 @@ class Supervisor:
     def _spawn_task(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         assert self._tasks is not None
         return self._tasks.create_task(coro, name=name)
+
+    def _serve(self, coro: Coroutine[Any, Any, None], name: str, peer: bytes) -> None:
+        """Run one peer's request as its own task (many share one WAL fsync), under
+        the same guard as the receive loop: a request that fails is logged and
+        dropped. Only a failed write of the log stops the supervisor (WalError):
+        the disk may have lost what it acknowledged."""
+
+        async def guarded() -> None:
+            try:
+                await coro
+            except WalError:
+                raise
+            except Exception:
+                log.exception("error serving %s for %r; request dropped", name, peer)
+
+        self._spawn_task(guarded(), name)
 
     async def _launch(self, label: str) -> None:
         try:
@@ -361,10 +380,9 @@ class Supervisor:
         """Data-sharding requests; each runs as its own task so that many share
         one WAL fsync (group commit). Queue changes happen in arrival order,
         before each task's first await."""
-        try:
-            rank = int(peer[len(WORKER_PREFIX) :])
-        except ValueError:
-            log.warning("bad worker identity %r", peer)
+        rank = self._worker_rank(peer)
+        if rank is None:
+            self._refuse(peer, f"{type(msg).__name__} from no worker of this job")
             return
         if isinstance(msg, Hello):
             if msg.run_id != self._run_id:
@@ -375,8 +393,8 @@ class Supervisor:
                 peer, Welcome(run_id=self._run_id, heartbeat_interval=self._interval)
             )
             await self._control.worker_greeted(rank, msg.attempt)
-            self._spawn_task(
-                self._dds.worker_hello(rank, msg.attempt, list(msg.leases)), f"hello-{rank}"
+            self._serve(
+                self._dds.worker_hello(rank, msg.attempt, list(msg.leases)), f"hello-{rank}", peer
             )
         elif rank not in self._greeted:
             # A worker we have not heard Hello from (we were resumed): it must say
@@ -398,13 +416,33 @@ class Supervisor:
             )
             await self._router.send(peer, answer)
         elif isinstance(msg, (RegisterDataset, FetchShards, AckShards, ReleaseShards)):
-            self._spawn_task(self._dds.handle(peer, rank, msg), f"dds-{rank}")
+            self._serve(self._dds.handle(peer, rank, msg), f"dds-{rank}", peer)
         elif isinstance(msg, Attached) and self._regroup is not None:
             self._regroup.attached(rank)
         elif isinstance(msg, RegroupReady) and self._regroup is not None:
             await self._regroup.store_ready(rank, msg)
         elif isinstance(msg, StepReports):
             self._intake.worker_reports(rank, list(msg.reports))
+
+    def _worker_rank(self, peer: bytes) -> int | None:
+        """The rank in ``worker:<rank>`` when it names a worker of this job, else None.
+        Checked here, at the boundary: a rank the node table does not hold would
+        otherwise reach the queue (and the WAL) before anything noticed it."""
+        digits = peer[len(WORKER_PREFIX) :]
+        if not digits.isdigit() or len(digits) > MAX_RANK_DIGITS:
+            return None
+        rank = int(digits)
+        if str(rank).encode() != digits or f"worker-{rank}" not in self.state.procs:
+            return None
+        return rank
+
+    def _refuse(self, peer: bytes, why: str) -> None:
+        """Log a dropped message, at most once per second per peer: a peer that
+        floods us with bad messages must not flood the log too."""
+        now = self._clock()
+        if now - self._refused_at.get(peer, -math.inf) >= 1.0:
+            self._refused_at[peer] = now
+            log.warning("dropped a message from %r: %s", peer, why)
 
     async def _from_agent(self, peer: bytes, host: str, msg: Message, now: float) -> None:
         if host not in self.state.agents:
