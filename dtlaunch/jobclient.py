@@ -11,9 +11,9 @@ from pathlib import Path
 
 import zmq.asyncio
 
-from dtlaunch.version import __version__
 from dtlaunch.errors import RunDirError
 from dtlaunch.supervisor.rundir import RunDir
+from dtlaunch.version import __version__
 from dtlaunch.wire.keys import load_run_keys
 from dtlaunch.wire.messages import Ack, Hello, StopJob, Welcome
 from dtlaunch.wire.sockets import Dealer

@@ -25,11 +25,11 @@ from urllib.parse import urlsplit
 
 import zmq.asyncio
 
-from dtlaunch.version import __version__
 from dtlaunch.agent.oom import OomWatcher
 from dtlaunch.agent.procs import ChildProcess, ExitInfo, ProcessGroupRunner, SpawnSpec
 from dtlaunch.agent.proctable import claim_agent_pid, kill_stale_groups
 from dtlaunch.errors import LaunchError, WireError
+from dtlaunch.version import __version__
 from dtlaunch.wire.keys import KeyPair, PeerKeys, write_peer_keys
 from dtlaunch.wire.messages import (
     AgentBootstrap,

@@ -44,11 +44,11 @@ from dataclasses import dataclass, field
 
 import zmq.asyncio
 
-from dtlaunch.version import __version__
 from dtlaunch.errors import DtlaunchError
 from dtlaunch.runtime.data import lease_fits
 from dtlaunch.runtime.steps import TimedReport
 from dtlaunch.sharding import DatasetSpec
+from dtlaunch.version import __version__
 from dtlaunch.wire.keys import PeerKeys
 from dtlaunch.wire.messages import (
     AckDone,

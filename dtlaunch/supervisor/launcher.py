@@ -21,12 +21,12 @@ from typing import IO, Protocol
 
 import asyncssh
 
-from dtlaunch.version import __version__
 from dtlaunch.errors import LaunchError, SshError
 from dtlaunch.hostfile import HostSpec
 from dtlaunch.procwait import wait_popen
 from dtlaunch.sshconn import SshOptions, connect, run_remote
 from dtlaunch.supervisor.jobstate.failures import signal_name
+from dtlaunch.version import __version__
 from dtlaunch.wire.codec import to_dict
 from dtlaunch.wire.messages import AgentBootstrap
 
