@@ -32,7 +32,7 @@ from dtlaunch.runtime.standalone import StandaloneSource
 from dtlaunch.runtime.steps import REPORT_EVERY_S, StepTimer
 from dtlaunch.sharding import DatasetSpec, dataset_info
 from dtlaunch.wire.keys import load_peer_keys
-from dtlaunch.wire.messages import AdjustBatch, AdjustLR, Attached, PsPlacementMap, Regroup
+from dtlaunch.wire.messages import AdjustBatchSize, AdjustLR, Attached, PsPlacementMap, Regroup
 
 if TYPE_CHECKING:  # torch is optional: only attach() and bsp_batches() need it
     from dtlaunch.runtime.elastic import ElasticGroup
@@ -171,7 +171,7 @@ class Job:
             seed=dataset.seed,
             report_every_s=_env_float(os.environ, ENV_REPORT_INTERVAL, REPORT_EVERY_S),
         )
-        self._pending_actions: list[AdjustBatch | AdjustLR] = []
+        self._pending_actions: list[AdjustBatchSize | AdjustLR] = []
         self._regroups: list[Regroup] = []  # heard, not yet handed to the elastic group
         self._elastic: ElasticGroup | None = None
         self._lr_factor = 1.0
@@ -396,16 +396,20 @@ class Job:
                     action.apply_at_step,
                     next_step,
                 )
-            if isinstance(action, AdjustBatch):
-                self._stream.set_batch_size(action.batch_size)
-                self._global_batch = action.global_batch
+            if isinstance(action, AdjustBatchSize):
+                size = action.size_of(self.rank)
+                if size is not None:
+                    self._stream.set_batch_size(size)
+                    self._global_batch = action.global_batch
             else:
-                self._lr_factor = action.factor
+                factor = action.factor_of(self.rank)
+                if factor is not None:
+                    self._lr_factor = factor
 
     def _take_actions(self) -> None:
         """Move what the supervisor sent into the pending step actions and regroups."""
         for action in self._source.actions():
-            if isinstance(action, AdjustBatch | AdjustLR):
+            if isinstance(action, AdjustBatchSize | AdjustLR):
                 self._pending_actions.append(action)
             elif isinstance(action, Regroup):
                 if self._elastic is not None:

@@ -90,7 +90,7 @@ class LeaseSource(Protocol):
         ...
 
     def actions(self) -> list[Message]:
-        """Actions (AdjustBatch, AdjustLR) received since the last call."""
+        """Actions (AdjustBatchSize, AdjustLR) received since the last call."""
         ...
 
 

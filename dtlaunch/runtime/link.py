@@ -53,7 +53,7 @@ from dtlaunch.wire.keys import PeerKeys
 from dtlaunch.wire.messages import (
     AckDone,
     AckShards,
-    AdjustBatch,
+    AdjustBatchSize,
     AdjustLR,
     DatasetReady,
     FetchShards,
@@ -423,7 +423,7 @@ class SupervisorLink:
             self._outbox.extend(self._sticky)
         elif isinstance(msg, (DatasetReady, PlacementReady)):
             self._on_answer(msg)
-        elif isinstance(msg, (AdjustBatch, AdjustLR, Regroup)):
+        elif isinstance(msg, (AdjustBatchSize, AdjustLR, Regroup)):
             self._shared.actions.put(msg)
         elif isinstance(msg, RegroupGo):
             self._shared.regroup_go.put(msg)

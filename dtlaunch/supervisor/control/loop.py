@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -37,8 +38,8 @@ from dtlaunch.supervisor.control.actions import (
 )
 from dtlaunch.supervisor.control.controller import Controller
 from dtlaunch.supervisor.jobstate import Command, JobState, Phase
-from dtlaunch.wire.messages import AdjustBatch, Message, PsUpdate, StepReport
-from dtlaunch.wire.messages import AdjustLR as AdjustLRMessage
+from dtlaunch.wire import messages as wire
+from dtlaunch.wire.messages import Message, PsUpdate, StepReport
 
 __all__ = [
     "ActionTargets",
@@ -46,12 +47,28 @@ __all__ = [
     "ReportIntake",
     "ServerMover",
     "WorkerReplacer",
+    "to_message",
     "worker_identity",
 ]
 
 log = logging.getLogger(__name__)
 
 WORKER_PREFIX = b"worker:"
+RECENT_STEPS = 32  # per node, for the stall watchdog's adaptive bound
+
+
+def to_message(action: AdjustBatchSize | AdjustLR) -> wire.AdjustBatchSize | wire.AdjustLR:
+    """The message that carries a global action to the workers: same name, same
+    plan, without the decision's reason and inputs (those go to the event log)."""
+    if isinstance(action, AdjustBatchSize):
+        return wire.AdjustBatchSize(
+            sizes=[wire.RankBatch(rank=r, batch_size=b) for r, b in sorted(action.sizes.items())],
+            apply_at_step=action.apply_at_step,
+        )
+    return wire.AdjustLR(
+        factors=[wire.RankFactor(rank=r, factor=f) for r, f in sorted(action.factors.items())],
+        apply_at_step=action.apply_at_step,
+    )
 
 
 def worker_identity(rank: int) -> bytes:
@@ -107,6 +124,19 @@ class ReportIntake:
         self.controller = controller  # None: --policy none (reports are still recorded)
         self._recorder = recorder
         self._clock = clock
+        # For the stall watchdog: what moved, and how slow a step can be.
+        self.steps_reported = 0
+        self.updates_reported = 0
+        self._recent_bpt: dict[tuple[str, int], deque[float]] = {}
+        self.last_step: dict[int, tuple[int, float]] = {}  # rank -> (step, when it arrived)
+
+    def slowest_recent_step_s(self) -> float:
+        """The slowest of the last steps of every node (worker BPT, server update)."""
+        return max((max(times) for times in self._recent_bpt.values() if times), default=0.0)
+
+    def _note_times(self, role: str, rank: int, seconds: list[float]) -> None:
+        recent = self._recent_bpt.setdefault((role, rank), deque(maxlen=RECENT_STEPS))
+        recent.extend(seconds)
 
     def worker_reports(self, rank: int, reports: list[StepReport]) -> None:
         """A batch of worker ``rank``'s step reports: recorded, then fed."""
@@ -127,6 +157,10 @@ class ReportIntake:
                 [[c.server, c.nbytes, round(c.comm_s, 6)] for c in r.servers] for r in ordered
             ]
         self._recorder.emit("reports", role="worker", rank=rank, **columns)
+        self.steps_reported += len(ordered)
+        self._note_times("worker", rank, [r.compute_s + r.comm_s for r in ordered])
+        if ordered:
+            self.last_step[rank] = (ordered[-1].step, now)
         if self.controller is not None:
             self.controller.observe(rank, reports, now)
         injected = sum(r.injected_s for r in reports)
@@ -152,6 +186,8 @@ class ReportIntake:
             dropped=[list(u.dropped) for u in ordered],
             t=[round(max(0.0, at - age), 6) for age in ages],
         )
+        self.updates_reported += len(ordered)
+        self._note_times("server", rank, [u.update_s for u in ordered])
         if self.controller is not None:
             self.controller.observe_server(rank, ordered, now, ages=ages)
         slowed = [u.version for u in ordered if u.injected_s]
@@ -202,10 +238,8 @@ class ControlLoop:
             return
         plan = self.controller.batch_plan
         if rank in plan:
-            message = AdjustBatch(
-                batch_size=plan[rank], apply_at_step=0, global_batch=sum(plan.values())
-            )
-            await self._send(worker_identity(rank), message)
+            in_force = AdjustBatchSize(sizes=dict(plan), apply_at_step=0)
+            await self._send(worker_identity(rank), to_message(in_force))
 
     # ------------------------------------------------------------- decisions
 
@@ -234,16 +268,13 @@ class ControlLoop:
                 "decision", policy=self.controller.policy.name, **action_fields(action)
             )
             if isinstance(action, AdjustBatchSize):
-                total = sum(action.sizes.values())
-                for rank, size in action.sizes.items():
-                    message = AdjustBatch(
-                        batch_size=size, apply_at_step=action.apply_at_step, global_batch=total
-                    )
+                message = to_message(action)
+                for rank in action.sizes:
                     await self._send(worker_identity(rank), message)
             elif isinstance(action, AdjustLR):
-                for rank, factor in action.factors.items():
-                    message_lr = AdjustLRMessage(factor=factor, apply_at_step=action.apply_at_step)
-                    await self._send(worker_identity(rank), message_lr)
+                message = to_message(action)
+                for rank in action.factors:
+                    await self._send(worker_identity(rank), message)
             elif isinstance(action, BackupWorkers):
                 if self._targets.servers is not None:
                     self._targets.servers.set_backup(action.count)

@@ -1,0 +1,160 @@
+"""Steering the workers: step reports in, straggler actions out (AntDT §V-D, §V-E).
+
+Workers send their recent steps (``StepReports``); the Controller's actions
+travel under the name they were decided with (``AdjustBatchSize``,
+``AdjustLR``), each carrying the whole plan and the step at which every worker
+applies it. In allreduce mode a group re-forms around its survivors with
+``Attached``, ``Regroup``, ``RegroupReady`` and ``RegroupGo``
+(``dtlaunch.runtime.elastic``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from dtlaunch.wire.messages.base import Message, Record
+
+__all__ = [
+    "AdjustBatchSize",
+    "AdjustLR",
+    "Attached",
+    "RankBatch",
+    "RankFactor",
+    "Regroup",
+    "RegroupGo",
+    "RegroupReady",
+    "ServerComm",
+    "StepReport",
+    "StepReports",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerComm(Record):
+    """A step's exchanges with one parameter server (pull + push; PSLD §4.1)."""
+
+    server: int
+    nbytes: int  # tensor bytes moved both ways
+    comm_s: float  # request to answer, summed over the step's exchanges
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepReport(Record):
+    """One training step of a worker, for the Monitor (AntDT §II: BPT = T^w + T^m)."""
+
+    step: int
+    batch_size: int
+    compute_s: float  # time of the step outside communication (incl. injected delay)
+    comm_s: float = 0.0  # communication time the script reported (allreduce, push/pull)
+    samples: int = 0  # records actually trained (the last batch may be short)
+    age_s: float = 0.0  # how long before sending the step ended (reports are batched)
+    injected_s: float = 0.0  # straggler delay injected into this step (--inject)
+    servers: list[ServerComm] = field(default_factory=list)  # PS mode: per server
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepReports(Message):
+    """A worker's recent steps, sent every few steps."""
+
+    TYPE: ClassVar[str] = "step_reports"
+    reports: list[StepReport]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankBatch(Record):
+    """One worker's local batch size in an ``AdjustBatchSize`` plan."""
+
+    rank: int
+    batch_size: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdjustBatchSize(Message):
+    """ADJUST_BS as the policy decided it: every worker's local batch size from
+    ``apply_at_step`` on. Each worker named gets the whole plan and takes its own
+    rank's size; the global batch is the plan's sum. All workers change in the
+    same iteration (``apply_at_step``; 0: "from your next step", for a restarted
+    worker joining a plan in force), so the global batch stays whole.
+    """
+
+    TYPE: ClassVar[str] = "adjust_batch_size"
+    sizes: list[RankBatch]
+    apply_at_step: int
+
+    def size_of(self, rank: int) -> int | None:
+        """``rank``'s local batch size in this plan; None when it is not in it."""
+        return next((s.batch_size for s in self.sizes if s.rank == rank), None)
+
+    @property
+    def global_batch(self) -> int:
+        """The sum of the plan's local sizes, for the weighted gradient average."""
+        return sum(s.batch_size for s in self.sizes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankFactor(Record):
+    """One worker's learning-rate factor in an ``AdjustLR``."""
+
+    rank: int
+    factor: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdjustLR(Message):
+    """ADJUST_LR as the policy decided it: each named worker's learning-rate
+    factor from ``apply_at_step`` on."""
+
+    TYPE: ClassVar[str] = "adjust_lr"
+    factors: list[RankFactor]
+    apply_at_step: int
+
+    def factor_of(self, rank: int) -> float | None:
+        """``rank``'s factor; None when it is not in it."""
+        return next((f.factor for f in self.factors if f.rank == rank), None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Attached(Message):
+    """A worker called ``job.attach(model, optimizer)``: a newcomer can get its
+    state from a survivor, so KILL_RESTART may re-form the allreduce group
+    around the survivors instead of restarting them."""
+
+    TYPE: ClassVar[str] = "attached"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Regroup(Message):
+    """To every worker: at the next step all of them agree on, ``leaving_rank``
+    leaves, the others take down their process group, and ``store_rank`` hosts
+    the store of generation ``gen`` and answers ``RegroupReady``."""
+
+    TYPE: ClassVar[str] = "regroup"
+    gen: int
+    leaving_rank: int
+    store_rank: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegroupReady(Message):
+    """From the store host: generation ``gen``'s store listens on ``store_port``;
+    the group re-forms at step ``step``."""
+
+    TYPE: ClassVar[str] = "regroup_ready"
+    gen: int
+    step: int
+    store_port: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegroupGo(Message):
+    """To the survivors, and to the waiting replacement: join generation ``gen``
+    at ``master_addr:master_port``; the replacement also learns who sends it the
+    state (``source_rank``) and its local batch size (0: the default)."""
+
+    TYPE: ClassVar[str] = "regroup_go"
+    gen: int
+    master_addr: str
+    master_port: int
+    source_rank: int = 0
+    batch_size: int = 0
