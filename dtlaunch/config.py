@@ -11,7 +11,7 @@ import json
 import re
 import secrets
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,8 @@ class JobSpec:
     orphan_timeout: float = 60.0
     kill_grace: float = 5.0
     agent_timeout: float = 60.0  # how long an agent may take to connect back
+    # No step and no shard change for this long is a stall (None: adaptive; 0: never).
+    stall_timeout: float | None = None
     env: dict[str, str] = field(default_factory=dict)
     workdir: str = ""
     python: str = ""
@@ -172,6 +174,13 @@ class JobSpec:
             if getattr(self, name) <= 0:
                 opt = "--" + name.replace("_", "-")
                 raise ConfigError(f"{opt} must be positive, got {getattr(self, name)}")
+        if self.stall_timeout is not None and not (
+            0 <= self.stall_timeout < float("inf")
+        ):
+            raise ConfigError(
+                "--stall-timeout must be 0 (never) or a number of seconds, "
+                f"got {self.stall_timeout}"
+            )
         if self.control_interval <= 0:
             raise ConfigError(f"--control-interval must be positive, got {self.control_interval}")
         if self.dead_after < 2:
@@ -219,9 +228,6 @@ class JobSpec:
             return cls(**data)
         except (ValueError, KeyError, TypeError) as err:
             raise ConfigError(f"job.json is not a dtlaunch job description: {err}") from err
-
-    def with_updates(self, **changes: Any) -> JobSpec:
-        return replace(self, **changes)
 
 
 def parse_env_pairs(pairs: list[str], env_file: Path | None) -> dict[str, str]:

@@ -14,19 +14,19 @@ import typer.main
 
 from dtlaunch import __version__
 from dtlaunch.cli import app
+from dtlaunch.cli.manpages import generate, roff_escape, write_pages
 from dtlaunch.errors import HostfileError
 from dtlaunch.hostfile import parse_hostfile, parse_inline
-from dtlaunch.manpages import generate, roff_escape, write_pages
 
 REPO = Path(__file__).resolve().parent.parent
 MAN = REPO / "man"
-REGENERATE = "run `python -m dtlaunch.manpages man` and commit the pages"
+REGENERATE = "run `python -m dtlaunch.cli.manpages man` and commit the pages"
 PAGES = sorted(MAN.glob("*.[1-9]"))
 
 
 def test_committed_pages_match_the_command_line(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "dtlaunch.manpages", str(tmp_path)],
+        [sys.executable, "-m", "dtlaunch.cli.manpages", str(tmp_path)],
         capture_output=True, text=True, check=False, cwd=REPO,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -83,10 +83,10 @@ def test_roff_escape_neutralises_requests_and_escapes() -> None:
 
 def test_module_usage_error() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "dtlaunch.manpages"], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "dtlaunch.cli.manpages"], capture_output=True, text=True, check=False
     )
     assert result.returncode == 2
-    assert "usage: python -m dtlaunch.manpages OUT_DIR" in result.stderr
+    assert "usage: python -m dtlaunch.cli.manpages OUT_DIR" in result.stderr
 
 
 def _hostfile_page() -> str:

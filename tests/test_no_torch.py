@@ -35,7 +35,7 @@ NO_TORCH_ROOTS = (
     "dtlaunch.ui",
     "dtlaunch.preflight",
     "dtlaunch.jobclient",
-    "dtlaunch.manpages",
+    "dtlaunch.cli.manpages",
 )
 
 # Run in a fresh interpreter: imports ROOTS (argv) and, for packages, every module

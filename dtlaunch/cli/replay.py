@@ -12,9 +12,9 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console, RenderableType
-from rich.markup import escape
 from rich.text import Text
 
+from dtlaunch.cli.app import app, err_console, fail
 from dtlaunch.errors import ConfigError
 from dtlaunch.events import Event, read_events
 from dtlaunch.ui.timeline import (
@@ -30,31 +30,26 @@ log = logging.getLogger(__name__)
 POLL_S = 0.25  # how often --follow looks at the log
 SUMMARY_GRACE_S = 15.0  # after job_end, how long --follow waits for summary.json
 
-_err = Console(stderr=True)
 
-
-def _fail(message: str) -> typer.Exit:
-    _err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
-    return typer.Exit(2)
 
 
 def _check_run_dir(run_dir: Path, *, follow: bool) -> Path:
     """The events.jsonl of ``run_dir``; exit 2 naming the fix when it is no run dir."""
     events = run_dir / "events.jsonl"
     if not run_dir.exists():
-        raise _fail(
+        raise fail(
             f"{run_dir} does not exist; pass the run directory of a job "
             "(./runs/<run-id> by default, or the --run-dir you gave dtlaunch run)"
         )
     if not run_dir.is_dir():
-        raise _fail(f"{run_dir} is not a directory; pass a run directory like runs/<run-id>")
+        raise fail(f"{run_dir} is not a directory; pass a run directory like runs/<run-id>")
     if not (run_dir / "job.json").is_file() and not events.is_file():
-        raise _fail(
+        raise fail(
             f"{run_dir} is not a dtlaunch run directory (no job.json, no events.jsonl); "
             "pass one like runs/<run-id> (or the --run-dir you gave dtlaunch run)"
         )
     if not events.is_file() and not follow:
-        raise _fail(
+        raise fail(
             f"{run_dir} has no events.jsonl yet: its job has not started; "
             f"use dtlaunch replay --follow {run_dir} to wait for it"
         )
@@ -164,17 +159,17 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _check_plot_path(path: Path) -> None:
     if path.suffix.lower() not in PLOT_FORMATS:
-        raise _fail(
+        raise fail(
             f"--plot {path}: name the picture with one of {', '.join(PLOT_FORMATS)}, "
             "e.g. --plot run.png"
         )
     if not path.parent.is_dir():
-        raise _fail(f"--plot {path}: folder {path.parent} does not exist; create it first")
+        raise fail(f"--plot {path}: folder {path.parent} does not exist; create it first")
 
 
 def _warn_without_reports(events: list[Event], what: str) -> None:
     if not any(e.kind == "reports" for e in events):
-        _err.print(
+        err_console.print(
             f"warning: this run's events hold no step reports, so {what} has no step "
             "data (the run ended before any step, or an older dtlaunch wrote it)",
             style="yellow",
@@ -192,10 +187,10 @@ def _plot(run_dir: Path, events: list[Event], path: Path) -> None:
     try:
         data = plot_run(events, path, title=title)
     except ConfigError as err:
-        raise _fail(str(err)) from None
+        raise fail(str(err)) from None
     except OSError as err:
-        raise _fail(f"--plot {path}: cannot write it ({err})") from None
-    _err.print(
+        raise fail(f"--plot {path}: cannot write it ({err})") from None
+    err_console.print(
         f"plot written to {path} ({len(data.bpt)} workers, {len(data.markers)} actions)",
         highlight=False,
     )
@@ -223,78 +218,75 @@ def _what_if(run_dir: Path, events: list[Event], policy: str, *, as_json: bool) 
             initial_remaining=initial_remaining_steps(dataset),
         )
     except (ConfigError, ValueError) as err:
-        raise _fail(str(err)) from None
+        raise fail(str(err)) from None
     if as_json:
         print(json.dumps(result.to_json(), indent=2, default=str))
         return
     _show(Console(highlight=False), render_what_if(result))
 
 
-def register(app: typer.Typer) -> None:
-    """Add the ``replay`` command to ``app``."""
-
-    @app.command()
-    def replay(
-        run_dir: Annotated[Path, typer.Argument(help="Run directory of the job (runs/<run-id>).")],
-        follow: Annotated[
-            bool,
-            typer.Option(
-                "--follow", "-f", help="Keep printing events as a running job writes them."
-            ),
-        ] = False,
-        as_json: Annotated[
-            bool,
-            typer.Option(
-                "--json", help="Print the events (with --policy: the what-if result) as JSON."
-            ),
-        ] = False,
-        plot: Annotated[
-            Path | None,
-            typer.Option(
-                "--plot",
-                metavar="FILE.png",
-                help="Draw BPT and batch size per worker, global throughput with the "
-                "actions, and shards against throughput per worker into FILE "
-                "(.png, .svg or .pdf; needs pip install 'dtlaunch[plot]').",
-            ),
-        ] = None,
-        policy: Annotated[
-            str | None,
-            typer.Option(
-                "--policy",
-                metavar="NAME[:k=v,...]",
-                help="What-if: re-run this policy over the recorded step reports and "
-                "print the actions it would have taken beside those taken, "
-                "e.g. nd:lambda=2.0.",
-            ),
-        ] = None,
-    ) -> None:
-        """Show a job's timeline: phases, failures, restarts, decisions, and a summary;
-        draw it (--plot) or re-decide it with another policy (--policy)."""
-        if follow and as_json:
-            raise _fail("--follow and --json do not go together; use one of them")
-        if follow and (plot is not None or policy is not None):
-            raise _fail("--follow shows a live run; use --plot and --policy once it has ended")
-        if plot is not None:
-            _check_plot_path(plot)
-        events_path = _check_run_dir(run_dir, follow=follow)
-        console = Console(highlight=False)
-        if follow:
-            _err.print(f"following {events_path} (Ctrl-C to stop)", style="dim")
-            try:
-                follow_run(run_dir, console)
-            except KeyboardInterrupt:
-                raise typer.Exit(130) from None
-            return
-        events = list(read_events(events_path))
-        if plot is not None:
-            _plot(run_dir, events, plot)
-        if policy is not None:
-            _what_if(run_dir, events, policy, as_json=as_json)
-            return
-        if plot is not None and not as_json:
-            return
-        if as_json:
-            print("[" + ",\n".join(e.to_json() for e in events) + "]")
-            return
-        _show(console, render_timeline(events, _read_summary(run_dir)))
+@app.command()
+def replay(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory of the job (runs/<run-id>).")],
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow", "-f", help="Keep printing events as a running job writes them."
+        ),
+    ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="Print the events (with --policy: the what-if result) as JSON."
+        ),
+    ] = False,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            metavar="FILE.png",
+            help="Draw BPT and batch size per worker, global throughput with the "
+            "actions, and shards against throughput per worker into FILE "
+            "(.png, .svg or .pdf; needs pip install 'dtlaunch[plot]').",
+        ),
+    ] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option(
+            "--policy",
+            metavar="NAME[:k=v,...]",
+            help="What-if: re-run this policy over the recorded step reports and "
+            "print the actions it would have taken beside those taken, "
+            "e.g. nd:lambda=2.0.",
+        ),
+    ] = None,
+) -> None:
+    """Show a job's timeline: phases, failures, restarts, decisions, and a summary;
+    draw it (--plot) or re-decide it with another policy (--policy)."""
+    if follow and as_json:
+        raise fail("--follow and --json do not go together; use one of them")
+    if follow and (plot is not None or policy is not None):
+        raise fail("--follow shows a live run; use --plot and --policy once it has ended")
+    if plot is not None:
+        _check_plot_path(plot)
+    events_path = _check_run_dir(run_dir, follow=follow)
+    console = Console(highlight=False)
+    if follow:
+        err_console.print(f"following {events_path} (Ctrl-C to stop)", style="dim")
+        try:
+            follow_run(run_dir, console)
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+        return
+    events = list(read_events(events_path))
+    if plot is not None:
+        _plot(run_dir, events, plot)
+    if policy is not None:
+        _what_if(run_dir, events, policy, as_json=as_json)
+        return
+    if plot is not None and not as_json:
+        return
+    if as_json:
+        print("[" + ",\n".join(e.to_json() for e in events) + "]")
+        return
+    _show(console, render_timeline(events, _read_summary(run_dir)))

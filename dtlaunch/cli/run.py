@@ -1,4 +1,8 @@
-"""The ``dtlaunch`` command line: options in, a JobSpec out, handed on. No job logic."""
+"""``dtlaunch run``: a supervised distributed job from its options (or ``--resume``).
+
+The options are declared once, as types, so that the command itself reads as the
+list of what it takes; ``job_spec`` turns them into a validated ``JobSpec``.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,11 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.logging import RichHandler
 
-from dtlaunch import __version__
+from dtlaunch.cli.app import app, err_console, fail, setup_logging
 from dtlaunch.config import (
     DEFAULT_PS_BLOCK_BYTES,
     JobSpec,
@@ -25,278 +27,297 @@ from dtlaunch.config import (
 from dtlaunch.errors import DtlaunchError
 from dtlaunch.hostfile import load_hosts
 
-app = typer.Typer(
-    name="dtlaunch",
-    help="Launch and supervise distributed training on plain SSH clusters.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-err_console = Console(stderr=True)
+__all__ = ["job_spec", "run"]
 
-
-def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(message)s",
-        handlers=[RichHandler(console=err_console, show_path=False, rich_tracebacks=False)],
-    )
-    # asyncssh is chatty at INFO (one line per channel); its errors still show.
-    logging.getLogger("asyncssh").setLevel(logging.WARNING)
-
-
-def _fail(err: DtlaunchError | str, code: int = 2) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {err}", highlight=False, markup=True)
-    return typer.Exit(code)
-
-
-def _version_callback(value: bool) -> None:
-    if value:
-        print(f"dtlaunch {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def main_options(
-    version: Annotated[
-        bool,
-        typer.Option(
-            "--version", callback=_version_callback, is_eager=True, help="Print the version."
-        ),
-    ] = False,
-) -> None:
-    """dtlaunch: torchrun-compatible launcher with straggler mitigation, over SSH."""
+ScriptOption = Annotated[
+    str | None, typer.Argument(help="Training script (or module with -m).")
+]
+ScriptArgsOption = Annotated[
+    list[str] | None, typer.Argument(help="Arguments passed to the script.")
+]
+HostsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--hosts",
+        "-H",
+        envvar="DTLAUNCH_HOSTS",
+        help="Hostfile path or inline list h1:4,h2:4. Absent: embedded mode on this machine.",
+    ),
+]
+WorkersOption = Annotated[int, typer.Option(envvar="DTLAUNCH_WORKERS", help="Worker processes.")]
+ServersOption = Annotated[
+    int, typer.Option(envvar="DTLAUNCH_SERVERS", help="Parameter servers (0: allreduce).")
+]
+ModeOption = Annotated[
+    str | None,
+    typer.Option(envvar="DTLAUNCH_MODE", help="ps | allreduce (default: ps when servers > 0)."),
+]
+PsServerOption = Annotated[
+    str,
+    typer.Option(
+        envvar="DTLAUNCH_PS_SERVER",
+        help="builtin: servers run python -m dtlaunch.ps | script: they run SCRIPT "
+        "(ps-lite / TensorFlow style, DMLC_ROLE=server).",
+    ),
+]
+PsConsistencyOption = Annotated[
+    str,
+    typer.Option(
+        envvar="DTLAUNCH_PS_CONSISTENCY",
+        help="Built-in servers: bsp (a step applies all workers' gradients) | asp.",
+    ),
+]
+PsBlockBytesOption = Annotated[
+    int,
+    typer.Option(
+        envvar="DTLAUNCH_PS_BLOCK_BYTES",
+        help="Built-in servers: tensors larger than this are split into blocks.",
+    ),
+]
+PsSnapshotIntervalOption = Annotated[
+    float,
+    typer.Option(
+        envvar="DTLAUNCH_PS_SNAPSHOT_INTERVAL",
+        help="Built-in servers: seconds between snapshots of blocks and optimizer "
+        "state (0: only when stopped).",
+    ),
+]
+PolicyOption = Annotated[
+    str,
+    typer.Option(
+        envvar="DTLAUNCH_POLICY",
+        help="Straggler policy: none | lb-bsp | nd[:lambda=1.5,l_trans=60,l_per=300] "
+        "| backup[:b=1] (PS mode) | module:Class[:k=v].",
+    ),
+]
+ControlIntervalOption = Annotated[
+    float,
+    typer.Option(envvar="DTLAUNCH_CONTROL_INTERVAL", help="Seconds between policy decisions."),
+]
+InjectOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="Straggler injection for experiments (repeatable), e.g. "
+        "persistent:role=worker,ranks=3,delay=4.0",
+    ),
+]
+RunDirOption = Annotated[
+    Path | None, typer.Option(envvar="DTLAUNCH_RUN_DIR", help="Default ./runs/<run-id>.")
+]
+MaxRestartsOption = Annotated[
+    int, typer.Option(envvar="DTLAUNCH_MAX_RESTARTS", help="Restarts allowed per rank.")
+]
+RestartScopeOption = Annotated[
+    str | None,
+    typer.Option(
+        envvar="DTLAUNCH_RESTART_SCOPE",
+        help="group: restart all workers together (allreduce default, as torchrun); "
+        "process: only the failed one (ps default).",
+    ),
+]
+HeartbeatIntervalOption = Annotated[
+    float,
+    typer.Option(envvar="DTLAUNCH_HEARTBEAT_INTERVAL", help="Seconds between heartbeats."),
+]
+DeadAfterOption = Annotated[
+    int,
+    typer.Option(envvar="DTLAUNCH_DEAD_AFTER", help="Missed heartbeats before a peer is lost."),
+]
+OrphanTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        envvar="DTLAUNCH_ORPHAN_TIMEOUT",
+        help="Seconds agents keep a job running without a supervisor.",
+    ),
+]
+AgentTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        envvar="DTLAUNCH_AGENT_TIMEOUT", help="Seconds an agent may take to connect back."
+    ),
+]
+KillGraceOption = Annotated[
+    float, typer.Option(envvar="DTLAUNCH_KILL_GRACE", help="SIGTERM to SIGKILL delay, seconds.")
+]
+StallTimeoutOption = Annotated[
+float | None,
+typer.Option(
+    envvar="DTLAUNCH_STALL_TIMEOUT",
+    help="Seconds without a step or a shard change before the job counts as stalled "
+    "(a stall event, then its workers restart as a retryable failure). "
+    "Default: max(120, 20x the slowest recent step); 0: never.",
+),
+]
+EnvOption = Annotated[
+    list[str] | None, typer.Option("--env", help="K=V for every process (repeatable).")
+]
+EnvFileOption = Annotated[
+    Path | None, typer.Option(envvar="DTLAUNCH_ENV_FILE", help="File of K=V lines.")
+]
+WorkdirOption = Annotated[
+    str | None, typer.Option(envvar="DTLAUNCH_WORKDIR", help="Working directory on hosts.")
+]
+PythonOption = Annotated[
+    str | None, typer.Option(envvar="DTLAUNCH_PYTHON", help="Python interpreter on hosts.")
+]
+ModuleOption = Annotated[bool, typer.Option("-m", "--module", help="SCRIPT is a module.")]
+OutputOption = Annotated[
+    str,
+    typer.Option(
+        envvar="DTLAUNCH_OUTPUT",
+        help="Console output: all | none | ranks like 0,3,server-1 (logs get everything).",
+    ),
+]
+BindOption = Annotated[
+    str | None,
+    typer.Option(
+        envvar="DTLAUNCH_BIND", help="Supervisor address ADDR[:PORT] agents connect to."
+    ),
+]
+SshConfigOption = Annotated[
+    list[Path] | None,
+    typer.Option(envvar="DTLAUNCH_SSH_CONFIG", help="ssh_config file (default ~/.ssh/config)."),
+]
+InsecureNoHostKeyCheckOption = Annotated[
+    bool,
+    typer.Option(help="DANGEROUS: accept any SSH host key (man-in-the-middle possible)."),
+]
+DatasetSizeOption = Annotated[
+    int, typer.Option(envvar="DTLAUNCH_DATASET_SIZE", help="Records in the data set (DDS).")
+]
+ShardSizeOption = Annotated[
+    int, typer.Option(envvar="DTLAUNCH_SHARD_SIZE", help="Records per data shard.")
+]
+EpochsOption = Annotated[
+    int, typer.Option(envvar="DTLAUNCH_EPOCHS", help="Passes over the data.")
+]
+GlobalBatchOption = Annotated[
+    int, typer.Option(envvar="DTLAUNCH_GLOBAL_BATCH", help="Global batch size B.")
+]
+SeedOption = Annotated[int, typer.Option(envvar="DTLAUNCH_SEED", help="Shuffling seed.")]
+ResumeOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="Take over RUN_DIR whose supervisor died: replay its WAL; running agents rejoin."
+    ),
+]
+VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")]
 
 
 @app.command(
     context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
 )
 def run(
-    script: Annotated[
-        str | None, typer.Argument(help="Training script (or module with -m).")
-    ] = None,
-    script_args: Annotated[
-        list[str] | None, typer.Argument(help="Arguments passed to the script.")
-    ] = None,
-    hosts: Annotated[
-        str | None,
-        typer.Option(
-            "--hosts",
-            "-H",
-            envvar="DTLAUNCH_HOSTS",
-            help="Hostfile path or inline list h1:4,h2:4. Absent: embedded mode on this machine.",
-        ),
-    ] = None,
-    workers: Annotated[int, typer.Option(envvar="DTLAUNCH_WORKERS", help="Worker processes.")] = 1,
-    servers: Annotated[
-        int, typer.Option(envvar="DTLAUNCH_SERVERS", help="Parameter servers (0: allreduce).")
-    ] = 0,
-    mode: Annotated[
-        str | None,
-        typer.Option(envvar="DTLAUNCH_MODE", help="ps | allreduce (default: ps when servers > 0)."),
-    ] = None,
-    ps_server: Annotated[
-        str,
-        typer.Option(
-            envvar="DTLAUNCH_PS_SERVER",
-            help="builtin: servers run python -m dtlaunch.ps | script: they run SCRIPT "
-            "(ps-lite / TensorFlow style, DMLC_ROLE=server).",
-        ),
-    ] = "builtin",
-    ps_consistency: Annotated[
-        str,
-        typer.Option(
-            envvar="DTLAUNCH_PS_CONSISTENCY",
-            help="Built-in servers: bsp (a step applies all workers' gradients) | asp.",
-        ),
-    ] = "bsp",
-    ps_block_bytes: Annotated[
-        int,
-        typer.Option(
-            envvar="DTLAUNCH_PS_BLOCK_BYTES",
-            help="Built-in servers: tensors larger than this are split into blocks.",
-        ),
-    ] = DEFAULT_PS_BLOCK_BYTES,
-    ps_snapshot_interval: Annotated[
-        float,
-        typer.Option(
-            envvar="DTLAUNCH_PS_SNAPSHOT_INTERVAL",
-            help="Built-in servers: seconds between snapshots of blocks and optimizer "
-            "state (0: only when stopped).",
-        ),
-    ] = 30.0,
-    policy: Annotated[
-        str,
-        typer.Option(
-            envvar="DTLAUNCH_POLICY",
-            help="Straggler policy: none | lb-bsp | nd[:lambda=1.5,l_trans=60,l_per=300] "
-            "| backup[:b=1] (PS mode) | module:Class[:k=v].",
-        ),
-    ] = "none",
-    control_interval: Annotated[
-        float,
-        typer.Option(envvar="DTLAUNCH_CONTROL_INTERVAL", help="Seconds between policy decisions."),
-    ] = 10.0,
-    inject: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="Straggler injection for experiments (repeatable), e.g. "
-            "persistent:role=worker,ranks=3,delay=4.0",
-        ),
-    ] = None,
-    run_dir: Annotated[
-        Path | None, typer.Option(envvar="DTLAUNCH_RUN_DIR", help="Default ./runs/<run-id>.")
-    ] = None,
-    max_restarts: Annotated[
-        int, typer.Option(envvar="DTLAUNCH_MAX_RESTARTS", help="Restarts allowed per rank.")
-    ] = 3,
-    restart_scope: Annotated[
-        str | None,
-        typer.Option(
-            envvar="DTLAUNCH_RESTART_SCOPE",
-            help="group: restart all workers together (allreduce default, as torchrun); "
-            "process: only the failed one (ps default).",
-        ),
-    ] = None,
-    heartbeat_interval: Annotated[
-        float,
-        typer.Option(envvar="DTLAUNCH_HEARTBEAT_INTERVAL", help="Seconds between heartbeats."),
-    ] = 1.0,
-    dead_after: Annotated[
-        int,
-        typer.Option(envvar="DTLAUNCH_DEAD_AFTER", help="Missed heartbeats before a peer is lost."),
-    ] = 3,
-    orphan_timeout: Annotated[
-        float,
-        typer.Option(
-            envvar="DTLAUNCH_ORPHAN_TIMEOUT",
-            help="Seconds agents keep a job running without a supervisor.",
-        ),
-    ] = 60.0,
-    agent_timeout: Annotated[
-        float,
-        typer.Option(
-            envvar="DTLAUNCH_AGENT_TIMEOUT", help="Seconds an agent may take to connect back."
-        ),
-    ] = 60.0,
-    kill_grace: Annotated[
-        float, typer.Option(envvar="DTLAUNCH_KILL_GRACE", help="SIGTERM to SIGKILL delay, seconds.")
-    ] = 5.0,
-    env: Annotated[
-        list[str] | None, typer.Option("--env", help="K=V for every process (repeatable).")
-    ] = None,
-    env_file: Annotated[
-        Path | None, typer.Option(envvar="DTLAUNCH_ENV_FILE", help="File of K=V lines.")
-    ] = None,
-    workdir: Annotated[
-        str | None, typer.Option(envvar="DTLAUNCH_WORKDIR", help="Working directory on hosts.")
-    ] = None,
-    python: Annotated[
-        str | None, typer.Option(envvar="DTLAUNCH_PYTHON", help="Python interpreter on hosts.")
-    ] = None,
-    module: Annotated[bool, typer.Option("-m", "--module", help="SCRIPT is a module.")] = False,
-    output: Annotated[
-        str,
-        typer.Option(
-            envvar="DTLAUNCH_OUTPUT",
-            help="Console output: all | none | ranks like 0,3,server-1 (logs get everything).",
-        ),
-    ] = "all",
-    bind: Annotated[
-        str | None,
-        typer.Option(
-            envvar="DTLAUNCH_BIND", help="Supervisor address ADDR[:PORT] agents connect to."
-        ),
-    ] = None,
-    ssh_config: Annotated[
-        list[Path] | None,
-        typer.Option(envvar="DTLAUNCH_SSH_CONFIG", help="ssh_config file (default ~/.ssh/config)."),
-    ] = None,
-    insecure_no_host_key_check: Annotated[
-        bool,
-        typer.Option(help="DANGEROUS: accept any SSH host key (man-in-the-middle possible)."),
-    ] = False,
-    dataset_size: Annotated[
-        int, typer.Option(envvar="DTLAUNCH_DATASET_SIZE", help="Records in the data set (DDS).")
-    ] = 0,
-    shard_size: Annotated[
-        int, typer.Option(envvar="DTLAUNCH_SHARD_SIZE", help="Records per data shard.")
-    ] = 0,
-    epochs: Annotated[
-        int, typer.Option(envvar="DTLAUNCH_EPOCHS", help="Passes over the data.")
-    ] = 1,
-    global_batch: Annotated[
-        int, typer.Option(envvar="DTLAUNCH_GLOBAL_BATCH", help="Global batch size B.")
-    ] = 0,
-    seed: Annotated[int, typer.Option(envvar="DTLAUNCH_SEED", help="Shuffling seed.")] = 0,
-    resume: Annotated[
-        Path | None,
-        typer.Option(
-            help="Take over RUN_DIR whose supervisor died: replay its WAL; running agents rejoin."
-        ),
-    ] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+    script: ScriptOption = None,
+    script_args: ScriptArgsOption = None,
+    hosts: HostsOption = None,
+    workers: WorkersOption = 1,
+    servers: ServersOption = 0,
+    mode: ModeOption = None,
+    ps_server: PsServerOption = "builtin",
+    ps_consistency: PsConsistencyOption = "bsp",
+    ps_block_bytes: PsBlockBytesOption = DEFAULT_PS_BLOCK_BYTES,
+    ps_snapshot_interval: PsSnapshotIntervalOption = 30.0,
+    policy: PolicyOption = "none",
+    control_interval: ControlIntervalOption = 10.0,
+    inject: InjectOption = None,
+    run_dir: RunDirOption = None,
+    max_restarts: MaxRestartsOption = 3,
+    restart_scope: RestartScopeOption = None,
+    heartbeat_interval: HeartbeatIntervalOption = 1.0,
+    dead_after: DeadAfterOption = 3,
+    orphan_timeout: OrphanTimeoutOption = 60.0,
+    agent_timeout: AgentTimeoutOption = 60.0,
+    kill_grace: KillGraceOption = 5.0,
+    stall_timeout: StallTimeoutOption = None,
+    env: EnvOption = None,
+    env_file: EnvFileOption = None,
+    workdir: WorkdirOption = None,
+    python: PythonOption = None,
+    module: ModuleOption = False,
+    output: OutputOption = "all",
+    bind: BindOption = None,
+    ssh_config: SshConfigOption = None,
+    insecure_no_host_key_check: InsecureNoHostKeyCheckOption = False,
+    dataset_size: DatasetSizeOption = 0,
+    shard_size: ShardSizeOption = 0,
+    epochs: EpochsOption = 1,
+    global_batch: GlobalBatchOption = 0,
+    seed: SeedOption = 0,
+    resume: ResumeOption = None,
+    verbose: VerboseOption = False,
 ) -> None:
     """Run SCRIPT as a supervised distributed job (or --resume a killed supervisor's job)."""
-    _setup_logging(verbose)
+    options = dict(locals())
+    setup_logging(verbose)
     if resume is not None:
         _resume(resume)
     if script is None:
-        raise _fail("no SCRIPT given; usage: dtlaunch run [OPTIONS] SCRIPT [ARGS]...")
+        raise fail("no SCRIPT given; usage: dtlaunch run [OPTIONS] SCRIPT [ARGS]...")
     try:
-        servers_mode = mode or ("ps" if servers > 0 else "allreduce")
-        from dtlaunch.inject import parse_injections
-        from dtlaunch.supervisor.control.policies import parse_policy
-
-        parse_policy(policy)  # refuse a bad --policy before anything starts
-        parse_injections(inject or [])
-        if insecure_no_host_key_check:
-            logging.getLogger("dtlaunch").warning(
-                "SSH host keys will NOT be verified (--insecure-no-host-key-check): anyone on "
-                "the network path can impersonate your hosts and read the job's keys"
-            )
-        run_id = new_run_id()
-        spec = JobSpec(
-            run_id=run_id,
-            run_dir=(run_dir or Path("runs") / run_id).absolute(),
-            script=script,
-            script_args=tuple(script_args or ()),
-            module=module,
-            hosts=tuple(load_hosts(hosts)) if hosts else (),
-            workers=workers,
-            servers=servers,
-            mode=servers_mode,
-            policy=policy,
-            max_restarts=max_restarts,
-            restart_scope=restart_scope or ("group" if servers_mode == "allreduce" else "process"),
-            heartbeat_interval=heartbeat_interval,
-            dead_after=dead_after,
-            orphan_timeout=orphan_timeout,
-            kill_grace=kill_grace,
-            agent_timeout=agent_timeout,
-            env=parse_env_pairs(list(env or []), env_file),
-            workdir=workdir or os.getcwd(),
-            python=python or sys.executable,
-            output=OutputSpec.parse(output),
-            bind=bind or "",
-            ssh_config=tuple(str(p.expanduser()) for p in ssh_config or []),
-            verify_host_keys=not insecure_no_host_key_check,
-            dataset_size=dataset_size,
-            shard_size=shard_size,
-            epochs=epochs,
-            global_batch=global_batch,
-            seed=seed,
-            control_interval=control_interval,
-            inject=tuple(inject or ()),
-            ps_server=ps_server,
-            ps_consistency=ps_consistency,
-            ps_block_bytes=ps_block_bytes,
-            ps_snapshot_interval=ps_snapshot_interval,
-            created=time.time(),
-        ).validate()
+        spec = job_spec(options)
     except DtlaunchError as err:
-        raise _fail(err) from None
+        raise fail(err) from None
     _run_to_end(spec, resume=False)
+
+
+def job_spec(o: dict[str, Any]) -> JobSpec:
+    """The validated ``JobSpec`` of ``dtlaunch run``'s options (by parameter name).
+
+    Raises:
+        ConfigError: an option, the hostfile, the policy or an injection is invalid.
+    """
+    from dtlaunch.inject import parse_injections
+    from dtlaunch.supervisor.control.policies import parse_policy
+
+    mode = o["mode"] or ("ps" if o["servers"] > 0 else "allreduce")
+    parse_policy(o["policy"])  # refuse a bad --policy before anything starts
+    parse_injections(o["inject"] or [])
+    if o["insecure_no_host_key_check"]:
+        logging.getLogger("dtlaunch").warning(
+            "SSH host keys will NOT be verified (--insecure-no-host-key-check): anyone on "
+            "the network path can impersonate your hosts and read the job's keys"
+        )
+    run_id = new_run_id()
+    return JobSpec(
+        run_id=run_id,
+        run_dir=(o["run_dir"] or Path("runs") / run_id).absolute(),
+        script=o["script"],
+        script_args=tuple(o["script_args"] or ()),
+        module=o["module"],
+        hosts=tuple(load_hosts(o["hosts"])) if o["hosts"] else (),
+        workers=o["workers"],
+        servers=o["servers"],
+        mode=mode,
+        policy=o["policy"],
+        max_restarts=o["max_restarts"],
+        restart_scope=o["restart_scope"] or ("group" if mode == "allreduce" else "process"),
+        heartbeat_interval=o["heartbeat_interval"],
+        dead_after=o["dead_after"],
+        orphan_timeout=o["orphan_timeout"],
+        kill_grace=o["kill_grace"],
+        agent_timeout=o["agent_timeout"],
+        stall_timeout=o["stall_timeout"],
+        env=parse_env_pairs(list(o["env"] or []), o["env_file"]),
+        workdir=o["workdir"] or os.getcwd(),
+        python=o["python"] or sys.executable,
+        output=OutputSpec.parse(o["output"]),
+        bind=o["bind"] or "",
+        ssh_config=tuple(str(p.expanduser()) for p in o["ssh_config"] or []),
+        verify_host_keys=not o["insecure_no_host_key_check"],
+        dataset_size=o["dataset_size"],
+        shard_size=o["shard_size"],
+        epochs=o["epochs"],
+        global_batch=o["global_batch"],
+        seed=o["seed"],
+        control_interval=o["control_interval"],
+        inject=tuple(o["inject"] or ()),
+        ps_server=o["ps_server"],
+        ps_consistency=o["ps_consistency"],
+        ps_block_bytes=o["ps_block_bytes"],
+        ps_snapshot_interval=o["ps_snapshot_interval"],
+        created=time.time(),
+    ).validate()
 
 
 def _resume(run_dir: Path) -> None:
@@ -305,7 +326,7 @@ def _resume(run_dir: Path) -> None:
     try:
         spec = RunDir.open(run_dir.absolute()).spec()
     except DtlaunchError as err:
-        raise _fail(err) from None
+        raise fail(err) from None
     _run_to_end(spec, resume=True)
 
 
@@ -315,107 +336,10 @@ def _run_to_end(spec: JobSpec, *, resume: bool) -> None:
     try:
         result = asyncio.run(run_job(spec, resume=resume))
     except DtlaunchError as err:
-        raise _fail(err) from None
+        raise fail(err) from None
     from dtlaunch.ui.report import failures_table, outcome_line
 
     if result.summary["failures"]:
         err_console.print(failures_table(result.summary))
     print(outcome_line(result.summary, str(result.run_dir)), flush=True)
     raise typer.Exit(result.exit_code)
-
-
-@app.command()
-def check(
-    hosts: Annotated[
-        str, typer.Option("--hosts", "-H", envvar="DTLAUNCH_HOSTS", help="Hostfile or inline list.")
-    ],
-    python: Annotated[
-        str | None, typer.Option(envvar="DTLAUNCH_PYTHON", help="Python interpreter on hosts.")
-    ] = None,
-    workdir: Annotated[
-        str | None, typer.Option(envvar="DTLAUNCH_WORKDIR", help="Working directory on hosts.")
-    ] = None,
-    ssh_config: Annotated[
-        list[Path] | None,
-        typer.Option(envvar="DTLAUNCH_SSH_CONFIG", help="ssh_config file (default ~/.ssh/config)."),
-    ] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds per host.")] = 20.0,
-) -> None:
-    """Check every host in parallel: ssh, host key, python, dtlaunch, workdir, ports."""
-    _setup_logging(False)
-    from dtlaunch.preflight import check_hosts, render_checks
-    from dtlaunch.sshconn import SshOptions
-
-    try:
-        host_specs = load_hosts(hosts)
-        options = SshOptions(config_paths=tuple(p.expanduser() for p in ssh_config or []))
-        results = asyncio.run(
-            check_hosts(
-                host_specs,
-                options,
-                python=python or sys.executable,
-                workdir=workdir or os.getcwd(),
-                expected_version=__version__,
-                timeout=timeout,
-            )
-        )
-    except DtlaunchError as err:
-        raise _fail(err) from None
-    Console().print(render_checks(results))
-    failed = [r for r in results if not r.ok]
-    if failed:
-        err_console.print(f"[red]{len(failed)} of {len(results)} host(s) failed the check[/]")
-        raise typer.Exit(1)
-
-
-@app.command()
-def stop(
-    run_dir: Annotated[Path, typer.Argument(help="Run directory of the job to stop.")],
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the supervisor.")] = 10.0,
-) -> None:
-    """Stop a running job gracefully (SIGTERM, then SIGKILL after the grace period)."""
-    _setup_logging(False)
-    from dtlaunch.jobclient import request_stop
-
-    try:
-        detail = asyncio.run(request_stop(run_dir, timeout=timeout))
-    except DtlaunchError as err:
-        raise _fail(err, code=1) from None
-    print(f"dtlaunch: {detail}")
-
-
-wal_app = typer.Typer(help="Inspect and repair a run's data-sharding write-ahead log.")
-app.add_typer(wal_app, name="wal")
-
-
-@wal_app.command("repair")
-def wal_repair(
-    run_dir: Annotated[Path, typer.Argument(help="Run directory whose WAL is corrupt.")],
-) -> None:
-    """Cut the WAL at its first corruption (a backup of the cut keeps every byte)."""
-    _setup_logging(False)
-    from dtlaunch.supervisor.rundir import RunDir
-    from dtlaunch.supervisor.wal.log import repair
-
-    try:
-        run = RunDir.open(run_dir.absolute())
-        report = repair(run.path / "wal")
-    except DtlaunchError as err:
-        raise _fail(err, code=1) from None
-    print(f"dtlaunch: {report}")
-    if report.damage is not None or report.backup is not None:
-        # Workers may hold shards the cut log no longer knows: the next resume
-        # restarts them instead of adopting them.
-        run.mark_wal_repaired(str(report))
-        print(f"dtlaunch: resume with: dtlaunch run --resume {run.path} (workers will restart)")
-
-
-from dtlaunch.cli_status import register as _register_status  # noqa: E402
-from dtlaunch.cli_views import register as _register_views  # noqa: E402
-
-_register_views(app)
-_register_status(app)
-
-
-def main() -> None:
-    app()

@@ -25,6 +25,7 @@ import zmq.asyncio
 from rich.console import Console
 from rich.live import Live
 
+from dtlaunch.cli.app import app, fail
 from dtlaunch.errors import DtlaunchError, RunDirError
 from dtlaunch.supervisor.rundir import RunDir
 from dtlaunch.supervisor.status.tracker import STATUS_PREFIX
@@ -38,7 +39,6 @@ from dtlaunch.wire.sockets import Dealer
 REFRESH_S = 0.5  # about twice a second
 QUIT_KEYS = b"qQ"
 
-_err = Console(stderr=True)
 
 
 class StatusSource:
@@ -112,16 +112,12 @@ class StatusSource:
             self._ctx = None
 
 
-def _fail(message: object) -> typer.Exit:
-    _err.print(f"[bold red]error:[/] {message}", highlight=False)
-    return typer.Exit(2)
-
 
 def _resolve(run_dir: Path | None) -> RunDir:
     try:
         return open_run(run_dir if run_dir is not None else find_newest_run(Path("runs")))
     except RunDirError as err:
-        raise _fail(err) from None
+        raise fail(err) from None
 
 
 async def _once(run: RunDir, wait_s: float) -> tuple[StatusSnapshot, str]:
@@ -188,53 +184,50 @@ def _run_live(run: RunDir, timeout: float) -> None:
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except DtlaunchError as err:
-        raise _fail(err) from None
+        raise fail(err) from None
     finally:
         if fd is not None and saved is not None:
             termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
-def register(app: typer.Typer) -> None:
-    """Add the ``status`` command to ``app``."""
-
-    @app.command()
-    def status(
-        run_dir: Annotated[
-            Path | None,
-            typer.Argument(help="Run directory of the job (default: the newest under ./runs)."),
-        ] = None,
-        once: Annotated[
-            bool, typer.Option("--once", help="Print one plain-text frame and exit.")
-        ] = False,
-        as_json: Annotated[
-            bool, typer.Option("--json", help="Print the snapshot as JSON and exit.")
-        ] = False,
-        timeout: Annotated[
-            float,
-            typer.Option(help="Seconds to wait for the supervisor before reading the event log."),
-        ] = 2.0,
-    ) -> None:
-        """Watch a job: progress, every worker and server, stragglers, actions (q quits)."""
-        if once and as_json:
-            raise _fail("--once and --json do not go together; use one of them")
-        if timeout <= 0:
-            raise _fail(f"--timeout must be > 0 seconds, got {timeout:g}")
-        run = _resolve(run_dir)
-        if not (once or as_json):
-            _run_live(run, timeout)
-            return
-        try:
-            snap, note = asyncio.run(_once(run, timeout))
-        except DtlaunchError as err:
-            raise _fail(err) from None
-        if as_json:
-            data = dataclasses.asdict(snap)
-            data["note"] = note
-            print(json.dumps(data, indent=2))
-            return
-        console = Console(highlight=False)
-        frame = render_status(snap, note=note, width=console.width)
-        if console.is_terminal:
-            console.print(frame)
-        else:  # plain text: no colour, no padding after the last character of a line
-            sys.stdout.write(to_plain(frame, width=console.width))
+@app.command()
+def status(
+    run_dir: Annotated[
+        Path | None,
+        typer.Argument(help="Run directory of the job (default: the newest under ./runs)."),
+    ] = None,
+    once: Annotated[
+        bool, typer.Option("--once", help="Print one plain-text frame and exit.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the snapshot as JSON and exit.")
+    ] = False,
+    timeout: Annotated[
+        float,
+        typer.Option(help="Seconds to wait for the supervisor before reading the event log."),
+    ] = 2.0,
+) -> None:
+    """Watch a job: progress, every worker and server, stragglers, actions (q quits)."""
+    if once and as_json:
+        raise fail("--once and --json do not go together; use one of them")
+    if timeout <= 0:
+        raise fail(f"--timeout must be > 0 seconds, got {timeout:g}")
+    run = _resolve(run_dir)
+    if not (once or as_json):
+        _run_live(run, timeout)
+        return
+    try:
+        snap, note = asyncio.run(_once(run, timeout))
+    except DtlaunchError as err:
+        raise fail(err) from None
+    if as_json:
+        data = dataclasses.asdict(snap)
+        data["note"] = note
+        print(json.dumps(data, indent=2))
+        return
+    console = Console(highlight=False)
+    frame = render_status(snap, note=note, width=console.width)
+    if console.is_terminal:
+        console.print(frame)
+    else:  # plain text: no colour, no padding after the last character of a line
+        sys.stdout.write(to_plain(frame, width=console.width))

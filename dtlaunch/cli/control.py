@@ -1,0 +1,57 @@
+"""Commands that act on a run directory: ``dtlaunch stop`` (through the running
+supervisor, ``dtlaunch.jobclient``) and ``dtlaunch wal repair``."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dtlaunch.cli.app import app, fail, setup_logging
+from dtlaunch.errors import DtlaunchError
+
+__all__ = ["stop", "wal_repair"]
+
+
+@app.command()
+def stop(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory of the job to stop.")],
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the supervisor.")] = 10.0,
+) -> None:
+    """Stop a running job gracefully (SIGTERM, then SIGKILL after the grace period)."""
+    setup_logging(False)
+    from dtlaunch.jobclient import request_stop
+
+    try:
+        detail = asyncio.run(request_stop(run_dir, timeout=timeout))
+    except DtlaunchError as err:
+        raise fail(err, code=1) from None
+    print(f"dtlaunch: {detail}")
+
+
+wal_app = typer.Typer(help="Inspect and repair a run's data-sharding write-ahead log.")
+app.add_typer(wal_app, name="wal")
+
+
+@wal_app.command("repair")
+def wal_repair(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory whose WAL is corrupt.")],
+) -> None:
+    """Cut the WAL at its first corruption (a backup of the cut keeps every byte)."""
+    setup_logging(False)
+    from dtlaunch.supervisor.rundir import RunDir
+    from dtlaunch.supervisor.wal import repair
+
+    try:
+        run = RunDir.open(run_dir.absolute())
+        report = repair(run.path / "wal")
+    except DtlaunchError as err:
+        raise fail(err, code=1) from None
+    print(f"dtlaunch: {report}")
+    if report.damage is not None or report.backup is not None:
+        # Workers may hold shards the cut log no longer knows: the next resume
+        # restarts them instead of adopting them.
+        run.mark_wal_repaired(str(report))
+        print(f"dtlaunch: resume with: dtlaunch run --resume {run.path} (workers will restart)")
