@@ -12,6 +12,14 @@ used ``max_restarts``; an unretryable one stops the job. With restart scope
 ``group`` (the default in allreduce mode, as torchrun does) every worker of the
 group is stopped and restarted together, because a static ``torch.distributed``
 world cannot lose a member and go on.
+
+One machine, one class, in sections: construction and the job's life (start,
+resume, stop, tick); processes (spawns, exits, failures, restarts, the stall
+watchdog's verdict); agents (hello, heartbeats, silence, exits, reconciling what
+a reconnecting agent runs); KILL_RESTART and hand-overs to a replacement started
+ahead; endpoints (an attempt's MASTER_PORT, the parameter servers' ports). It is
+long on purpose: its parts share every field, and split into mixins each part
+had to restate the others' signatures.
 """
 
 from __future__ import annotations
@@ -19,12 +27,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dtlaunch.supervisor.jobstate.agents import AgentLifecycle
-from dtlaunch.supervisor.jobstate.endpoints import (
-    MASTER_PORT_SLOTS,
-    SERVERS_PER_HOST_MAX,
-    Endpoints,
-)
 from dtlaunch.supervisor.jobstate.failures import ExitVerdict, classify_exit, traceback_tail
 from dtlaunch.supervisor.jobstate.nodes import (
     LIVE_PROC_STATES,
@@ -34,6 +36,7 @@ from dtlaunch.supervisor.jobstate.nodes import (
     EmitEvent,
     FailureRecord,
     Finish,
+    JoinSpec,
     LaunchAgent,
     Phase,
     ProcSlot,
@@ -43,9 +46,8 @@ from dtlaunch.supervisor.jobstate.nodes import (
     Timing,
     WorkerGone,
 )
-from dtlaunch.supervisor.jobstate.replace import Replacements
 from dtlaunch.supervisor.placement import Assignment
-from dtlaunch.wire.messages import Exited, Kill, Shutdown, Spawn
+from dtlaunch.wire.messages import Exited, Kill, ProcReport, Shutdown, Spawn
 
 __all__ = [
     "MASTER_PORT_SLOTS",
@@ -66,11 +68,16 @@ __all__ = [
 ]
 
 
+# The first agent free ports alternate as MASTER_PORT; built-in PS servers take the
+# rest (the agent finds FREE_PORTS = MASTER_PORT_SLOTS + SERVERS_PER_HOST_MAX).
+MASTER_PORT_SLOTS = 2
+SERVERS_PER_HOST_MAX = 6
+
 # A function that builds the Spawn for a process: (slot, master_addr, master_port).
 SpawnBuilder = Callable[[ProcSlot, str, int], Spawn]
 
 
-class JobState(AgentLifecycle, Replacements, Endpoints):
+class JobState:
     """All the supervisor knows about the job's agents and processes."""
 
     def __init__(
@@ -239,6 +246,14 @@ class JobState(AgentLifecycle, Replacements, Endpoints):
         ]
         slot.unresponsive = False
         out += self._gone(slot)
+        if slot.stalled and self.phase is Phase.RUNNING:
+            stalled = ExitVerdict(
+                succeeded=False, retryable=True, reason="stalled", error=slot.stalled
+            )
+            slot.stalled = ""
+            return out + self._on_failure(
+                slot, stalled, msg.exit_code, msg.signal, msg.stderr_tail, now
+            )
         if slot.state is ProcState.STOPPING or msg.requested or self.phase is Phase.STOPPING:
             if slot.restart_after_stop and self.phase in (Phase.RUNNING, Phase.STARTING):
                 slot.restart_after_stop = False
@@ -257,6 +272,32 @@ class JobState(AgentLifecycle, Replacements, Endpoints):
         return out + self._on_failure(
             slot, verdict, msg.exit_code, msg.signal, msg.stderr_tail, now
         )
+
+    def stalled(self, proc_ids: list[str], reason: str, now: float) -> list[Command]:
+        """The stall watchdog saw no progress: stop the stuck workers; each exit is
+        a retryable failure ("stalled"), counted against ``--max-restarts`` like
+        any other, so a job that can never move ends failed instead of hanging.
+
+        With group scope one failure restarts the whole group, so only the first
+        stuck worker is stopped as the failure; the rest follow the group.
+        """
+        if self.phase is not Phase.RUNNING:
+            return []
+        stuck = [
+            slot
+            for proc_id in proc_ids
+            if (slot := self.procs.get(proc_id)) is not None
+            and slot.role == "worker"
+            and slot.state is ProcState.RUNNING
+        ]
+        if self.restart_scope == "group":
+            stuck = stuck[:1]
+        out: list[Command] = []
+        for slot in stuck:
+            slot.stalled = reason
+            slot.state = ProcState.STOPPING
+            out.append(SendToAgent(host=slot.host, message=self._kill_message(slot)))
+        return out
 
     def stop(self, reason: str, now: float) -> list[Command]:
         if self.phase in (Phase.STOPPING, Phase.DONE):
@@ -497,3 +538,458 @@ class JobState(AgentLifecycle, Replacements, Endpoints):
 
     def first_failure(self) -> FailureRecord | None:
         return self.failures[0] if self.failures else None
+
+    # ----------------------------- agents: hello, heartbeats, silence, exits
+
+    def agent_hello(
+        self,
+        host: str,
+        now: float,
+        *,
+        free_ports: list[int],
+        host_addr: str,
+        procs: list[ProcReport],
+        pid: int = 0,
+    ) -> list[Command]:
+        agent = self.agents.get(host)
+        if agent is None or agent.state in (AgentState.GONE,):
+            return []
+        out: list[Command] = []
+        was = agent.state
+        agent.state = AgentState.UP
+        agent.last_seen = now
+        agent.channel_closed = agent.adopting  # an adopted agent has no SSH channel
+        agent.adopting = False
+        if free_ports:
+            agent.free_ports = list(free_ports)
+        agent.host_addr = host_addr or agent.host_addr
+        if was in (AgentState.LAUNCHING, AgentState.LOST):
+            out.append(
+                EmitEvent(kind="agent_up", host=host, data={"pid": pid, "free_ports": free_ports})
+            )
+        elif was is AgentState.UNRESPONSIVE:
+            out.append(EmitEvent(kind="heartbeat_recovered", host=host, role="agent"))
+        out += self._adopt_reported(host, procs, now)
+        if self.phase is Phase.STOPPING:
+            out.append(self._shutdown_message(host))
+            return out
+        if self.phase is Phase.STARTING and all(
+            a.state is AgentState.UP for a in self.agents.values()
+        ):
+            self.phase = Phase.RUNNING
+        return out + self._reconcile(now)
+
+    def agent_seen(self, host: str, now: float) -> list[Command]:
+        """Any message from an agent proves it is alive."""
+        agent = self.agents.get(host)
+        if agent is None or agent.state not in (AgentState.UP, AgentState.UNRESPONSIVE):
+            return []
+        agent.last_seen = now
+        if agent.state is AgentState.UNRESPONSIVE:
+            agent.state = AgentState.UP
+            return [EmitEvent(kind="heartbeat_recovered", host=host, role="agent")]
+        return []
+
+    def heartbeat(self, host: str, now: float, procs: list[ProcReport]) -> list[Command]:
+        out = self.agent_seen(host, now)
+        for report in procs:
+            slot = self.procs.get(report.proc_id)
+            if slot is None or slot.attempt != report.attempt or slot.host != host:
+                continue
+            stopped = report.state == "stopped"
+            if stopped and not slot.unresponsive:
+                slot.unresponsive = True
+                out.append(self._proc_event("unresponsive", slot, state=report.state))
+            elif not stopped and slot.unresponsive:
+                slot.unresponsive = False
+                out.append(self._proc_event("responsive", slot, state=report.state))
+        return out
+
+    def agent_exited(self, host: str, now: float, *, definite: bool, detail: str) -> list[Command]:
+        """The agent's SSH channel or local process ended.
+
+        ``definite`` means the agent process is known to be dead (we saw its exit
+        status); otherwise only the channel closed and the heartbeat decides.
+        """
+        agent = self.agents.get(host)
+        if agent is None:
+            return []
+        if agent.state in (AgentState.GONE, AgentState.LOST):
+            return []
+        if self.phase in (Phase.STOPPING, Phase.DONE):
+            agent.state = AgentState.GONE
+            return [EmitEvent(kind="agent_exit", host=host, data={"detail": detail})]
+        if not definite:
+            agent.channel_closed = True
+            return [
+                EmitEvent(kind="agent_exit", host=host, data={"detail": detail, "definite": False})
+            ]
+        return self._agent_lost(agent, f"agent on {host} died ({detail})", now)
+
+    def agent_bye(self, host: str, reason: str, now: float) -> list[Command]:
+        agent = self.agents.get(host)
+        if agent is None or agent.state in (AgentState.GONE, AgentState.LOST):
+            return []
+        if self.phase in (Phase.STOPPING, Phase.DONE):
+            agent.state = AgentState.GONE
+            gone = EmitEvent(kind="agent_exit", host=host, data={"detail": reason})
+            return [gone, *self._maybe_finish(now)]
+        return self._agent_lost(agent, f"agent on {host} exited: {reason}", now)
+
+    def tick(self, now: float) -> list[Command]:
+        out: list[Command] = []
+        dead_after = self.timing.heartbeat_interval * self.timing.dead_after
+        for agent in self.agents.values():
+            silent = now - agent.last_seen
+            if agent.state is AgentState.LAUNCHING and self.phase is not Phase.STOPPING:
+                if agent.adopting and now - agent.launched_at > self.timing.agent_timeout:
+                    # It did not come back after a resume: presume it dead, start anew.
+                    agent.adopting = False
+                    out.append(
+                        EmitEvent(
+                            kind="agent_lost",
+                            host=agent.host,
+                            data={"reason": "did not reconnect after the supervisor resumed"},
+                        )
+                    )
+                    out += self._launch_agent(agent, now)
+                elif now - agent.launched_at > self.timing.agent_timeout:
+                    out += self._fail_job(
+                        f"the agent on {agent.host} did not connect back within "
+                        f"{self.timing.agent_timeout:g} s; check that {agent.host} can reach the "
+                        "supervisor's address (firewall, --bind) and see "
+                        f"logs/agent-{agent.host}.log",
+                        now,
+                    )
+            elif agent.state is AgentState.UP and silent > dead_after:
+                if agent.channel_closed:
+                    out += self._agent_lost(agent, f"lost connection to {agent.host}", now)
+                else:
+                    agent.state = AgentState.UNRESPONSIVE
+                    out.append(
+                        EmitEvent(
+                            kind="heartbeat_lost",
+                            host=agent.host,
+                            role="agent",
+                            data={"silent_s": round(silent, 3)},
+                        )
+                    )
+            elif (
+                agent.state is AgentState.UNRESPONSIVE
+                and (agent.channel_closed or silent > self.timing.orphan_timeout)
+                and self.phase is not Phase.STOPPING
+            ):
+                out += self._agent_lost(
+                    agent, f"agent on {agent.host} silent for {silent:.1f} s", now
+                )
+        if self.phase is Phase.STOPPING and now >= self.stop_deadline:
+            out += self._finish()
+        return out
+
+    def agent_launch_failed(self, host: str, error: str, now: float) -> list[Command]:
+        """The agent could not even be started (ssh, python, workdir): stop the job."""
+        agent = self.agents.get(host)
+        if agent is None or agent.state is AgentState.GONE:
+            return []
+        agent.state = AgentState.GONE
+        if self.phase in (Phase.STOPPING, Phase.DONE):
+            return self._maybe_finish(now)
+        verdict = ExitVerdict(
+            succeeded=False, retryable=False, reason="agent launch failed", error=error
+        )
+        self._add_failure("agent", -1, host, agent.launches - 1, verdict, None, None, [], now)
+        out: list[Command] = [EmitEvent(kind="agent_lost", host=host, data={"reason": error})]
+        return out + self._fail_job(f"cannot start the agent on {host}: {error}", now)
+
+    def agent_launch_abandoned(self, host: str, now: float) -> list[Command]:
+        """The job began stopping before this agent was started: it never will be."""
+        agent = self.agents.get(host)
+        if agent is None or agent.state is not AgentState.LAUNCHING:
+            return []
+        agent.state = AgentState.GONE
+        return self._maybe_finish(now)
+
+    def _launch_agent(self, agent: AgentSlot, now: float) -> list[Command]:
+        agent.state = AgentState.LAUNCHING
+        agent.launched_at = now
+        agent.last_seen = now
+        agent.channel_closed = False
+        agent.launches += 1
+        return [
+            LaunchAgent(host=agent.host),
+            EmitEvent(kind="agent_launch", host=agent.host, data={"launch": agent.launches}),
+        ]
+
+    def _adopt_reported(self, host: str, procs: list[ProcReport], now: float) -> list[Command]:
+        """Reconcile what a (re)connecting agent runs with what we believe."""
+        out: list[Command] = []
+        by_id = {p.proc_id: p for p in procs}
+        for slot in self.procs.values():
+            if slot.host != host:
+                continue
+            report = by_id.get(slot.proc_id)
+            if slot.state is ProcState.PENDING and report is not None and slot.bump_before_spawn:
+                if report.attempt >= slot.attempt:
+                    # Still running from before the supervisor restarted: adopt it.
+                    slot.attempt = report.attempt
+                    slot.state = ProcState.RUNNING
+                    slot.pid = report.pid
+                    slot.bump_before_spawn = False
+                    out.append(
+                        self._proc_event("adopted", slot, pid=report.pid, attempt=slot.attempt)
+                    )
+                    if slot.restart_if_found:
+                        # Its state no longer matches ours: stop it, start it afresh.
+                        out.append(SendToAgent(host=host, message=self._kill_message(slot)))
+                        slot.state = ProcState.STOPPING
+                        slot.restart_after_stop = True
+                        slot.restart_reason = slot.restart_if_found
+                    slot.restart_if_found = ""
+                continue
+            if slot.state is not ProcState.RUNNING:
+                continue
+            if report is None or report.attempt != slot.attempt:
+                # It ended while we could not hear about it; its Exited was lost.
+                verdict = ExitVerdict(
+                    succeeded=False,
+                    retryable=True,
+                    reason="lost",
+                    error=f"{slot.proc_id} vanished while {host} was unreachable",
+                )
+                out += self._gone(slot)
+                out += self._on_failure(slot, verdict, None, None, [], now)
+        return out
+
+    def _agent_lost(self, agent: AgentSlot, reason: str, now: float) -> list[Command]:
+        agent.state = AgentState.LOST
+        out: list[Command] = [
+            EmitEvent(kind="agent_lost", host=agent.host, data={"reason": reason})
+        ]
+        verdict = ExitVerdict(
+            succeeded=False, retryable=True, reason="lost connection", error=reason
+        )
+        lost = [
+            s for s in self.procs.values() if s.host == agent.host and s.state in LIVE_PROC_STATES
+        ]
+        for slot in lost:
+            out += self._gone(slot)
+            if slot.state is ProcState.STOPPING and slot.restart_after_stop:
+                slot.restart_after_stop = False
+                out.append(self._restart(slot, slot.restart_reason, now))
+                continue
+            if slot.state not in LIVE_PROC_STATES:
+                continue  # already restarted as part of a group restart
+            out += self._on_failure(slot, verdict, None, None, [], now, dead_host=agent.host)
+        if self.phase is Phase.RUNNING or self.phase is Phase.STARTING:
+            out += self._launch_agent(agent, now)
+        else:
+            out += self._maybe_finish(now)
+        return out
+
+    # ------------------------------------------- KILL_RESTART and hand-overs
+
+    def kill_restart(
+        self,
+        role: str,
+        rank: int,
+        reason: str,
+        now: float,
+        *,
+        target_host: str | None = None,
+        join: JoinSpec | None = None,
+    ) -> list[Command]:
+        """KILL_RESTART (AntDT Table II): stop the process, start it again with the
+        same rank, on ``target_host`` when given (a spare host) else on its own.
+
+        With ``join`` the new attempt joins the survivors of an elastic allreduce
+        group (their store and what to receive) instead of a fresh group. The
+        restart follows its Exited like any restart (attempt + 1). Only a running
+        process is restarted; anything else has moved on already.
+        """
+        slot = self.procs.get(f"{role}-{rank}")
+        if slot is None or slot.state is not ProcState.RUNNING or self.phase is not Phase.RUNNING:
+            return []
+        if target_host is not None and target_host not in self.agents:
+            raise ValueError(f"KILL_RESTART target {target_host!r} is not a host of this job")
+        slot.state = ProcState.STOPPING
+        slot.restart_after_stop = True
+        slot.restart_reason = f"KILL_RESTART: {reason}"
+        slot.next_host = target_host or ""
+        slot.join = join
+        return [
+            SendToAgent(host=slot.host, message=self._kill_message(slot)),
+            self._proc_event(
+                "kill_restart",
+                slot,
+                reason=reason,
+                attempt=slot.attempt,
+                target_host=target_host or slot.host,
+                regroup=join is not None,
+            ),
+        ]
+
+    def replace_prewarmed(
+        self, rank: int, target_host: str, reason: str, now: float
+    ) -> list[Command]:
+        """KILL_RESTART onto another host without a gap: the replacement starts
+        now on ``target_host`` and waits, warm, to join the survivors
+        (``dtlaunch.runtime.prewarm``); the old process trains on until
+        ``retire()`` stops it. The slot is the new attempt from here on."""
+        return self._replace_ahead("worker", rank, target_host, reason, now)
+
+    def replace_server(self, rank: int, target_host: str, reason: str, now: float) -> list[Command]:
+        """KILL_RESTART of a built-in PS server onto another host: a fresh server
+        starts there (no snapshot restored: its blocks come by migration, see
+        ``supervisor.ps_servers``) while the old one serves on until ``retire()``.
+        The slot is the new attempt from here on."""
+        return self._replace_ahead("server", rank, target_host, reason, now)
+
+    def server_handed_over(self, rank: int) -> None:
+        """The retiring server ``rank`` exported its blocks: its exit from now on
+        is a retirement, not the failure of the server that counts."""
+        self.handed_over.add(f"server-{rank}")
+
+    def abort_server_move(self, rank: int, now: float) -> list[Command]:
+        """Give up moving server ``rank`` before its blocks moved: stop the fresh
+        server, and the slot is the old process again (on its old host)."""
+        proc_id = f"server-{rank}"
+        slot = self.procs.get(proc_id)
+        retiring = self.retiring.pop(proc_id, None)
+        if slot is None or retiring is None or proc_id in self.handed_over:
+            return []
+        old_host, old_attempt = retiring
+        out: list[Command] = []
+        if slot.state in LIVE_PROC_STATES or slot.state is ProcState.PENDING:
+            kill = Kill(proc_id=proc_id, attempt=slot.attempt, grace_s=self.timing.kill_grace)
+            if slot.state is not ProcState.PENDING:
+                out.append(SendToAgent(host=slot.host, message=kill))
+        out.append(self._proc_event("moved", slot, old_host=slot.host, new_host=old_host))
+        slot.host, slot.attempt, slot.state = old_host, old_attempt, ProcState.RUNNING
+        slot.ps_fresh_attempt = -1
+        return out
+
+    def _replace_ahead(
+        self, role: str, rank: int, target_host: str, reason: str, now: float
+    ) -> list[Command]:
+        slot = self.procs.get(f"{role}-{rank}")
+        if slot is None or slot.state is not ProcState.RUNNING or self.phase is not Phase.RUNNING:
+            return []
+        if target_host not in self.agents or target_host == slot.host:
+            raise ValueError(f"a replacement started ahead needs another host, got {target_host!r}")
+        self.retiring[slot.proc_id] = (slot.host, slot.attempt)
+        out: list[Command] = [
+            self._proc_event(
+                "kill_restart",
+                slot,
+                reason=reason,
+                attempt=slot.attempt,
+                target_host=target_host,
+                regroup=role == "worker",
+                prewarm=role == "worker",
+                migrate=role == "server",
+            ),
+            self._restart(slot, f"KILL_RESTART: {reason}", now),
+            self._proc_event("moved", slot, old_host=slot.host, new_host=target_host),
+        ]
+        slot.host = target_host
+        if role == "worker":
+            slot.prewarm = True
+        else:
+            slot.ps_fresh_attempt = slot.attempt
+        return out + self._reconcile(now)
+
+    def retire(self, proc_id: str) -> list[Command]:
+        """Stop the process a prewarmed replacement takes over from."""
+        retiring = self.retiring.get(proc_id)
+        if retiring is None:
+            return []
+        host, attempt = retiring
+        kill = Kill(proc_id=proc_id, attempt=attempt, grace_s=self.timing.kill_grace)
+        return [SendToAgent(host=host, message=kill)]
+
+    def free_spare_hosts(self) -> list[str]:
+        """Spare hosts with nothing running on them, in hostfile order: where a
+        KILL_RESTART can go (AntDT's "cluster not busy")."""
+        busy = {
+            s.host
+            for s in self.procs.values()
+            if s.state in LIVE_PROC_STATES or s.state is ProcState.PENDING
+        }
+        busy |= {host for host, _ in self.retiring.values()}  # a replaced one still runs
+        up = {h for h, a in self.agents.items() if a.state is AgentState.UP}
+        return [h for h in self.spare_hosts if h not in busy and h in up]
+
+    def free_spare(self, preferred: str | None) -> str | None:
+        """Where a KILL_RESTART should go: ``preferred`` if it is a spare host with
+        nothing running, else the first such spare host; None (its own host) when
+        no spare host is free or none was asked for."""
+        if preferred is None:
+            return None
+        free = self.free_spare_hosts()
+        return preferred if preferred in free else next(iter(free), None)
+
+    def address_of(self, proc_id: str) -> str:
+        """The address other hosts reach ``proc_id``'s host at ("" if unknown)."""
+        slot = self.procs.get(proc_id)
+        agent = self.agents.get(slot.host) if slot is not None else None
+        if slot is None or agent is None or agent.state is not AgentState.UP:
+            return ""
+        return self._master_addr_of(slot.host, agent.host_addr)
+
+    # ------------------------------------- endpoints: master ports, PS ports
+
+    def _place_ps(self, slot: ProcSlot) -> bool:
+        """Built-in PS: a server's port, a worker's server endpoints; False until known."""
+        if slot.role == "server":
+            slot.ps_port = self._server_port(slot)
+            return slot.ps_port != 0
+        endpoints = []
+        for server in sorted(self._servers(), key=lambda s: s.rank):
+            agent = self.agents[server.host]
+            port = self._server_port(server)
+            if port == 0:
+                return False
+            endpoints.append(f"tcp://{self._master_addr_of(server.host, agent.host_addr)}:{port}")
+        slot.ps_servers = tuple(endpoints)
+        return True
+
+    def server_endpoint(self, rank: int) -> str:
+        """Where built-in PS server ``rank`` listens now ("" while unknown)."""
+        slot = self.procs.get(f"server-{rank}")
+        if slot is None:
+            return ""
+        agent = self.agents.get(slot.host)
+        port = self._server_port(slot) if agent is not None else 0
+        if agent is None or port == 0:
+            return ""
+        return f"tcp://{self._master_addr_of(slot.host, agent.host_addr)}:{port}"
+
+    def _servers(self) -> list[ProcSlot]:
+        return [s for s in self.procs.values() if s.role == "server"]
+
+    def _server_port(self, server: ProcSlot) -> int:
+        """A server's port on its host: one of the agent's free ports after the ones
+        kept for MASTER_PORT, the same for every attempt on that host (so the
+        workers' endpoints stay valid across its restarts); 0 if unknown. A server
+        that moves to a host takes a port index no server used there before (the
+        one it replaces may still be bound to its own)."""
+        agent = self.agents[server.host]
+        if agent.state is not AgentState.UP:
+            return 0
+        index = self.ps_port_index.get((server.host, server.rank))
+        if index is None:
+            taken = {i for (host, _), i in self.ps_port_index.items() if host == server.host}
+            index = next(i for i in range(MASTER_PORT_SLOTS, 1 << 16) if i not in taken)
+            self.ps_port_index[server.host, server.rank] = index
+        return agent.free_ports[index] if index < len(agent.free_ports) else 0
+
+    def _master_endpoint(self, master: ProcSlot | None, slot: ProcSlot) -> tuple[str, int]:
+        if master is None:
+            return "", 0
+        agent = self.agents[master.host]
+        if agent.state is not AgentState.UP or not agent.free_ports:
+            return "", 0
+        addr = self._master_addr_of(master.host, agent.host_addr)
+        # A fresh port per attempt: the previous store may still be closing.
+        port = agent.free_ports[master.attempt % min(MASTER_PORT_SLOTS, len(agent.free_ports))]
+        return addr, port

@@ -119,6 +119,8 @@ class ProcSlot:
     # A server's attempt that starts empty (a migration's target): no snapshot restore.
     ps_fresh_attempt: int = -1
     spent_attempts: int = 0  # the highest attempt number ever given to this slot
+    # The stall watchdog stopped this attempt: its exit is a retryable failure.
+    stalled: str = ""
 
     @property
     def proc_id(self) -> str:
