@@ -316,6 +316,7 @@ def _build_supervisor(
         run_id=spec.run_id,
         heartbeat_interval=spec.heartbeat_interval,
         resume=resume,
+        stall_timeout_s=spec.stall_timeout,
     )
 
 

@@ -26,6 +26,7 @@ from dtlaunch.supervisor.control.loop import (
     ControlLoop,
     ReportIntake,
 )
+from dtlaunch.supervisor.control.stall import Stall, StallWatch
 from dtlaunch.supervisor.dds import DdsService
 from dtlaunch.supervisor.history import ResumePlan
 from dtlaunch.supervisor.jobstate import (
@@ -36,6 +37,7 @@ from dtlaunch.supervisor.jobstate import (
     JobState,
     LaunchAgent,
     Phase,
+    ProcState,
     SendToAgent,
     WorkerGone,
 )
@@ -106,6 +108,7 @@ class Supervisor:
         run_id: str,
         heartbeat_interval: float,
         resume: ResumePlan | None = None,
+        stall_timeout_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.state = state
@@ -170,6 +173,7 @@ class Supervisor:
         self._ping_seq = 0
         self._signals = 0
         self._refused_at: dict[bytes, float] = {}  # peer -> when we last logged a refusal
+        self._stall = StallWatch(stall_timeout_s)  # None: adaptive bound
 
     # --------------------------------------------------------------- public
 
@@ -315,7 +319,57 @@ class Supervisor:
             for host, agent in self.state.agents.items():
                 if agent.state in (AgentState.UP, AgentState.UNRESPONSIVE):
                     await self._router.send(AGENT_PREFIX + host.encode(), Ping(seq=self._ping_seq))
-            self._apply(self.state.tick(self._clock()))
+            now = self._clock()
+            self._apply(self.state.tick(now))
+            if self.state.phase is Phase.RUNNING:
+                stall = self._stall.tick(
+                    now,
+                    progress=self._progress(),
+                    slowest_step_s=self._intake.slowest_recent_step_s(),
+                )
+                if stall is not None:
+                    self._stalled(stall, now)
+
+    def _progress(self) -> tuple[int, ...]:
+        """Counters that grow while training moves (for the stall watchdog)."""
+        queue = self._dds.queue
+        shards = (queue.next_lease_id + queue.done_count) if queue is not None else 0
+        return (self._intake.steps_reported, self._intake.updates_reported, shards)
+
+    def _stalled(self, stall: Stall, now: float) -> None:
+        """No step and no shard moved for the stall bound: say so, with what each
+        process did last, and restart the stuck processes as a retryable failure."""
+        procs = []
+        for slot in self.state.procs.values():
+            if slot.state is not ProcState.RUNNING:
+                continue
+            entry: dict[str, Any] = {
+                "proc": slot.proc_id,
+                "host": slot.host,
+                "pid": slot.pid,
+                "attempt": slot.attempt,
+                "unresponsive": slot.unresponsive,
+            }
+            if slot.role == "worker" and slot.rank in self._intake.last_step:
+                step, at = self._intake.last_step[slot.rank]
+                entry["last_step"] = step
+                entry["last_report_ago_s"] = round(now - at, 1)
+            procs.append(entry)
+        stuck = [p["proc"] for p in procs]
+        reason = (
+            f"no step and no shard moved for {stall.waited_s:.0f} s "
+            f"(stall bound {stall.bound_s:.0f} s)"
+        )
+        log.error("the job stalled: %s; restarting %s", reason, ", ".join(stuck) or "nothing")
+        self._recorder.emit(
+            "stall",
+            reason=reason,
+            waited_s=round(stall.waited_s, 1),
+            bound_s=round(stall.bound_s, 1),
+            procs=procs,
+        )
+        self._apply(self.state.stalled(stuck, reason, now))
+        self._stall.restarted(now)
 
     async def _receive_loop(self) -> None:
         while True:

@@ -277,6 +277,8 @@ def _describe(event: Event, decided: str = "") -> tuple[str, str]:
         if "status" in data:
             return "decision", f"{data['status']}: {data.get('reason', '')}"
         return "decision", _extra(data)
+    if kind == "stall":
+        return "STALL", _stall_text(data)
     if kind == "stop_requested":
         return "stop", f"stop requested: {data.get('reason', '')}"
     if kind == "job_end":
@@ -306,6 +308,21 @@ def _describe(event: Event, decided: str = "") -> tuple[str, str]:
         return "data", f"WAL torn tail cut off: {data.get('detail', '')}"
     rest = _extra(data)
     return kind[:_LABEL_WIDTH], f"{who}" + (f": {rest}" if rest else "")
+
+
+def _stall_text(data: dict[str, Any]) -> str:
+    """The watchdog's diagnosis: each running process's last step and how long ago."""
+    parts = []
+    for proc in data.get("procs") or []:
+        if not isinstance(proc, dict):
+            continue
+        seen = (
+            f"last step {proc['last_step']} {proc.get('last_report_ago_s', '?')}s ago"
+            if "last_step" in proc
+            else "no step reported"
+        )
+        parts.append(f"{proc.get('proc', '?')}@{proc.get('host', '?')} {seen}")
+    return f"{data.get('reason', 'no progress')}; " + ("; ".join(parts) or "nothing running")
 
 
 def _ps_move_text(who: str, data: dict[str, Any]) -> str:

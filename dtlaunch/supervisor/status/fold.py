@@ -243,6 +243,19 @@ class StatusFold:
                     track = self.node("worker", int(rank_text))
                     track.action_note = f"ADJUST_BS at {at:.0f} s: batch {before} -> {size}"
 
+    def _stall(self, event: Event) -> None:
+        """The stall watchdog fired: shown among the actions, with whom it restarts."""
+        procs = event.data.get("procs") or []
+        stuck = ", ".join(str(p.get("proc", "?")) for p in procs if isinstance(p, dict))
+        self.actions.append(
+            ActionStatus(
+                at_s=event.mono,
+                action="STALL",
+                target=stuck or "-",
+                reason=str(event.data.get("reason", "")),
+            )
+        )
+
     def _job_end(self, event: Event) -> None:
         self.phase = "done"
         self.status = str(event.data.get("status", ""))
@@ -466,6 +479,7 @@ _HANDLERS: dict[str, Callable[[StatusFold, Event], object]] = {
     "shards_done": StatusFold._shards_done,
     "dds_recovered": StatusFold._progress,
     "decision": StatusFold._decision,
+    "stall": StatusFold._stall,
     "stop_requested": StatusFold._stopping,
     "job_end": StatusFold._job_end,
 }

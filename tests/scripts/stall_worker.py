@@ -1,0 +1,26 @@
+"""A DDS worker that hangs mid-job, a stand-in for a deadlock: rank HANG_RANK
+stops stepping after HANG_AFTER steps (holding its shard) on every attempt
+below HANG_ATTEMPTS, for the stall watchdog's tests.
+
+usage: stall_worker.py HANG_RANK HANG_AFTER HANG_ATTEMPTS
+"""
+
+import os
+import sys
+import time
+
+import dtlaunch
+
+hang_rank, hang_after, hang_attempts = (int(x) for x in sys.argv[1:4])
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+job = dtlaunch.init()
+steps = 0
+for _batch in job.batches():
+    time.sleep(0.01)
+    job.step()
+    steps += 1
+    if job.rank == hang_rank and attempt < hang_attempts and steps >= hang_after:
+        print(f"worker {job.rank} attempt {attempt}: hanging after {steps} steps", flush=True)
+        while True:
+            time.sleep(1)
+job.close()
