@@ -3,8 +3,13 @@
 - ``actions``     the actions a policy emits (Table II)
 - ``monitor``     per-node sliding windows of step reports, I/O-free
 - ``policies/``   ``--policy`` parsing and the built-in policies
-- ``controller``  feeds the Monitor, asks the policy every interval
-- ``intake``      step reports into the event log and the Controller
+- ``controller``  feeds the Monitor, asks the policy every interval; keeps the batch plan
+- ``loop``        the edge: ``ReportIntake`` (reports into the event log and the
+                  Controller) and ``ControlLoop`` (decides every tick, carries out)
+- ``stall``       the stall watchdog: no progress for the stall bound is a stall
+
+Everything but ``loop`` is I/O-free and tested with a fake clock. A policy
+written outside dtlaunch imports its types from ``dtlaunch.policy``.
 """
 
 from dtlaunch.supervisor.control.controller import Controller
