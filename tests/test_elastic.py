@@ -144,6 +144,38 @@ def test_jobstate_moves_the_replaced_worker_to_the_spare_host_with_the_survivors
         state.kill_restart("worker", 0, "slow", 2.0, target_host="elsewhere")
 
 
+def test_the_replacement_starts_with_its_predecessors_share_of_the_batch_plan():
+    """The plan in force lives in the Controller; the regroup driver asks it, so
+    the newcomer's DTLAUNCH_JOIN carries rank 1's planned size, not the nominal."""
+    import asyncio
+
+    from dtlaunch.events import EventRecorder, MemorySink
+    from dtlaunch.supervisor.control.actions import KillRestart
+    from dtlaunch.supervisor.regroup.driver import RegroupDriver
+
+    state, sent = _state(), []
+    coord = RegroupCoordinator(world_size=2, timeout_s=10.0)
+    for rank in range(2):
+        coord.attached(rank)
+
+    async def send(peer, msg):
+        sent.append((peer, msg))
+
+    driver = RegroupDriver(
+        coord,
+        state=state,
+        recorder=EventRecorder([MemorySink()]),
+        send=send,
+        apply=lambda commands: None,
+        clock=lambda: 1.0,
+        worker_prefix=b"worker:",
+        planned_batch={0: 25, 1: 7}.get,
+    )
+    asyncio.run(driver.kill_restart(KillRestart(role="worker", rank=1, reason="slow"), 1.0))
+    assert coord.pending is not None and coord.pending.batch_size == 7
+    assert [peer for peer, _ in sent] == [b"worker:0", b"worker:1"]
+
+
 # ------------------------------------------------------------------- end to end
 
 

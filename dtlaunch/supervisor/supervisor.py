@@ -136,6 +136,11 @@ class Supervisor:
                 clock=clock,
                 worker_prefix=WORKER_PREFIX,
                 measured=controller.restart_measured if controller is not None else None,
+                planned_batch=(
+                    (lambda rank: controller.batch_plan.get(rank, 0))
+                    if controller is not None
+                    else (lambda rank: 0)
+                ),
             )
             if services.regroup is not None
             else None

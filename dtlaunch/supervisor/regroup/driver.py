@@ -48,6 +48,7 @@ class RegroupDriver:
         clock: Callable[[], float],
         worker_prefix: bytes,
         measured: Callable[[int, float], None] | None = None,
+        planned_batch: Callable[[int], int] = lambda rank: 0,
     ) -> None:
         self.coordinator = coordinator
         self._state = state
@@ -57,6 +58,9 @@ class RegroupDriver:
         self._clock = clock
         self._worker = worker_prefix
         self._measured = measured  # (rank, seconds the group paused) for the policy
+        # rank -> its local batch size in the plan in force (0: the nominal size);
+        # a replacement starts with its predecessor's share.
+        self._planned_batch = planned_batch
 
     async def kill_restart(self, action: KillRestart, now: float) -> None:
         """Replace a straggler: around the survivors when they can hand over their
@@ -75,7 +79,12 @@ class RegroupDriver:
         slot = self._state.procs[f"worker-{action.rank}"]
         prewarmed = target is not None and target != slot.host
         msg = coord.begin(
-            action.rank, target_host=target, reason=action.reason, now=now, prewarmed=prewarmed
+            action.rank,
+            target_host=target,
+            reason=action.reason,
+            now=now,
+            prewarmed=prewarmed,
+            batch_size=self._planned_batch(action.rank),
         )
         self._recorder.emit(
             "regroup",
