@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import msgpack
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dtlaunch.errors import WireError
@@ -488,3 +489,63 @@ def test_fuzz_spawn_and_exited_round_trip(argv, env, exit_code, runtime):
     for msg in (spawn, exited):
         assert decode(encode(msg)) == msg
         assert from_dict(type(msg), json.loads(json.dumps(to_dict(msg)))) == msg
+
+
+# --------------------------------------------- hostile frames (issue 12, defect 2)
+
+
+def _nested(depth: int) -> object:
+    value: object = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("where", ["tag", "version", "field"])
+def test_a_deeply_nested_value_is_a_wire_error_not_a_recursion_error(where):
+    """One authenticated frame with a value nested 1,000 deep used to raise
+    RecursionError from repr() in the error path, outside every guard."""
+    deep = _nested(1000)
+    frame = {"t": "fetch_shards", "v": 1, "request_id": 1, "count": 1}
+    frame[{"tag": "t", "version": "v", "field": "count"}[where]] = deep
+    with pytest.raises(WireError):
+        decode(msgpack.packb(frame))
+
+
+@settings(max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_decode_raises_only_wire_error_on_mutated_frames(data):
+    """Coverage-guided by hypothesis: valid frames of every registered message,
+    with bytes flipped, cut, inserted or replaced; decode either returns a
+    message or raises WireError, never anything else."""
+    msg = data.draw(st.sampled_from(SAMPLES))
+    frame = bytearray(encode(msg))
+    for _ in range(data.draw(st.integers(1, 4))):
+        op = data.draw(st.sampled_from(["flip", "cut", "insert", "replace"]))
+        at = data.draw(st.integers(0, max(0, len(frame) - 1)))
+        if op == "flip" and frame:
+            frame[at] ^= data.draw(st.integers(1, 255))
+        elif op == "cut":
+            del frame[at:]
+        elif op == "insert":
+            frame[at:at] = data.draw(st.binary(min_size=1, max_size=16))
+        elif frame:
+            frame[at] = data.draw(st.integers(0, 255))
+    with contextlib.suppress(WireError):
+        decode(bytes(frame))
+
+
+@settings(max_examples=1000, deadline=None)
+@given(value=st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats()
+    | st.text(max_size=8)
+    | st.binary(max_size=8),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    max_leaves=40,
+))  # fmt: skip
+def test_decode_raises_only_wire_error_on_any_msgpack_value(value):
+    for frame in (value, {"t": "hello", "v": 1, "role": value}, {"t": "step_reports", "v": 1,
+                                                                  "reports": [value]}):  # fmt: skip
+        with contextlib.suppress(WireError):
+            decode(msgpack.packb(frame))

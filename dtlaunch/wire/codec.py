@@ -21,6 +21,7 @@ import base64
 import binascii
 import dataclasses
 import math
+import reprlib
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -222,7 +223,12 @@ def decode(data: bytes) -> Message:
     cls = _TYPES_BY_TAG.get(tag)
     if cls is None:
         raise WireError(f"unknown message type {_short(tag)}")
-    return _build(cls, obj, json_form=False)
+    try:
+        return _build(cls, obj, json_form=False)
+    except WireError:
+        raise
+    except Exception as exc:  # a bug of ours must still not let a frame through, or out
+        raise WireError(f"{cls.TYPE}: not a valid message ({type(exc).__name__})") from exc
 
 
 def to_dict(msg: Message) -> dict[str, object]:
@@ -498,7 +504,14 @@ def _hint_name(hint: Any) -> str:
     return str(hint).replace("NoneType", "None")
 
 
+# Error messages quote untrusted input: a few levels of it, a few items each, so a
+# value nested a thousand deep or a million long costs nothing to describe.
+_QUOTE = reprlib.Repr()  # keyword arguments only from Python 3.12
+_QUOTE.maxlevel, _QUOTE.maxlist, _QUOTE.maxdict = 3, 4, 4
+_QUOTE.maxstring = _QUOTE.maxother = _QUOTE.maxlong = 40
+
+
 def _short(value: object, limit: int = 60) -> str:
-    """``repr`` cut to ``limit`` characters: error messages quote untrusted input."""
-    text = repr(value)
+    """A bounded ``repr`` of untrusted input, cut to ``limit`` characters."""
+    text = _QUOTE.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
