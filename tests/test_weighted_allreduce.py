@@ -77,3 +77,45 @@ def test_bsp_batches_keep_allreduce_workers_paired_to_the_end_of_dds_data(tmp_pa
                 counts[record] = counts.get(record, 0) + 1
     assert set(counts) == set(range(1500))
     assert set(counts.values()) == {2}  # every record once per epoch
+
+
+def test_a_worker_with_an_empty_batch_contributes_exact_zeros(tmp_path):
+    """Issue 12, defect 11: the empty batch's NaN gradient times weight 0 stayed
+    NaN and poisoned every worker's model."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from weighted_grad import data, model
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    result = run(
+        [
+            "run",
+            "--workers",
+            "2",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--dataset-size",
+            "30",
+            "--shard-size",
+            "10",
+            str(SCRIPTS / "empty_batch_grad.py"),
+            str(tmp_path),
+        ],
+        env={},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    x, y = data()
+    reference = model()
+    torch.nn.functional.mse_loss(reference(x), y).backward()
+    for rank in range(2):
+        got = torch.load(tmp_path / f"{rank}.pt", weights_only=True)
+        for g, e in zip(got, [p.grad for p in reference.parameters()], strict=True):
+            assert not torch.isnan(g).any(), rank
+            assert torch.allclose(g, e, rtol=0, atol=1e-9), (rank, g, e)
+
+
+def test_allreduce_gradients_before_init_process_group_says_what_to_call():
+    from dtlaunch.runtime.collective import allreduce_gradients
+
+    with pytest.raises(RuntimeError, match=r"init_process_group\(backend='gloo'\)"):
+        allreduce_gradients(torch.nn.Linear(2, 1), 3)

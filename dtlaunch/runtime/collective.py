@@ -31,12 +31,27 @@ def allreduce_gradients(
     for the slowest one; that wait is not this worker's communication cost, and
     counting it would make every worker of a synchronous step look equally slow
     to the Monitor. So the two are timed apart.
+
+    A worker with no samples this step (an empty batch from ``bsp_batches``)
+    contributes exact zeros: the mean loss of an empty batch is NaN, and NaN
+    times a weight of 0 is still NaN, which would poison every worker's model.
+
+    Raises:
+        RuntimeError: ``torch.distributed`` is not initialised, naming what to call.
     """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "job.allreduce_gradients() needs torch.distributed: call "
+            "torch.distributed.init_process_group(backend='gloo') (or 'nccl') first; "
+            "dtlaunch sets MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE for it"
+        )
     arrived = time.monotonic()
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
+        elif samples <= 0:
+            p.grad.zero_()  # not grad * 0: NaN * 0 is NaN
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return 0.0, 0.0

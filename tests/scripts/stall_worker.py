@@ -14,11 +14,9 @@ import dtlaunch
 hang_rank, hang_after, hang_attempts = (int(x) for x in sys.argv[1:4])
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 job = dtlaunch.init()
-steps = 0
-for _batch in job.batches():
+for steps, _batch in enumerate(job.batches(), start=1):
     time.sleep(0.01)
     job.step()
-    steps += 1
     if job.rank == hang_rank and attempt < hang_attempts and steps >= hang_after:
         print(f"worker {job.rank} attempt {attempt}: hanging after {steps} steps", flush=True)
         while True:
