@@ -79,3 +79,35 @@ def test_an_import_error_late_in_training_is_retryable():
 def test_last_exception_line_finds_chained_and_qualified_names():
     tail = [*TRACE, "torch.distributed.DistBackendError: boom", "", "  during handling"]
     assert last_exception_line(tail) == "torch.distributed.DistBackendError: boom"
+
+
+def test_python_m_of_a_missing_module_is_unretryable():
+    """``python -m no_such_module`` prints one line, no traceback (defect 8)."""
+    verdict = classify_exit(
+        exit_code=1,
+        signal=None,
+        runtime_s=0.2,
+        stderr_tail=["/usr/bin/python3: No module named no_such_module"],
+    )
+    assert (verdict.retryable, verdict.reason) == (False, "module not found")
+    assert verdict.error.endswith("No module named no_such_module")
+
+
+def test_failure_signature_is_the_exception_and_the_innermost_frame():
+    from dtlaunch.supervisor.jobstate.failures import failure_signature, traceback_tail
+
+    tail = [
+        "Traceback (most recent call last):",
+        '  File "/job/train.py", line 30, in <module>',
+        "    main()",
+        '  File "/job/train.py", line 12, in main',
+        '    token = os.environ["API_TOKEN"]',
+        "            ~~~~~~~~~~^^^^^^^^^^^^^",
+        "KeyError: 'API_TOKEN'",
+    ]
+    assert failure_signature(tail) == "KeyError at /job/train.py:12"
+    assert failure_signature(["killed"]) == ""
+    # The innermost frame of the user's code, not of the library it called.
+    in_os = [*tail[:5], '  File "<frozen os>", line 679, in __getitem__', tail[-1]]
+    assert failure_signature(in_os) == "KeyError at /job/train.py:12"
+    assert not any(set(ln.strip()) <= set("^~") for ln in traceback_tail(tail))

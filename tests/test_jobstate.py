@@ -302,3 +302,49 @@ def test_an_agent_not_yet_started_when_the_job_stops_is_abandoned():
     state.agent_launch_abandoned("h1", 0.2)
     out = state.agent_launch_abandoned("h2", 0.2)
     assert [c.status for c in out if isinstance(c, Finish)] == ["stopped"]
+
+
+KEYERROR_AT_START = [
+    "Traceback (most recent call last):",
+    '  File "/job/train.py", line 12, in <module>',
+    '    token = os.environ["API_TOKEN"]',
+    "            ~~~~~~~~~~^^^^^^^^^^^^^",
+    "KeyError: 'API_TOKEN'",
+]
+
+
+def test_the_same_crash_before_any_progress_is_a_crash_loop_not_retried():
+    """Issue 12, defect 8: a deterministic start-up crash was retried
+    --max-restarts times for the whole group."""
+    state = make_state(scope="group", max_restarts=5)
+    bring_up(state)
+    out = state.exited("h1", exited("worker-1", 0, code=1, runtime=2.0, tail=KEYERROR_AT_START), 2)
+    assert state.failures[-1].retryable and state.phase is Phase.RUNNING
+    for proc_id in ("worker-0", "worker-2"):  # the group follows
+        state.exited(state.procs[proc_id].host, exited(proc_id, 0, requested=True), 2.1)
+    for spawn in sent(out, Spawn) + [s for s in sent(state.tick(2.2), Spawn)]:
+        state.spawned(state.procs[spawn.proc_id].host, spawn.proc_id, spawn.attempt, 200, 2.3)
+    for slot in state.procs.values():
+        if slot.state is ProcState.PENDING:
+            state.spawned(slot.host, slot.proc_id, slot.attempt, 200, 2.3)
+    attempt = state.procs["worker-1"].attempt
+    state.exited("h1", exited("worker-1", attempt, code=1, runtime=2.0, tail=KEYERROR_AT_START), 4)
+    last = state.failures[-1]
+    assert (last.reason, last.retryable) == ("crash loop", False)
+    assert "KeyError at /job/train.py:12" in last.error
+    assert state.status == "failed" and len(state.failures) == 2
+
+
+def test_the_same_crash_after_progress_is_retried():
+    state = make_state(scope="process", max_restarts=5)
+    bring_up(state)
+    state.exited("h0", exited("worker-0", 0, code=1, runtime=2.0, tail=KEYERROR_AT_START), 2)
+    state.spawned("h0", "worker-0", 1, 200, 2.1)
+    state.worker_progressed(0)  # it trained a step this time: not a loop
+    state.exited("h0", exited("worker-0", 1, code=1, runtime=2.0, tail=KEYERROR_AT_START), 4)
+    assert state.failures[-1].retryable and state.phase is Phase.RUNNING
+    # Another crash, at another line, is no loop either.
+    state.spawned("h0", "worker-0", 2, 300, 4.1)
+    other = [*KEYERROR_AT_START[:1], '  File "/job/train.py", line 40, in step', "KeyError: 'x'"]
+    state.exited("h0", exited("worker-0", 2, code=1, runtime=2.0, tail=other), 6)
+    assert state.failures[-1].retryable and state.phase is Phase.RUNNING

@@ -482,6 +482,8 @@ class Supervisor:
             await self._regroup.store_ready(rank, msg)
         elif isinstance(msg, StepReports):
             self._intake.worker_reports(rank, list(msg.reports))
+            if msg.reports:
+                self.state.worker_progressed(rank)
 
     def _worker_rank(self, peer: bytes) -> int | None:
         """The rank in ``worker:<rank>`` when it names a worker of this job, else None.

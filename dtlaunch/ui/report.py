@@ -18,9 +18,32 @@ def _exit_text(failure: dict[str, Any]) -> str:
     return str(failure.get("reason", "?"))
 
 
+def _error_text(failure: dict[str, Any]) -> str:
+    """The exception line first, then where it was raised (the innermost frame)."""
+    error = str(failure.get("error") or failure.get("reason") or "")
+    frames = [ln.strip() for ln in failure.get("traceback") or [] if ln.strip().startswith("File ")]
+    return error + (f"\n{frames[-1]}" if frames else "")
+
+
+def _folded(failures: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int, float]]:
+    """Consecutive failures of one process with the same error, as one row:
+    (the first of them, how many, the time of the last)."""
+    rows: list[tuple[dict[str, Any], int, float]] = []
+    for failure in failures:
+        key = (failure["role"], failure["rank"], failure["host"], failure.get("error"))
+        if rows:
+            first, count, _ = rows[-1]
+            if (first["role"], first["rank"], first["host"], first.get("error")) == key:
+                rows[-1] = (first, count + 1, failure["at_s"])
+                continue
+        rows.append((failure, 1, failure["at_s"]))
+    return rows
+
+
 def failures_table(summary: dict[str, Any]) -> Table:
-    """One row per failure. A failed job marks its root cause (the first failure);
-    a job that succeeded lists the failures it recovered from."""
+    """One row per failure, identical ones of a process folded (``x3``). A failed
+    job marks its root cause (the first failure); a job that succeeded lists the
+    failures it recovered from."""
     failed = summary["status"] != "succeeded"
     count = len(summary["failures"])
     title = (
@@ -31,18 +54,18 @@ def failures_table(summary: dict[str, Any]) -> Table:
     table = Table(title=title, expand=False)
     for column in ("", "host", "process", "exit", "time", "retry", "error"):
         table.add_column(column, overflow="fold")
-    for failure in summary["failures"]:
-        lines = failure.get("traceback") or [failure.get("error", "")]
+    for failure, count, last_at in _folded(summary["failures"]):
         rank = failure["rank"]
         process = failure["role"] + (str(rank) if rank >= 0 else "")
+        when = f"{failure['at_s']:.1f}s" + (f"-{last_at:.1f}s" if count > 1 else "")
         table.add_row(
             "root cause" if failed and failure.get("root_cause") else "",
             failure["host"],
-            process,
+            process + (f" x{count}" if count > 1 else ""),
             _exit_text(failure),
-            f"{failure['at_s']:.1f}s",
+            when,
             "yes" if failure.get("retryable") else "no",
-            Text("\n".join(lines[-4:])),
+            Text(_error_text(failure)),
         )
     return table
 

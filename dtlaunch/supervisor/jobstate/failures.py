@@ -33,6 +33,12 @@ _EXC_LINE_RE = re.compile(
 )
 _USAGE_MARKERS = ("usage:", "error: unrecognized arguments", "error: the following arguments")
 _CANT_OPEN_RE = re.compile(r"can't open file .*\[Errno 2\]")
+# ``python -m no_such_module`` prints this (no traceback) and exits 1.
+_NO_MODULE_RE = re.compile(r"No module named \S+")
+_FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
+_LIBRARY_FRAME_RE = re.compile(r"^<|[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python3[\d.]*[/\\]")
+# An attempt that ran this long made progress, whether or not it reported steps.
+CRASH_LOOP_RUNTIME_S = 60.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,6 +105,9 @@ def classify_exit(
     text = "\n".join(stderr_tail)
     if early and exc in UNRETRYABLE_EXCEPTIONS:
         return ExitVerdict(succeeded=False, retryable=False, reason=exc, error=exc_line)
+    if early and not exc and _NO_MODULE_RE.search(text):
+        line = next(ln.strip() for ln in stderr_tail if _NO_MODULE_RE.search(ln))
+        return ExitVerdict(succeeded=False, retryable=False, reason="module not found", error=line)
     if early and _CANT_OPEN_RE.search(text):
         line = next(ln.strip() for ln in stderr_tail if _CANT_OPEN_RE.search(ln))
         return ExitVerdict(succeeded=False, retryable=False, reason="script not found", error=line)
@@ -114,7 +123,21 @@ def classify_exit(
     )
 
 
+def failure_signature(stderr_tail: list[str]) -> str:
+    """What makes two crashes "the same": the exception's type and the innermost
+    frame of the traceback (``KeyError at train.py:12``); ``""`` without a
+    traceback (a signal, a lost host: the environment, not the code)."""
+    exc = exception_name(last_exception_line(stderr_tail))
+    frames = [m for ln in stderr_tail if (m := _FRAME_RE.match(ln))]
+    if not exc or not frames:
+        return ""
+    # The user's code, not the library it called (os.environ raises in <frozen os>).
+    own = [m for m in frames if not _LIBRARY_FRAME_RE.search(m.group("file"))] or frames
+    return f"{exc} at {own[-1].group('file')}:{own[-1].group('line')}"
+
+
 def traceback_tail(stderr_tail: list[str], lines: int = 6) -> list[str]:
     """The last lines of the traceback (or of stderr) worth showing in a table."""
-    kept = [ln.rstrip() for ln in stderr_tail if ln.strip()]
+    # Python 3.11+ marks the failing expression with lines of ^ and ~: noise in a table.
+    kept = [ln.rstrip() for ln in stderr_tail if ln.strip() and ln.strip(" ^~")]
     return kept[-lines:]

@@ -27,7 +27,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dtlaunch.supervisor.jobstate.failures import ExitVerdict, classify_exit, traceback_tail
+from dtlaunch.supervisor.jobstate.failures import (
+    CRASH_LOOP_RUNTIME_S,
+    ExitVerdict,
+    classify_exit,
+    failure_signature,
+    traceback_tail,
+)
 from dtlaunch.supervisor.jobstate.nodes import (
     LIVE_PROC_STATES,
     AgentSlot,
@@ -269,9 +275,34 @@ class JobState:
         if verdict.succeeded:
             slot.state = ProcState.SUCCEEDED
             return out + self._maybe_complete(now)
+        verdict = self._crash_loop(slot, verdict, msg)
         return out + self._on_failure(
             slot, verdict, msg.exit_code, msg.signal, msg.stderr_tail, now
         )
+
+    def _crash_loop(self, slot: ProcSlot, verdict: ExitVerdict, msg: Exited) -> ExitVerdict:
+        """The same error at the same line as the previous attempt, before any
+        progress, will happen on every attempt: restarting only burns restarts
+        (for the whole group in allreduce mode). Such a failure is unretryable."""
+        signature = failure_signature(msg.stderr_tail) if verdict.retryable else ""
+        progressed = slot.progressed or msg.runtime_s >= CRASH_LOOP_RUNTIME_S
+        repeated = bool(signature) and signature == slot.failure_signature and not progressed
+        slot.failure_signature = signature
+        if not repeated:
+            return verdict
+        return ExitVerdict(
+            succeeded=False,
+            retryable=False,
+            reason="crash loop",
+            error=f"{verdict.error} (the same error at the same line on attempts "
+            f"{slot.attempt - 1} and {slot.attempt}, before any progress: {signature})",
+        )
+
+    def worker_progressed(self, rank: int) -> None:
+        """Worker ``rank`` reported a step: its current attempt made progress."""
+        slot = self.procs.get(f"worker-{rank}")
+        if slot is not None:
+            slot.progressed = True
 
     def stalled(self, proc_ids: list[str], reason: str, now: float) -> list[Command]:
         """The stall watchdog saw no progress: stop the stuck workers; each exit is
@@ -363,6 +394,7 @@ class JobState:
         slot.spent_attempts = slot.attempt
         slot.state = ProcState.PENDING
         slot.unresponsive = False
+        slot.progressed = False
         self.restarts.append(
             RestartRecord(
                 role=slot.role,

@@ -121,6 +121,10 @@ class ProcSlot:
     spent_attempts: int = 0  # the highest attempt number ever given to this slot
     # The stall watchdog stopped this attempt: its exit is a retryable failure.
     stalled: str = ""
+    # Crash-loop detection: the last attempt's failure signature, and whether
+    # the running attempt has made progress (reported a step) since it started.
+    failure_signature: str = ""
+    progressed: bool = False
 
     @property
     def proc_id(self) -> str:
