@@ -181,6 +181,14 @@ class JobSpec:
                 "--stall-timeout must be 0 (never) or a number of seconds, "
                 f"got {self.stall_timeout}"
             )
+        if self.bind:
+            address = self.bind.removeprefix("tcp://")
+            host, colon, port = address.rpartition(":")
+            if not colon or not host or not port.isdigit() or int(port) > 65535:
+                raise ConfigError(
+                    f"--bind {self.bind!r}: expected ADDR:PORT, e.g. 10.0.0.5:0 "
+                    "(port 0: any free port)"
+                )
         if self.control_interval <= 0:
             raise ConfigError(f"--control-interval must be positive, got {self.control_interval}")
         if self.dead_after < 2:

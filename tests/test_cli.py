@@ -114,3 +114,44 @@ def test_stop_of_an_ended_job_says_so(tmp_path):
     result = run(["stop", str(tmp_path)], env={})
     assert result.returncode == 1
     assert "not a dtlaunch run directory" in result.stderr
+
+
+# ------------------------------------------- user text is not markup (issue 12, defect 6)
+
+
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [
+        (["--env", "[/]"], "--env '[/]': expected KEY=VALUE"),
+        (["-H", "h[/x]:2"], "h[/x]"),
+        (["--policy", "[/bold]"], "'[/bold]'"),
+        (["--bind", "127.0.0.1"], "--bind '127.0.0.1': expected ADDR:PORT"),
+    ],
+)
+def test_user_text_in_errors_prints_as_given(tmp_path, args, shown):
+    result = run(["run", "--run-dir", str(tmp_path / "run"), *args, "x.py"], env={})
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "MarkupError" not in result.stderr
+    assert shown in " ".join(result.stderr.split()), result.stderr
+    assert not (tmp_path / "run").exists()  # refused before a run dir was made
+
+
+def test_an_ipv6_hostfile_line_keeps_its_bracketed_hint(tmp_path):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("::1 slots=2\n")
+    result = run(["run", "-H", str(hosts), "x.py"], env={})
+    assert result.returncode == 2
+    assert "expected [address] or [address]:port (e.g. [fd00::1])" in " ".join(
+        result.stderr.split()
+    )
+
+
+@pytest.mark.parametrize("under", ["", "sub"])
+def test_a_run_dir_that_is_or_is_under_a_file_is_a_clear_error(tmp_path, under):
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    target = blocker / under if under else blocker
+    result = run(["run", "--run-dir", str(target), "x.py"], env={})
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert f"{blocker} is a file, not a folder" in " ".join(result.stderr.split())

@@ -83,10 +83,25 @@ class RunDir:
                 f"{spec.run_dir} already holds a job; pass another --run-dir, "
                 f"or --resume {spec.run_dir} to continue it"
             )
-        run.path.mkdir(parents=True, exist_ok=True)
-        run.logs.mkdir(exist_ok=True)
-        run.agents.mkdir(mode=0o700, exist_ok=True)
-        write_json_atomic(run.job_path, json.loads(spec.to_json()))
+        try:
+            run.path.mkdir(parents=True, exist_ok=True)
+            run.logs.mkdir(exist_ok=True)
+            run.agents.mkdir(mode=0o700, exist_ok=True)
+            write_json_atomic(run.job_path, json.loads(spec.to_json()))
+        except (FileExistsError, NotADirectoryError):
+            blocking = next(
+                (p for p in (run.path, *run.path.parents) if p.exists() and not p.is_dir()),
+                run.path,
+            )
+            raise RunDirError(
+                f"--run-dir {spec.run_dir}: {blocking} is a file, not a folder; "
+                "pass a folder that does not exist yet (or a new one under ./runs)"
+            ) from None
+        except OSError as err:
+            raise RunDirError(
+                f"--run-dir {spec.run_dir}: cannot create it ({err.strerror}); "
+                "pass a folder you may write to"
+            ) from None
         return run
 
     @classmethod
