@@ -258,6 +258,8 @@ def run(
         spec = job_spec(options)
     except DtlaunchError as err:
         raise fail(err) from None
+    except KeyboardInterrupt:
+        raise fail("interrupted before the job started; nothing is running", 130) from None
     _run_to_end(spec, resume=False)
 
 
@@ -331,12 +333,16 @@ def _resume(run_dir: Path) -> None:
 
 
 def _run_to_end(spec: JobSpec, *, resume: bool) -> None:
-    from dtlaunch.supervisor.job import run_job  # heavy imports only when running
-
     try:
+        from dtlaunch.supervisor.job import run_job  # heavy imports only when running
+
         result = asyncio.run(run_job(spec, resume=resume))
     except DtlaunchError as err:
         raise fail(err) from None
+    except KeyboardInterrupt:
+        # run_job takes SIGINT over on its first line and stops the job in order;
+        # an interrupt that still lands here came before it (or after its end).
+        raise fail("interrupted before the job started; nothing is running", 130) from None
     from dtlaunch.ui.report import failures_table, outcome_line
 
     if result.summary["failures"]:

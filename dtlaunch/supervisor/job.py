@@ -88,7 +88,14 @@ async def run_job(
         RunDirError: when the run directory already holds a job (or, resuming,
             when it has ended, is locked by a live supervisor, or is corrupt).
     """
-    console = console or sys.stdout
+    stops = _StopRequests()
+    with _signals_to(stops):
+        return await _run_job(spec, console=console or sys.stdout, resume=resume, stops=stops)
+
+
+async def _run_job(
+    spec: JobSpec, *, console: TextIO, resume: bool, stops: _StopRequests
+) -> JobResult:
     hosts = list(spec.hosts) or embedded_hosts(spec)
     assignments = place(hosts, workers=spec.workers, servers=spec.servers)
     if builtin_ps(spec):
@@ -152,8 +159,12 @@ async def run_job(
             )
             state = supervisor.state
             try:
-                with _signals_to(supervisor):
+                if stops.attach(supervisor):
                     await supervisor.run()
+                else:  # Ctrl-C while the job was being set up: nothing was launched
+                    state.status = "stopped"
+                    state.stop_reason = f"{stops.early} before the job started"
+                    recorder.emit("job_end", status=state.status, reason=state.stop_reason)
             except Exception as err:
                 fsync = _first(err, WalFsyncError)
                 if fsync is not None:
@@ -320,14 +331,36 @@ def _build_supervisor(
     )
 
 
+class _StopRequests:
+    """SIGINT/SIGTERM from the first line of ``run_job`` to its last: to the
+    supervisor once it exists, remembered until then (a Ctrl-C while the run
+    directory and sockets are being set up must not kill the process half-way)."""
+
+    def __init__(self) -> None:
+        self.early = ""  # the signal that came before the supervisor existed
+        self._supervisor: Supervisor | None = None
+
+    def __call__(self, signame: str) -> None:
+        if self._supervisor is not None:
+            self._supervisor.request_stop(signame)
+        elif not self.early:
+            log.warning("stopping (%s) before the job started", signame)
+            self.early = signame
+
+    def attach(self, supervisor: Supervisor) -> bool:
+        """Route later signals to ``supervisor``; False when a stop came first."""
+        self._supervisor = supervisor
+        return not self.early
+
+
 @contextlib.contextmanager
-def _signals_to(supervisor: Supervisor) -> Any:
+def _signals_to(stops: _StopRequests) -> Any:
     """SIGINT/SIGTERM stop the job in order instead of killing the supervisor."""
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
     for signum in (signal.SIGINT, signal.SIGTERM):
         try:
-            loop.add_signal_handler(signum, supervisor.request_stop, signal.Signals(signum).name)
+            loop.add_signal_handler(signum, stops, signal.Signals(signum).name)
             installed.append(signum)
         except (NotImplementedError, RuntimeError):  # not the main thread
             pass

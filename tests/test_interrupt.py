@@ -1,0 +1,86 @@
+"""Ctrl-C at any instant from launch to exit (issue 12, defect 7): the run ends
+with a clear line, leaves no process behind, and its run directory is either
+resumable or says why not (a summary.json)."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import time
+
+import psutil
+import pytest
+
+from tests.jobs import SCRIPTS, started
+
+pytestmark = pytest.mark.integration
+
+LOOPS = 6
+
+
+def alive(pid: int, create_time: float) -> bool:
+    try:
+        return abs(psutil.Process(pid).create_time() - create_time) < 0.01
+    except psutil.NoSuchProcess:
+        return False
+
+
+def processes_of(run_dir, out_dir) -> list[tuple[int, float]]:
+    """Every process the run started that recorded itself: agents and workers
+    (with the worker's own child)."""
+    found = []
+    for path in run_dir.glob("agents/**/agent.pid.json"):
+        data = json.loads(path.read_text())
+        found.append((int(data["pid"]), float(data["create_time"])))
+    for path in out_dir.glob("*.json"):
+        found += [(int(p), float(t)) for p, t in json.loads(path.read_text())["pids"]]
+    return found
+
+
+def interrupt_at(tmp_path, delay: float | None, loop: int) -> bool:
+    """SIGINT ``delay`` seconds after launch, or (None) the instant job.json
+    appears; returns whether the job had started."""
+    run_dir, out = tmp_path / f"run{loop}", tmp_path / f"out{loop}"
+    out.mkdir()
+    args = ["run", "--workers", "2", "--run-dir", str(run_dir), str(SCRIPTS / "sleeper.py"),
+            str(out), "600"]  # fmt: skip
+    with started(args, env={}, log=tmp_path / f"log{loop}.txt") as job:
+        if delay is None:
+            deadline = time.monotonic() + 60
+            while not (run_dir / "job.json").exists() and time.monotonic() < deadline:
+                time.sleep(0.001)
+        else:
+            time.sleep(delay)
+        job.signal(signal.SIGINT)
+        code = job.wait(timeout=60)
+        output = job.output()
+    started_job = (run_dir / "job.json").exists()
+    if started_job:
+        # From job.json on, the run ends in order: a summary and a line saying so.
+        assert code == 1, output
+        assert " stopped in " in output and (run_dir / "summary.json").exists(), output
+    else:
+        # Interrupted while Python or the CLI was loading: nothing was started.
+        assert code != 0, output
+        assert not run_dir.exists() or not any(run_dir.glob("agents/**/agent.pid.json"))
+    deadline = time.monotonic() + 15
+    left = processes_of(run_dir, out)
+    while time.monotonic() < deadline and any(alive(*p) for p in left):
+        time.sleep(0.2)
+        left = processes_of(run_dir, out)
+    assert not [p for p in left if alive(*p)], (delay, output)
+    return started_job
+
+
+def test_ctrl_c_at_any_instant_leaves_nothing_behind_and_says_so(tmp_path):
+    rng = random.Random(5)
+    started_jobs = sum(interrupt_at(tmp_path, rng.uniform(0.0, 2.0), loop) for loop in range(LOOPS))
+    assert started_jobs >= 2  # the loop reached the instants after job.json too
+
+
+def test_ctrl_c_the_instant_job_json_is_written_stops_in_order(tmp_path):
+    """The window of defect 7: the run directory exists, the supervisor's signal
+    handling did not yet; that exited 130 with no line and no summary."""
+    for loop in range(3):
+        assert interrupt_at(tmp_path, None, loop)
