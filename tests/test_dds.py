@@ -421,3 +421,40 @@ def test_large_job_snapshot_is_small_and_quick():
     assert time.perf_counter() - began < 3.0
     assert restored == q
     assert restored.queued() == q.queued()
+
+
+def test_a_fetch_is_bounded_by_what_one_worker_may_hold(tmp_path):
+    """Issue 12, defect 4: FetchShards(count=2**62) leased every remaining shard
+    to one peer, and the others waited for them forever."""
+    import asyncio
+
+    from dtlaunch.events import EventRecorder, MemorySink
+    from dtlaunch.sharding import DatasetSpec
+    from dtlaunch.supervisor.dds.service import MAX_HELD_LEASES, DdsService
+    from dtlaunch.wire.messages import FetchShards, ShardGrant
+
+    async def scenario() -> list[ShardGrant]:
+        answers: list[ShardGrant] = []
+
+        async def send(peer, msg):
+            answers.append(msg)
+
+        service = DdsService(
+            run_dir=tmp_path,
+            options=DatasetSpec(dataset_size=1000, shard_size=10),
+            send=send,
+            recorder=EventRecorder([MemorySink()]),
+        )
+        service.open()
+        try:
+            await service.handle(b"worker:0", 0, FetchShards(request_id=1, count=2**62))
+            await service.handle(b"worker:0", 0, FetchShards(request_id=2, count=3))
+            await service.handle(b"worker:1", 1, FetchShards(request_id=3, count=2))
+        finally:
+            await service.close()
+        return answers
+
+    greedy, more, other = asyncio.run(scenario())
+    assert len(greedy.leases) == MAX_HELD_LEASES < 100
+    assert more.leases == [] and more.retry_after > 0  # holds its share already
+    assert len(other.leases) == 2  # the others still get shards

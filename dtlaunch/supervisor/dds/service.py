@@ -41,6 +41,11 @@ log = logging.getLogger(__name__)
 
 Send = Callable[[bytes, Message], Awaitable[None]]
 RETRY_AFTER_S = 0.2  # nothing to hand out now: ask again this much later
+# The most shards one worker may hold at once. The SDK asks for its prefetch
+# window (init(prefetch=2) by default, one more when its loop waits); the cap
+# leaves room for a large prefetch while one peer, honest or not, can never
+# lease the whole queue and leave the others with nothing (issue 12, defect 4).
+MAX_HELD_LEASES = 16
 # Compaction: snapshot once the log since the last snapshot outgrows both this
 # floor and a multiple of the snapshot's own size, so recovery stays short and
 # snapshot writes stay a small share of the I/O.
@@ -53,6 +58,7 @@ class DdsService:
         self, *, run_dir: Path, options: DatasetSpec | None, send: Send, recorder: EventRecorder
     ) -> None:
         self._dataset_path = run_dir / "dataset.json"
+        self._over_fetched: set[int] = set()  # workers warned about asking for too much
         self._wal_dir = run_dir / "wal"
         self._options = options
         self._send = send
@@ -176,7 +182,20 @@ class DdsService:
         if self.queue is None:
             await self._send(peer, ShardGrant(request_id=msg.request_id, retry_after=1.0))
             return
-        grants = self.queue.fetch(rank, max(1, msg.count))
+        room = MAX_HELD_LEASES - len(self.queue.leases_of(rank))
+        if room <= 0:
+            if rank not in self._over_fetched:  # once per worker: a flood stays one line
+                self._over_fetched.add(rank)
+                log.warning(
+                    "worker %d asks for %d more shards holding %d already; refused until "
+                    "it acknowledges some",
+                    rank,
+                    msg.count,
+                    MAX_HELD_LEASES,
+                )
+            await self._send(peer, ShardGrant(request_id=msg.request_id, retry_after=1.0))
+            return
+        grants = self.queue.fetch(rank, min(max(1, msg.count), room))
         await self._commit(grants, rank, "")
         granted = [t.lease() for t in grants if isinstance(t, Grant)]
         self._first_served(rank)
