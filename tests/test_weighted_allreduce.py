@@ -13,36 +13,31 @@ from tests.jobs import SCRIPTS, run
 pytestmark = pytest.mark.integration
 
 
-def test_weighted_average_equals_the_full_batch_gradient(tmp_path):
+def _run_grad_script(tmp_path, script: str, workers: int):
+    """Run ``script`` as a real job; returns the full-batch reference gradient and
+    each rank's averaged gradient as the script saved it."""
     sys.path.insert(0, str(SCRIPTS))
     try:
         from weighted_grad import data, model
     finally:
         sys.path.remove(str(SCRIPTS))
     result = run(
-        [
-            "run",
-            "--workers",
-            "3",
-            "--run-dir",
-            str(tmp_path / "run"),
-            "--dataset-size",
-            "30",
-            "--shard-size",
-            "10",
-            str(SCRIPTS / "weighted_grad.py"),
-            str(tmp_path),
-        ],
+        ["run", "--workers", str(workers), "--run-dir", str(tmp_path / "run"),
+         "--dataset-size", "30", "--shard-size", "10", str(SCRIPTS / script), str(tmp_path)],
         env={},
-    )
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     x, y = data()
     reference = model()
     torch.nn.functional.mse_loss(reference(x), y).backward()
-    expected = [p.grad for p in reference.parameters()]
-    for rank in range(3):
-        got = torch.load(tmp_path / f"{rank}.pt", weights_only=True)
-        for g, e in zip(got, expected, strict=True):
+    got = [torch.load(tmp_path / f"{rank}.pt", weights_only=True) for rank in range(workers)]
+    return [p.grad for p in reference.parameters()], got, (x, y, model)
+
+
+def test_weighted_average_equals_the_full_batch_gradient(tmp_path):
+    expected, got, (x, y, model) = _run_grad_script(tmp_path, "weighted_grad.py", 3)
+    for rank, grads in enumerate(got):
+        for g, e in zip(grads, expected, strict=True):
             assert torch.allclose(g, e, rtol=0, atol=1e-6), (rank, g, e)
     # A plain (unweighted) mean of the three slice gradients would differ.
     slices = [(0, 5), (5, 17), (17, 30)]
@@ -82,34 +77,9 @@ def test_bsp_batches_keep_allreduce_workers_paired_to_the_end_of_dds_data(tmp_pa
 def test_a_worker_with_an_empty_batch_contributes_exact_zeros(tmp_path):
     """Issue 12, defect 11: the empty batch's NaN gradient times weight 0 stayed
     NaN and poisoned every worker's model."""
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        from weighted_grad import data, model
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    result = run(
-        [
-            "run",
-            "--workers",
-            "2",
-            "--run-dir",
-            str(tmp_path / "run"),
-            "--dataset-size",
-            "30",
-            "--shard-size",
-            "10",
-            str(SCRIPTS / "empty_batch_grad.py"),
-            str(tmp_path),
-        ],
-        env={},
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    x, y = data()
-    reference = model()
-    torch.nn.functional.mse_loss(reference(x), y).backward()
-    for rank in range(2):
-        got = torch.load(tmp_path / f"{rank}.pt", weights_only=True)
-        for g, e in zip(got, [p.grad for p in reference.parameters()], strict=True):
+    expected, got, _ = _run_grad_script(tmp_path, "empty_batch_grad.py", 2)
+    for rank, grads in enumerate(got):
+        for g, e in zip(grads, expected, strict=True):
             assert not torch.isnan(g).any(), rank
             assert torch.allclose(g, e, rtol=0, atol=1e-9), (rank, g, e)
 
