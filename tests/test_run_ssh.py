@@ -275,6 +275,11 @@ def test_ps_mode_places_servers_by_quota_and_sets_ps_lite_env(sshd, tmp_path):
         ("worker", 0): "127.0.0.2",
         ("worker", 1): "127.0.0.3",
     }
+    # The script server's lifetime (ps-lite's): it serves until every worker has
+    # finished, then the job stops it (SIGTERM, SIGKILL after --kill-grace).
+    exits = {(e["role"], e["rank"]): e for e in events(run_dir) if e["kind"] == "exit"}
+    assert exits["server", 0]["requested"]
+    assert exits["server", 0]["mono"] >= max(exits["worker", r]["mono"] for r in (0, 1))
     server = json.loads((out / "server-0.json").read_text())
     assert (server["DMLC_ROLE"], server["DMLC_SERVER_ID"], server["ROLE_NAME"]) == (
         "server",

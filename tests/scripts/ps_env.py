@@ -1,5 +1,7 @@
 """A ps-lite style script: the same program runs as server and worker (DMLC_ROLE).
-Writes its environment to OUT_DIR/<role>-<rank>.json; servers then wait to be stopped."""
+Writes its environment to OUT_DIR/<role>-<rank>.json. As with ps-lite, a worker
+needs its servers: it finishes only once every server is up (has written its
+file), and servers serve until the job stops them after the workers finished."""
 
 import json
 import os
@@ -19,3 +21,9 @@ print(f"{role} {os.environ['RANK']} up", flush=True)
 if role == "server":
     while True:  # a parameter server serves until the job stops it
         time.sleep(0.2)
+servers = int(os.environ["DMLC_NUM_SERVER"])
+deadline = time.monotonic() + 120
+while len(list(out.glob("server-*.json"))) < servers:  # a worker needs its servers
+    if time.monotonic() > deadline:
+        sys.exit(f"worker: only {len(list(out.glob('server-*.json')))} of {servers} servers up")
+    time.sleep(0.05)
