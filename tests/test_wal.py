@@ -494,3 +494,36 @@ def test_fsync_error_is_fatal_reaches_every_waiter_and_is_never_retried(tmp_path
     wal.close()  # releases the lock without raising again
     files.fail = False
     assert recover(tmp_path / "wal").records[0] == b"durable"
+
+
+def test_a_flipped_version_byte_is_damage_that_repair_can_cut(tmp_path):
+    """Issue 12, defect 5: a segment whose version byte flipped (so its header
+    checksum fails) was 'written by another release', and repair refused it."""
+    wal_dir = tmp_path / "wal"
+    write_log(wal_dir, PAYLOADS, segment_bytes=400)
+    files = segments(wal_dir)
+    _flip(files[1], 8)  # the version field of the second segment's header
+    with pytest.raises(WalCorruptError, match="header checksum mismatch.*version field") as caught:
+        Wal.open(wal_dir)
+    assert caught.value.file == files[1] and caught.value.offset == 0
+    report = repair(wal_dir)
+    assert report.damage is not None and report.backup is not None
+    recovered = recover(wal_dir)
+    assert recovered.records == PAYLOADS[: len(recovered.records)] and recovered.records
+
+
+def test_a_snapshot_with_a_flipped_version_byte_is_damage_too(tmp_path):
+    wal_dir = tmp_path / "wal"
+    wal, _ = Wal.open(wal_dir)
+    for data in PAYLOADS[:5]:
+        wal.append(data)
+    wal.write_snapshot(b"state")
+    wal.append(b"later")
+    wal.close()
+    (snap,) = wal_dir.glob("snap-*")
+    _flip(snap, 8)  # the version field: not covered by the snapshot's checksum
+    with pytest.raises(WalCorruptError, match="records missing.*damaged"):
+        Wal.open(wal_dir)
+    report = repair(wal_dir)
+    assert (report.backup / snap.name).exists()
+    assert recover(wal_dir).records == []

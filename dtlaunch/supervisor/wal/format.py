@@ -76,7 +76,7 @@ def decode_segment_header(buf: bytes, file: Path) -> tuple[int | None, str]:
     """``(first seq, "")`` for a sound header, else ``(None, problem)``.
 
     Raises:
-        WalVersionError: the magic matches but the version is not ours.
+        WalVersionError: a sound header (magic and checksum) of another format version.
     """
     if len(buf) < SEGMENT_HEADER.size:
         return None, f"segment header cut short ({len(buf)} of {SEGMENT_HEADER.size} bytes)"
@@ -84,9 +84,11 @@ def decode_segment_header(buf: bytes, file: Path) -> tuple[int | None, str]:
     if magic != SEGMENT_MAGIC:
         return None, f"not a dtlaunch WAL segment (magic {magic!r})"
     if crc != crc32c(buf[: SEGMENT_HEADER.size - 4]):
-        if version != FORMAT_VERSION:
-            raise WalVersionError(file, version, supported=FORMAT_VERSION)
-        return None, "segment header checksum mismatch"
+        # Damage first: a flipped byte of the version field fails the checksum
+        # too, and only damage can be repaired. The version read is named in
+        # case another release wrote the log.
+        hint = "" if version == FORMAT_VERSION else f" (its version field reads {version})"
+        return None, f"segment header checksum mismatch{hint}"
     if version != FORMAT_VERSION:
         raise WalVersionError(file, version, supported=FORMAT_VERSION)
     return first_seq, ""
@@ -229,9 +231,13 @@ def decode_snapshot(buf: bytes, file: Path) -> tuple[int, bytes] | str:
     magic, version, seq, length, crc = SNAPSHOT_HEADER.unpack_from(buf, 0)
     if magic != SNAPSHOT_MAGIC:
         return f"not a dtlaunch WAL snapshot (magic {magic!r})"
-    if version != FORMAT_VERSION:
-        raise WalVersionError(file, version, supported=FORMAT_VERSION)
     state = buf[SNAPSHOT_HEADER.size :]
+    if version != FORMAT_VERSION:
+        # The checksum does not cover the version field: a snapshot whose state
+        # checks out under this format is ours with a damaged version byte.
+        if len(state) == length and crc32c(state, crc32c(struct.pack("<QQ", seq, length))) == crc:
+            return f"snapshot header damaged: version field reads {version}, the state is sound"
+        raise WalVersionError(file, version, supported=FORMAT_VERSION)
     if len(state) != length:
         return f"snapshot holds {len(state)} bytes of state, its header says {length}"
     if crc32c(state, crc32c(struct.pack("<QQ", seq, length))) != crc:
