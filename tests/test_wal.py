@@ -503,7 +503,7 @@ def test_a_flipped_version_byte_is_damage_that_repair_can_cut(tmp_path):
     write_log(wal_dir, PAYLOADS, segment_bytes=400)
     files = segments(wal_dir)
     _flip(files[1], 8)  # the version field of the second segment's header
-    with pytest.raises(WalCorruptError, match="header checksum mismatch.*version field") as caught:
+    with pytest.raises(WalCorruptError, match=r"header checksum mismatch.*version field") as caught:
         Wal.open(wal_dir)
     assert caught.value.file == files[1] and caught.value.offset == 0
     report = repair(wal_dir)
@@ -522,7 +522,7 @@ def test_a_snapshot_with_a_flipped_version_byte_is_damage_too(tmp_path):
     wal.close()
     (snap,) = wal_dir.glob("snap-*")
     _flip(snap, 8)  # the version field: not covered by the snapshot's checksum
-    with pytest.raises(WalCorruptError, match="records missing.*damaged"):
+    with pytest.raises(WalCorruptError, match=r"records missing.*damaged"):
         Wal.open(wal_dir)
     report = repair(wal_dir)
     assert (report.backup / snap.name).exists()
