@@ -1,22 +1,25 @@
 """The resolved description of one job (``JobSpec``) and its validation.
 
-The CLI turns options into a ``JobSpec``; everything below the CLI reads only
-this. ``job.json`` in the run directory is ``JobSpec.to_json()``, so a resumed
+The CLI hands ``dtlaunch run``'s options over as ``RunOptions``, whose
+``job_spec()`` resolves them into a ``JobSpec``; everything below the CLI reads
+only this. ``job.json`` in the run directory is ``JobSpec.to_json()``, so a resumed
 supervisor rebuilds the same job from it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dtlaunch.errors import ConfigError
-from dtlaunch.hostfile import HostSpec
+from dtlaunch.hostfile import HostSpec, load_hosts
 from dtlaunch.sharding import DatasetSpec
 
 MODES = ("allreduce", "ps")
@@ -236,6 +239,102 @@ class JobSpec:
             return cls(**data)
         except (ValueError, KeyError, TypeError) as err:
             raise ConfigError(f"job.json is not a dtlaunch job description: {err}") from err
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOptions:
+    """``dtlaunch run``'s options as given, by option name (None or empty: not
+    given), before the defaults that depend on other options are filled in."""
+
+    script: str
+    script_args: list[str] | None
+    module: bool
+    hosts: str | None  # hostfile path or inline list; None: embedded mode
+    workers: int
+    servers: int
+    mode: str | None
+    ps_server: str
+    ps_consistency: str
+    ps_block_bytes: int
+    ps_snapshot_interval: float
+    policy: str
+    control_interval: float
+    inject: list[str] | None
+    run_dir: Path | None
+    max_restarts: int
+    restart_scope: str | None
+    heartbeat_interval: float
+    dead_after: int
+    orphan_timeout: float
+    agent_timeout: float
+    kill_grace: float
+    stall_timeout: float | None
+    env: list[str] | None
+    env_file: Path | None
+    workdir: str | None
+    python: str | None
+    output: str
+    bind: str | None
+    ssh_config: list[Path] | None
+    insecure_no_host_key_check: bool
+    dataset_size: int
+    shard_size: int
+    epochs: int
+    global_batch: int
+    seed: int
+
+    def job_spec(self) -> JobSpec:
+        """The validated ``JobSpec`` of these options under a new run id.
+
+        Defaults: mode ``ps`` when there are servers, else ``allreduce``; restart
+        scope ``group`` in allreduce mode, else ``process``; run dir
+        ``./runs/<run-id>``; workdir the current one; python this interpreter.
+
+        Raises:
+            HostfileError: the hostfile (or inline list) is invalid.
+            ConfigError: an option, or a combination of them, is invalid.
+        """
+        mode = self.mode or ("ps" if self.servers > 0 else "allreduce")
+        run_id = new_run_id()
+        return JobSpec(
+            run_id=run_id,
+            run_dir=(self.run_dir or Path("runs") / run_id).absolute(),
+            script=self.script,
+            script_args=tuple(self.script_args or ()),
+            module=self.module,
+            hosts=tuple(load_hosts(self.hosts)) if self.hosts else (),
+            workers=self.workers,
+            servers=self.servers,
+            mode=mode,
+            policy=self.policy,
+            max_restarts=self.max_restarts,
+            restart_scope=self.restart_scope or ("group" if mode == "allreduce" else "process"),
+            heartbeat_interval=self.heartbeat_interval,
+            dead_after=self.dead_after,
+            orphan_timeout=self.orphan_timeout,
+            kill_grace=self.kill_grace,
+            agent_timeout=self.agent_timeout,
+            stall_timeout=self.stall_timeout,
+            env=parse_env_pairs(list(self.env or []), self.env_file),
+            workdir=self.workdir or os.getcwd(),
+            python=self.python or sys.executable,
+            output=OutputSpec.parse(self.output),
+            bind=self.bind or "",
+            ssh_config=tuple(str(p.expanduser()) for p in self.ssh_config or []),
+            verify_host_keys=not self.insecure_no_host_key_check,
+            dataset_size=self.dataset_size,
+            shard_size=self.shard_size,
+            epochs=self.epochs,
+            global_batch=self.global_batch,
+            seed=self.seed,
+            control_interval=self.control_interval,
+            inject=tuple(self.inject or ()),
+            ps_server=self.ps_server,
+            ps_consistency=self.ps_consistency,
+            ps_block_bytes=self.ps_block_bytes,
+            ps_snapshot_interval=self.ps_snapshot_interval,
+            created=time.time(),
+        ).validate()
 
 
 def parse_env_pairs(pairs: list[str], env_file: Path | None) -> dict[str, str]:

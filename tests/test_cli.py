@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+
 import pytest
+import typer
+import typer.core
+import typer.main
 from typer.testing import CliRunner
 
 from dtlaunch import __version__
 from dtlaunch.cli import app
+from dtlaunch.cli.run import run as run_command
+from dtlaunch.config import RunOptions
 from tests.jobs import SCRIPTS, hostfile, run, summary
 
 runner = CliRunner()
@@ -155,3 +163,15 @@ def test_a_run_dir_that_is_or_is_under_a_file_is_a_clear_error(tmp_path, under):
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert f"{blocker} is a file, not a folder" in " ".join(result.stderr.split())
+
+
+def test_help_lists_the_commands_in_their_order():
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    names = group.list_commands(typer.Context(group))
+    assert names == ["run", "check", "stop", "replay", "status", "wal"]
+
+
+def test_run_options_are_the_run_commands_options():
+    params = set(inspect.signature(run_command).parameters) - {"resume", "verbose"}
+    assert params == {f.name for f in dataclasses.fields(RunOptions)}

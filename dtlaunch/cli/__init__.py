@@ -2,15 +2,16 @@
 out, handed to the layers below. No job logic lives here.
 
 - ``app``       the Typer app, global options, logging, ``fail`` (the one error path)
-- ``run``       ``dtlaunch run`` (and ``--resume``)
+- ``run``       ``dtlaunch run`` (and ``--resume``); ``dtlaunch.config.RunOptions``
+                resolves its options into the ``JobSpec``
 - ``hosts``     ``dtlaunch check``: the pre-flight of every host (``dtlaunch.preflight``)
-- ``control``   ``dtlaunch stop`` and ``dtlaunch wal repair``
+- ``control``   ``dtlaunch stop`` (``dtlaunch.jobclient``) and ``dtlaunch wal repair``
 - ``replay``    ``dtlaunch replay``: timeline, ``--follow``, ``--plot``, ``--policy`` what-if
 - ``status``    ``dtlaunch status``: the live view
 - ``manpages``  ``python -m dtlaunch.cli.manpages man``: the man pages from this app
 
-Commands are registered in that order, which is the order ``--help`` and the
-man pages list them.
+The command modules only define their commands; this face registers them, in
+the order ``dtlaunch --help`` lists them (the man pages sort them by name).
 """
 
 from __future__ import annotations
@@ -20,8 +21,12 @@ from dtlaunch.cli.app import app
 
 __all__ = ["app", "main"]
 
-# The modules above register their commands on ``app`` when imported.
-_COMMAND_MODULES = (run, hosts, control, replay, status)
+app.command(context_settings=run.CONTEXT_SETTINGS)(run.run)
+app.command()(hosts.check)
+app.command()(control.stop)
+app.command()(replay.replay)
+app.command()(status.status)
+app.add_typer(control.wal_app, name="wal")
 
 
 def main() -> None:

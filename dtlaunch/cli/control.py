@@ -9,13 +9,12 @@ from typing import Annotated
 
 import typer
 
-from dtlaunch.cli.app import app, fail, setup_logging
+from dtlaunch.cli.app import fail, setup_logging
 from dtlaunch.errors import DtlaunchError
 
-__all__ = ["stop", "wal_repair"]
+__all__ = ["stop", "wal_app", "wal_repair"]
 
 
-@app.command()
 def stop(
     run_dir: Annotated[Path, typer.Argument(help="Run directory of the job to stop.")],
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the supervisor.")] = 10.0,
@@ -32,7 +31,6 @@ def stop(
 
 
 wal_app = typer.Typer(help="Inspect and repair a run's data-sharding write-ahead log.")
-app.add_typer(wal_app, name="wal")
 
 
 @wal_app.command("repair")

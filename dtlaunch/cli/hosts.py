@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from dtlaunch.cli.app import app, err_console, fail, setup_logging
+from dtlaunch.cli.app import err_console, fail, setup_logging
 from dtlaunch.errors import DtlaunchError
 from dtlaunch.hostfile import load_hosts
 from dtlaunch.version import __version__
@@ -19,7 +19,6 @@ from dtlaunch.version import __version__
 __all__ = ["check"]
 
 
-@app.command()
 def check(
     hosts: Annotated[
         str, typer.Option("--hosts", "-H", envvar="DTLAUNCH_HOSTS", help="Hostfile or inline list.")

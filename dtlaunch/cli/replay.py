@@ -14,7 +14,7 @@ import typer
 from rich.console import Console, RenderableType
 from rich.text import Text
 
-from dtlaunch.cli.app import app, err_console, fail
+from dtlaunch.cli.app import err_console, fail
 from dtlaunch.errors import ConfigError
 from dtlaunch.events import Event, read_events
 from dtlaunch.ui.timeline import (
@@ -29,8 +29,6 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.25  # how often --follow looks at the log
 SUMMARY_GRACE_S = 15.0  # after job_end, how long --follow waits for summary.json
-
-
 
 
 def _check_run_dir(run_dir: Path, *, follow: bool) -> Path:
@@ -225,7 +223,6 @@ def _what_if(run_dir: Path, events: list[Event], policy: str, *, as_json: bool) 
     _show(Console(highlight=False), render_what_if(result))
 
 
-@app.command()
 def replay(
     run_dir: Annotated[Path, typer.Argument(help="Run directory of the job (runs/<run-id>).")],
     follow: Annotated[

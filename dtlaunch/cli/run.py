@@ -1,33 +1,30 @@
 """``dtlaunch run``: a supervised distributed job from its options (or ``--resume``).
 
 The options are declared once, as types, so that the command itself reads as the
-list of what it takes; ``job_spec`` turns them into a validated ``JobSpec``.
+list of what it takes; ``dtlaunch.config.RunOptions`` turns them into a validated
+``JobSpec``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import sys
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from dtlaunch.cli.app import app, err_console, fail, setup_logging
-from dtlaunch.config import (
-    DEFAULT_PS_BLOCK_BYTES,
-    JobSpec,
-    OutputSpec,
-    new_run_id,
-    parse_env_pairs,
-)
+from dtlaunch.cli.app import err_console, fail, setup_logging
+from dtlaunch.config import DEFAULT_PS_BLOCK_BYTES, JobSpec, RunOptions
 from dtlaunch.errors import DtlaunchError
-from dtlaunch.hostfile import load_hosts
 
-__all__ = ["job_spec", "run"]
+__all__ = ["CONTEXT_SETTINGS", "run"]
+
+# SCRIPT's own options (after SCRIPT) are the script's, not dtlaunch's.
+CONTEXT_SETTINGS: dict[str, Any] = {
+    "allow_interspersed_args": False,
+    "ignore_unknown_options": True,
+}
 
 ScriptOption = Annotated[
     str | None, typer.Argument(help="Training script (or module with -m).")
@@ -140,13 +137,13 @@ KillGraceOption = Annotated[
     float, typer.Option(envvar="DTLAUNCH_KILL_GRACE", help="SIGTERM to SIGKILL delay, seconds.")
 ]
 StallTimeoutOption = Annotated[
-float | None,
-typer.Option(
-    envvar="DTLAUNCH_STALL_TIMEOUT",
-    help="Seconds without a step or a shard change before the job counts as stalled "
-    "(a stall event, then its workers restart as a retryable failure). "
-    "Default: max(120, 20x the slowest recent step); 0: never.",
-),
+    float | None,
+    typer.Option(
+        envvar="DTLAUNCH_STALL_TIMEOUT",
+        help="Seconds without a step or a shard change before the job counts as stalled "
+        "(a stall event, then its workers restart as a retryable failure). "
+        "Default: max(120, 20x the slowest recent step); 0: never.",
+    ),
 ]
 EnvOption = Annotated[
     list[str] | None, typer.Option("--env", help="K=V for every process (repeatable).")
@@ -204,9 +201,6 @@ ResumeOption = Annotated[
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")]
 
 
-@app.command(
-    context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
-)
 def run(
     script: ScriptOption = None,
     script_args: ScriptArgsOption = None,
@@ -249,13 +243,15 @@ def run(
 ) -> None:
     """Run SCRIPT as a supervised distributed job (or --resume a killed supervisor's job)."""
     options = dict(locals())
+    del options["resume"], options["verbose"]
     setup_logging(verbose)
     if resume is not None:
         _resume(resume)
     if script is None:
         raise fail("no SCRIPT given; usage: dtlaunch run [OPTIONS] SCRIPT [ARGS]...")
     try:
-        spec = job_spec(options)
+        _refuse_early(policy, inject, insecure_no_host_key_check=insecure_no_host_key_check)
+        spec = RunOptions(**options).job_spec()
     except DtlaunchError as err:
         raise fail(err) from None
     except KeyboardInterrupt:
@@ -263,63 +259,25 @@ def run(
     _run_to_end(spec, resume=False)
 
 
-def job_spec(o: dict[str, Any]) -> JobSpec:
-    """The validated ``JobSpec`` of ``dtlaunch run``'s options (by parameter name).
+def _refuse_early(
+    policy: str, inject: list[str] | None, *, insecure_no_host_key_check: bool
+) -> None:
+    """Refuse a bad --policy or --inject before anything starts; warn of an
+    unverified SSH.
 
     Raises:
-        ConfigError: an option, the hostfile, the policy or an injection is invalid.
+        ConfigError: the policy or an injection is invalid.
     """
     from dtlaunch.inject import parse_injections
     from dtlaunch.supervisor.control.policies import parse_policy
 
-    mode = o["mode"] or ("ps" if o["servers"] > 0 else "allreduce")
-    parse_policy(o["policy"])  # refuse a bad --policy before anything starts
-    parse_injections(o["inject"] or [])
-    if o["insecure_no_host_key_check"]:
+    parse_policy(policy)
+    parse_injections(inject or [])
+    if insecure_no_host_key_check:
         logging.getLogger("dtlaunch").warning(
             "SSH host keys will NOT be verified (--insecure-no-host-key-check): anyone on "
             "the network path can impersonate your hosts and read the job's keys"
         )
-    run_id = new_run_id()
-    return JobSpec(
-        run_id=run_id,
-        run_dir=(o["run_dir"] or Path("runs") / run_id).absolute(),
-        script=o["script"],
-        script_args=tuple(o["script_args"] or ()),
-        module=o["module"],
-        hosts=tuple(load_hosts(o["hosts"])) if o["hosts"] else (),
-        workers=o["workers"],
-        servers=o["servers"],
-        mode=mode,
-        policy=o["policy"],
-        max_restarts=o["max_restarts"],
-        restart_scope=o["restart_scope"] or ("group" if mode == "allreduce" else "process"),
-        heartbeat_interval=o["heartbeat_interval"],
-        dead_after=o["dead_after"],
-        orphan_timeout=o["orphan_timeout"],
-        kill_grace=o["kill_grace"],
-        agent_timeout=o["agent_timeout"],
-        stall_timeout=o["stall_timeout"],
-        env=parse_env_pairs(list(o["env"] or []), o["env_file"]),
-        workdir=o["workdir"] or os.getcwd(),
-        python=o["python"] or sys.executable,
-        output=OutputSpec.parse(o["output"]),
-        bind=o["bind"] or "",
-        ssh_config=tuple(str(p.expanduser()) for p in o["ssh_config"] or []),
-        verify_host_keys=not o["insecure_no_host_key_check"],
-        dataset_size=o["dataset_size"],
-        shard_size=o["shard_size"],
-        epochs=o["epochs"],
-        global_batch=o["global_batch"],
-        seed=o["seed"],
-        control_interval=o["control_interval"],
-        inject=tuple(o["inject"] or ()),
-        ps_server=o["ps_server"],
-        ps_consistency=o["ps_consistency"],
-        ps_block_bytes=o["ps_block_bytes"],
-        ps_snapshot_interval=o["ps_snapshot_interval"],
-        created=time.time(),
-    ).validate()
 
 
 def _resume(run_dir: Path) -> None:

@@ -25,7 +25,7 @@ import zmq.asyncio
 from rich.console import Console
 from rich.live import Live
 
-from dtlaunch.cli.app import app, fail
+from dtlaunch.cli.app import fail
 from dtlaunch.errors import DtlaunchError, RunDirError
 from dtlaunch.supervisor.rundir import RunDir
 from dtlaunch.supervisor.status.tracker import STATUS_PREFIX
@@ -38,7 +38,6 @@ from dtlaunch.wire.sockets import Dealer
 
 REFRESH_S = 0.5  # about twice a second
 QUIT_KEYS = b"qQ"
-
 
 
 class StatusSource:
@@ -110,7 +109,6 @@ class StatusSource:
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
-
 
 
 def _resolve(run_dir: Path | None) -> RunDir:
@@ -190,7 +188,6 @@ def _run_live(run: RunDir, timeout: float) -> None:
             termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
-@app.command()
 def status(
     run_dir: Annotated[
         Path | None,
