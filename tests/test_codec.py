@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
+import pkgutil
 
 import msgpack
 import pytest
@@ -223,6 +225,32 @@ def refused(obj, *fragments: str) -> str:
 
 def test_samples_cover_every_message_type():
     assert {type(m) for m in SAMPLES} == set(MESSAGE_TYPES)
+
+
+def _ruff_all_order(name: str) -> tuple[int, str]:
+    """``__all__``'s order as ruff's RUF022 keeps it: CONSTANTS, then Classes, then the rest."""
+    return (0 if name.isupper() else 1 if name[:1].isupper() else 2, name)
+
+
+def test_messages_package_all_is_sorted_and_every_message_is_registered():
+    """The face re-exports each protocol module's names; no message escapes the registry."""
+    names = wire_messages.__all__
+    assert names == sorted(names, key=_ruff_all_order)
+    assert len(set(names)) == len(names)
+    assert len({cls.TYPE for cls in MESSAGE_TYPES}) == len(MESSAGE_TYPES)  # tags are unique
+    found = 0
+    for info in pkgutil.iter_modules(wire_messages.__path__):
+        module = importlib.import_module(f"{wire_messages.__name__}.{info.name}")
+        assert set(module.__all__) <= set(names), info.name
+        for name, obj in vars(module).items():
+            if getattr(obj, "__module__", None) != module.__name__ or not isinstance(obj, type):
+                continue
+            assert name in names, f"{info.name}.{name} is not re-exported"
+            assert getattr(wire_messages, name) is obj
+            if issubclass(obj, wire_messages.Message) and obj is not wire_messages.Message:
+                assert obj in MESSAGE_TYPES, f"{info.name}.{name} is not in MESSAGE_TYPES"
+                found += 1
+    assert found == len(MESSAGE_TYPES)
 
 
 @pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
