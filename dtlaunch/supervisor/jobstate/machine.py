@@ -13,13 +13,14 @@ used ``max_restarts``; an unretryable one stops the job. With restart scope
 group is stopped and restarted together, because a static ``torch.distributed``
 world cannot lose a member and go on.
 
-One machine, one class, in sections: construction and the job's life (start,
-resume, stop, tick); processes (spawns, exits, failures, restarts, the stall
-watchdog's verdict); agents (hello, heartbeats, silence, exits, reconciling what
-a reconnecting agent runs); KILL_RESTART and hand-overs to a replacement started
-ahead; endpoints (an attempt's MASTER_PORT, the parameter servers' ports). It is
-long on purpose: its parts share every field, and split into mixins each part
-had to restate the others' signatures.
+One machine, one class, in sections: construction and queries; the job's life
+(start, resume, stop, tick); agents (hello, heartbeats, silence, exits,
+reconciling what a reconnecting agent runs); processes (spawns, exits, failures,
+the stall watchdog's verdict, restarts and the restart rules); KILL_RESTART,
+hand-overs to a replacement started ahead, and spare hosts; endpoints (an
+attempt's MASTER_PORT, the parameter servers' ports). It is long on purpose:
+its parts share every field, and split into mixins each part had to restate
+the others' signatures.
 """
 
 from __future__ import annotations
@@ -82,9 +83,16 @@ SERVERS_PER_HOST_MAX = 6
 # A function that builds the Spawn for a process: (slot, master_addr, master_port).
 SpawnBuilder = Callable[[ProcSlot, str, int], Spawn]
 
+# Agents that may still connect or answer: a stopping job waits for them to go.
+_REACHABLE_AGENT_STATES = (AgentState.UP, AgentState.UNRESPONSIVE, AgentState.LAUNCHING)
+# Processes that hold their host: running or about to be spawned there.
+_BUSY_PROC_STATES = (*LIVE_PROC_STATES, ProcState.PENDING)
+
 
 class JobState:
     """All the supervisor knows about the job's agents and processes."""
+
+    # ----------------------------------------------------- construction and queries
 
     def __init__(
         self,
@@ -133,7 +141,18 @@ class JobState:
         self.restarts: list[RestartRecord] = []
         self.started_at = 0.0
 
-    # ------------------------------------------------------------- stimuli
+    def first_failure(self) -> FailureRecord | None:
+        return self.failures[0] if self.failures else None
+
+    def address_of(self, proc_id: str) -> str:
+        """The address other hosts reach ``proc_id``'s host at ("" if unknown)."""
+        slot = self.procs.get(proc_id)
+        agent = self.agents.get(slot.host) if slot is not None else None
+        if slot is None or agent is None or agent.state is not AgentState.UP:
+            return ""
+        return self._master_addr_of(slot.host, agent.host_addr)
+
+    # ------------------------------------ the job's life: start, resume, stop, tick
 
     def start(self, now: float) -> list[Command]:
         self.started_at = now
@@ -182,6 +201,306 @@ class JobState:
             agent.last_seen = now
         return out
 
+    def stop(self, reason: str, now: float) -> list[Command]:
+        if self.phase in (Phase.STOPPING, Phase.DONE):
+            return []
+        out: list[Command] = [EmitEvent(kind="stop_requested", data={"reason": reason})]
+        return out + self._begin_stopping("stopped", reason, now)
+
+    def tick(self, now: float) -> list[Command]:
+        out: list[Command] = []
+        for agent in self.agents.values():
+            out += self._check_silence(agent, now)
+        if self.phase is Phase.STOPPING and now >= self.stop_deadline:
+            out += self._finish()
+        return out
+
+    def _maybe_complete(self, now: float) -> list[Command]:
+        workers = [s for s in self.procs.values() if s.role == "worker"]
+        if all(s.state is ProcState.SUCCEEDED for s in workers):
+            return self._begin_stopping("succeeded", "all workers finished", now)
+        return []
+
+    def _fail_job(self, reason: str, now: float) -> list[Command]:
+        if self.phase in (Phase.STOPPING, Phase.DONE):
+            return []
+        return self._begin_stopping("failed", reason, now)
+
+    def _begin_stopping(self, status: str, reason: str, now: float) -> list[Command]:
+        self.phase = Phase.STOPPING
+        self.status = status
+        self.stop_reason = reason
+        self.stop_deadline = now + self.timing.kill_grace + 10.0
+        out: list[Command] = [EmitEvent(kind="decision", data={"status": status, "reason": reason})]
+        for agent in self.agents.values():
+            if agent.state in _REACHABLE_AGENT_STATES:
+                out.append(self._shutdown_message(agent.host))
+        return out + self._maybe_finish(now)
+
+    def _shutdown_message(self, host: str) -> SendToAgent:
+        return SendToAgent(
+            host=host, message=Shutdown(grace_s=self.timing.kill_grace, reason=self.stop_reason)
+        )
+
+    def _maybe_finish(self, now: float) -> list[Command]:
+        if self.phase is not Phase.STOPPING:
+            return []
+        # An agent still launching may yet connect; it must hear Shutdown first.
+        # The stop deadline bounds the wait.
+        if any(a.state in _REACHABLE_AGENT_STATES for a in self.agents.values()):
+            return []
+        return self._finish()
+
+    def _finish(self) -> list[Command]:
+        if self.phase is Phase.DONE:
+            return []
+        self.phase = Phase.DONE
+        for slot in self.procs.values():
+            if slot.state in _BUSY_PROC_STATES:
+                slot.state = ProcState.STOPPED
+        return [Finish(status=self.status)]
+
+    # ------------------------------------ agents: hello, heartbeats, silence, exits
+
+    def agent_hello(
+        self,
+        host: str,
+        now: float,
+        *,
+        free_ports: list[int],
+        host_addr: str,
+        procs: list[ProcReport],
+        pid: int = 0,
+    ) -> list[Command]:
+        agent = self.agents.get(host)
+        if agent is None or agent.state in (AgentState.GONE,):
+            return []
+        out: list[Command] = []
+        was = agent.state
+        agent.state = AgentState.UP
+        agent.last_seen = now
+        agent.channel_closed = agent.adopting  # an adopted agent has no SSH channel
+        agent.adopting = False
+        if free_ports:
+            agent.free_ports = list(free_ports)
+        agent.host_addr = host_addr or agent.host_addr
+        if was in (AgentState.LAUNCHING, AgentState.LOST):
+            out.append(
+                EmitEvent(kind="agent_up", host=host, data={"pid": pid, "free_ports": free_ports})
+            )
+        elif was is AgentState.UNRESPONSIVE:
+            out.append(EmitEvent(kind="heartbeat_recovered", host=host, role="agent"))
+        out += self._adopt_reported(host, procs, now)
+        if self.phase is Phase.STOPPING:
+            out.append(self._shutdown_message(host))
+            return out
+        if self.phase is Phase.STARTING and all(
+            a.state is AgentState.UP for a in self.agents.values()
+        ):
+            self.phase = Phase.RUNNING
+        return out + self._reconcile(now)
+
+    def agent_seen(self, host: str, now: float) -> list[Command]:
+        """Any message from an agent proves it is alive."""
+        agent = self.agents.get(host)
+        if agent is None or agent.state not in (AgentState.UP, AgentState.UNRESPONSIVE):
+            return []
+        agent.last_seen = now
+        if agent.state is AgentState.UNRESPONSIVE:
+            agent.state = AgentState.UP
+            return [EmitEvent(kind="heartbeat_recovered", host=host, role="agent")]
+        return []
+
+    def heartbeat(self, host: str, now: float, procs: list[ProcReport]) -> list[Command]:
+        out = self.agent_seen(host, now)
+        for report in procs:
+            slot = self.procs.get(report.proc_id)
+            if slot is None or slot.attempt != report.attempt or slot.host != host:
+                continue
+            stopped = report.state == "stopped"
+            if stopped and not slot.unresponsive:
+                slot.unresponsive = True
+                out.append(self._proc_event("unresponsive", slot, state=report.state))
+            elif not stopped and slot.unresponsive:
+                slot.unresponsive = False
+                out.append(self._proc_event("responsive", slot, state=report.state))
+        return out
+
+    def _check_silence(self, agent: AgentSlot, now: float) -> list[Command]:
+        """On each tick: an agent that never connected, or has gone silent."""
+        silent = now - agent.last_seen
+        if agent.state is AgentState.LAUNCHING and self.phase is not Phase.STOPPING:
+            if agent.adopting and now - agent.launched_at > self.timing.agent_timeout:
+                # It did not come back after a resume: presume it dead, start anew.
+                agent.adopting = False
+                lost = EmitEvent(
+                    kind="agent_lost",
+                    host=agent.host,
+                    data={"reason": "did not reconnect after the supervisor resumed"},
+                )
+                return [lost, *self._launch_agent(agent, now)]
+            if now - agent.launched_at > self.timing.agent_timeout:
+                return self._fail_job(
+                    f"the agent on {agent.host} did not connect back within "
+                    f"{self.timing.agent_timeout:g} s; check that {agent.host} can reach the "
+                    "supervisor's address (firewall, --bind) and see "
+                    f"logs/agent-{agent.host}.log",
+                    now,
+                )
+        elif agent.state is AgentState.UP:
+            if silent <= self.timing.heartbeat_interval * self.timing.dead_after:
+                return []
+            if agent.channel_closed:
+                return self._agent_lost(agent, f"lost connection to {agent.host}", now)
+            agent.state = AgentState.UNRESPONSIVE
+            return [
+                EmitEvent(
+                    kind="heartbeat_lost",
+                    host=agent.host,
+                    role="agent",
+                    data={"silent_s": round(silent, 3)},
+                )
+            ]
+        elif (
+            agent.state is AgentState.UNRESPONSIVE
+            and (agent.channel_closed or silent > self.timing.orphan_timeout)
+            and self.phase is not Phase.STOPPING
+        ):
+            return self._agent_lost(agent, f"agent on {agent.host} silent for {silent:.1f} s", now)
+        return []
+
+    def agent_exited(self, host: str, now: float, *, definite: bool, detail: str) -> list[Command]:
+        """The agent's SSH channel or local process ended.
+
+        ``definite`` means the agent process is known to be dead (we saw its exit
+        status); otherwise only the channel closed and the heartbeat decides.
+        """
+        agent = self.agents.get(host)
+        if agent is None:
+            return []
+        if agent.state in (AgentState.GONE, AgentState.LOST):
+            return []
+        if self.phase in (Phase.STOPPING, Phase.DONE):
+            agent.state = AgentState.GONE
+            return [EmitEvent(kind="agent_exit", host=host, data={"detail": detail})]
+        if not definite:
+            agent.channel_closed = True
+            return [
+                EmitEvent(kind="agent_exit", host=host, data={"detail": detail, "definite": False})
+            ]
+        return self._agent_lost(agent, f"agent on {host} died ({detail})", now)
+
+    def agent_bye(self, host: str, reason: str, now: float) -> list[Command]:
+        agent = self.agents.get(host)
+        if agent is None or agent.state in (AgentState.GONE, AgentState.LOST):
+            return []
+        if self.phase in (Phase.STOPPING, Phase.DONE):
+            agent.state = AgentState.GONE
+            gone = EmitEvent(kind="agent_exit", host=host, data={"detail": reason})
+            return [gone, *self._maybe_finish(now)]
+        return self._agent_lost(agent, f"agent on {host} exited: {reason}", now)
+
+    def agent_launch_failed(self, host: str, error: str, now: float) -> list[Command]:
+        """The agent could not even be started (ssh, python, workdir): stop the job."""
+        agent = self.agents.get(host)
+        if agent is None or agent.state is AgentState.GONE:
+            return []
+        agent.state = AgentState.GONE
+        if self.phase in (Phase.STOPPING, Phase.DONE):
+            return self._maybe_finish(now)
+        verdict = ExitVerdict(
+            succeeded=False, retryable=False, reason="agent launch failed", error=error
+        )
+        self._record_failure(
+            verdict, now, role="agent", rank=-1, host=host, attempt=agent.launches - 1
+        )
+        out: list[Command] = [EmitEvent(kind="agent_lost", host=host, data={"reason": error})]
+        return out + self._fail_job(f"cannot start the agent on {host}: {error}", now)
+
+    def agent_launch_abandoned(self, host: str, now: float) -> list[Command]:
+        """The job began stopping before this agent was started: it never will be."""
+        agent = self.agents.get(host)
+        if agent is None or agent.state is not AgentState.LAUNCHING:
+            return []
+        agent.state = AgentState.GONE
+        return self._maybe_finish(now)
+
+    def _launch_agent(self, agent: AgentSlot, now: float) -> list[Command]:
+        agent.state = AgentState.LAUNCHING
+        agent.launched_at = now
+        agent.last_seen = now
+        agent.channel_closed = False
+        agent.launches += 1
+        return [
+            LaunchAgent(host=agent.host),
+            EmitEvent(kind="agent_launch", host=agent.host, data={"launch": agent.launches}),
+        ]
+
+    def _adopt_reported(self, host: str, procs: list[ProcReport], now: float) -> list[Command]:
+        """Reconcile what a (re)connecting agent runs with what we believe."""
+        out: list[Command] = []
+        by_id = {p.proc_id: p for p in procs}
+        for slot in self.procs.values():
+            if slot.host != host:
+                continue
+            report = by_id.get(slot.proc_id)
+            if slot.state is ProcState.PENDING and report is not None and slot.bump_before_spawn:
+                if report.attempt >= slot.attempt:
+                    # Still running from before the supervisor restarted: adopt it.
+                    slot.attempt = report.attempt
+                    slot.state = ProcState.RUNNING
+                    slot.pid = report.pid
+                    slot.bump_before_spawn = False
+                    out.append(
+                        self._proc_event("adopted", slot, pid=report.pid, attempt=slot.attempt)
+                    )
+                    if slot.restart_if_found:
+                        # Its state no longer matches ours: stop it, start it afresh.
+                        out.append(self._stop_then_restart(slot, slot.restart_if_found))
+                    slot.restart_if_found = ""
+                continue
+            if slot.state is not ProcState.RUNNING:
+                continue
+            if report is None or report.attempt != slot.attempt:
+                # It ended while we could not hear about it; its Exited was lost.
+                verdict = ExitVerdict(
+                    succeeded=False,
+                    retryable=True,
+                    reason="lost",
+                    error=f"{slot.proc_id} vanished while {host} was unreachable",
+                )
+                out += self._gone(slot)
+                out += self._on_failure(slot, verdict, None, None, [], now)
+        return out
+
+    def _agent_lost(self, agent: AgentSlot, reason: str, now: float) -> list[Command]:
+        agent.state = AgentState.LOST
+        out: list[Command] = [
+            EmitEvent(kind="agent_lost", host=agent.host, data={"reason": reason})
+        ]
+        verdict = ExitVerdict(
+            succeeded=False, retryable=True, reason="lost connection", error=reason
+        )
+        lost = [
+            s for s in self.procs.values() if s.host == agent.host and s.state in LIVE_PROC_STATES
+        ]
+        for slot in lost:
+            out += self._gone(slot)
+            if slot.state is ProcState.STOPPING and slot.restart_after_stop:
+                slot.restart_after_stop = False
+                out.append(self._restart(slot, slot.restart_reason, now))
+                continue
+            if slot.state not in LIVE_PROC_STATES:
+                continue  # already restarted as part of a group restart
+            out += self._on_failure(slot, verdict, None, None, [], now, dead_host=agent.host)
+        if self.phase is Phase.RUNNING or self.phase is Phase.STARTING:
+            out += self._launch_agent(agent, now)
+        else:
+            out += self._maybe_finish(now)
+        return out
+
+    # ---------------------- processes: spawn, exits, restarts and the restart rules
+
     def spawned(self, host: str, proc_id: str, attempt: int, pid: int, now: float) -> list[Command]:
         slot = self.procs.get(proc_id)
         if slot is None or slot.attempt != attempt or slot.state is not ProcState.STARTING:
@@ -199,7 +518,15 @@ class JobState:
             return []
         slot.state = ProcState.FAILED
         verdict = ExitVerdict(succeeded=False, retryable=False, reason="spawn failed", error=error)
-        self._record_failure(slot, verdict, None, None, [error], now)
+        self._record_failure(
+            verdict,
+            now,
+            role=slot.role,
+            rank=slot.rank,
+            host=slot.host,
+            attempt=slot.attempt,
+            stderr_tail=[error],
+        )
         out: list[Command] = [self._proc_event("spawn_failed", slot, error=error)]
         return out + self._fail_job(f"{slot.proc_id} could not be started on {host}: {error}", now)
 
@@ -327,19 +654,8 @@ class JobState:
         for slot in stuck:
             slot.stalled = reason
             slot.state = ProcState.STOPPING
-            out.append(SendToAgent(host=slot.host, message=self._kill_message(slot)))
+            out.append(self._kill(slot.proc_id, slot.host, slot.attempt))
         return out
-
-    def stop(self, reason: str, now: float) -> list[Command]:
-        if self.phase in (Phase.STOPPING, Phase.DONE):
-            return []
-        out: list[Command] = [EmitEvent(kind="stop_requested", data={"reason": reason})]
-        return out + self._begin_stopping("stopped", reason, now)
-
-    # --------------------------------------------------------------- helpers
-
-    def _gone(self, slot: ProcSlot) -> list[Command]:
-        return [WorkerGone(rank=slot.rank)] if slot.role == "worker" else []
 
     def _on_failure(
         self,
@@ -352,7 +668,19 @@ class JobState:
         *,
         dead_host: str = "",
     ) -> list[Command]:
-        self._record_failure(slot, verdict, exit_code, signal, stderr_tail, now)
+        """The restart rules: stop the job on an unretryable failure or when the
+        rank has used its restarts, else restart it (or its group)."""
+        self._record_failure(
+            verdict,
+            now,
+            role=slot.role,
+            rank=slot.rank,
+            host=slot.host,
+            attempt=slot.attempt,
+            exit_code=exit_code,
+            signal=signal,
+            stderr_tail=stderr_tail,
+        )
         out: list[Command] = [
             self._proc_event(
                 "failure",
@@ -420,18 +748,19 @@ class JobState:
                 continue
             if slot.state in (ProcState.STARTING, ProcState.RUNNING) and slot.host != dead_host:
                 # Restarted (attempt bumped) once its Exited for this attempt arrives.
-                out.append(SendToAgent(host=slot.host, message=self._kill_message(slot)))
-                slot.state = ProcState.STOPPING
-                slot.restart_after_stop = True
-                slot.restart_reason = group_reason
+                out.append(self._stop_then_restart(slot, group_reason))
             elif slot.state in (ProcState.SUCCEEDED, ProcState.FAILED) or (
                 slot.host == dead_host and slot.state in LIVE_PROC_STATES
             ):
                 out.append(self._restart(slot, group_reason, now))
         return out + self._reconcile(now)
 
-    def _kill_message(self, slot: ProcSlot) -> Kill:
-        return Kill(proc_id=slot.proc_id, attempt=slot.attempt, grace_s=self.timing.kill_grace)
+    def _stop_then_restart(self, slot: ProcSlot, reason: str) -> SendToAgent:
+        """Stop the running attempt; its Exited restarts it (attempt + 1)."""
+        slot.state = ProcState.STOPPING
+        slot.restart_after_stop = True
+        slot.restart_reason = reason
+        return self._kill(slot.proc_id, slot.host, slot.attempt)
 
     def _reconcile(self, now: float) -> list[Command]:
         """Spawn every pending process whose agent is ready."""
@@ -472,36 +801,16 @@ class JobState:
 
     def _record_failure(
         self,
-        slot: ProcSlot,
         verdict: ExitVerdict,
-        exit_code: int | None,
-        signal: int | None,
-        stderr_tail: list[str],
         now: float,
-    ) -> None:
-        self._add_failure(
-            slot.role,
-            slot.rank,
-            slot.host,
-            slot.attempt,
-            verdict,
-            exit_code,
-            signal,
-            stderr_tail,
-            now,
-        )
-
-    def _add_failure(
-        self,
+        *,
         role: str,
         rank: int,
         host: str,
         attempt: int,
-        verdict: ExitVerdict,
-        exit_code: int | None,
-        signal: int | None,
-        stderr_tail: list[str],
-        now: float,
+        exit_code: int | None = None,
+        signal: int | None = None,
+        stderr_tail: list[str] | None = None,
     ) -> None:
         self.failures.append(
             FailureRecord(
@@ -515,310 +824,21 @@ class JobState:
                 retryable=verdict.retryable,
                 at_s=round(now - self.started_at, 3),
                 attempt=attempt,
-                traceback=traceback_tail(stderr_tail),
+                traceback=traceback_tail(stderr_tail or []),
             )
         )
 
-    def _maybe_complete(self, now: float) -> list[Command]:
-        workers = [s for s in self.procs.values() if s.role == "worker"]
-        if all(s.state is ProcState.SUCCEEDED for s in workers):
-            return self._begin_stopping("succeeded", "all workers finished", now)
-        return []
+    def _gone(self, slot: ProcSlot) -> list[Command]:
+        return [WorkerGone(rank=slot.rank)] if slot.role == "worker" else []
 
-    def _fail_job(self, reason: str, now: float) -> list[Command]:
-        if self.phase in (Phase.STOPPING, Phase.DONE):
-            return []
-        return self._begin_stopping("failed", reason, now)
-
-    def _begin_stopping(self, status: str, reason: str, now: float) -> list[Command]:
-        self.phase = Phase.STOPPING
-        self.status = status
-        self.stop_reason = reason
-        self.stop_deadline = now + self.timing.kill_grace + 10.0
-        out: list[Command] = [EmitEvent(kind="decision", data={"status": status, "reason": reason})]
-        for agent in self.agents.values():
-            if agent.state in (AgentState.UP, AgentState.UNRESPONSIVE, AgentState.LAUNCHING):
-                out.append(self._shutdown_message(agent.host))
-        return out + self._maybe_finish(now)
-
-    def _shutdown_message(self, host: str) -> SendToAgent:
-        return SendToAgent(
-            host=host, message=Shutdown(grace_s=self.timing.kill_grace, reason=self.stop_reason)
-        )
-
-    def _maybe_finish(self, now: float) -> list[Command]:
-        if self.phase is not Phase.STOPPING:
-            return []
-        # An agent still launching may yet connect; it must hear Shutdown first.
-        # The stop deadline bounds the wait.
-        waiting = (AgentState.UP, AgentState.UNRESPONSIVE, AgentState.LAUNCHING)
-        if any(a.state in waiting for a in self.agents.values()):
-            return []
-        return self._finish()
-
-    def _finish(self) -> list[Command]:
-        if self.phase is Phase.DONE:
-            return []
-        self.phase = Phase.DONE
-        for slot in self.procs.values():
-            if slot.state in LIVE_PROC_STATES or slot.state is ProcState.PENDING:
-                slot.state = ProcState.STOPPED
-        return [Finish(status=self.status)]
+    def _kill(self, proc_id: str, host: str, attempt: int) -> SendToAgent:
+        kill = Kill(proc_id=proc_id, attempt=attempt, grace_s=self.timing.kill_grace)
+        return SendToAgent(host=host, message=kill)
 
     def _proc_event(self, kind: str, slot: ProcSlot, **data: Any) -> EmitEvent:
         return EmitEvent(kind=kind, host=slot.host, role=slot.role, rank=slot.rank, data=data)
 
-    def first_failure(self) -> FailureRecord | None:
-        return self.failures[0] if self.failures else None
-
-    # ----------------------------- agents: hello, heartbeats, silence, exits
-
-    def agent_hello(
-        self,
-        host: str,
-        now: float,
-        *,
-        free_ports: list[int],
-        host_addr: str,
-        procs: list[ProcReport],
-        pid: int = 0,
-    ) -> list[Command]:
-        agent = self.agents.get(host)
-        if agent is None or agent.state in (AgentState.GONE,):
-            return []
-        out: list[Command] = []
-        was = agent.state
-        agent.state = AgentState.UP
-        agent.last_seen = now
-        agent.channel_closed = agent.adopting  # an adopted agent has no SSH channel
-        agent.adopting = False
-        if free_ports:
-            agent.free_ports = list(free_ports)
-        agent.host_addr = host_addr or agent.host_addr
-        if was in (AgentState.LAUNCHING, AgentState.LOST):
-            out.append(
-                EmitEvent(kind="agent_up", host=host, data={"pid": pid, "free_ports": free_ports})
-            )
-        elif was is AgentState.UNRESPONSIVE:
-            out.append(EmitEvent(kind="heartbeat_recovered", host=host, role="agent"))
-        out += self._adopt_reported(host, procs, now)
-        if self.phase is Phase.STOPPING:
-            out.append(self._shutdown_message(host))
-            return out
-        if self.phase is Phase.STARTING and all(
-            a.state is AgentState.UP for a in self.agents.values()
-        ):
-            self.phase = Phase.RUNNING
-        return out + self._reconcile(now)
-
-    def agent_seen(self, host: str, now: float) -> list[Command]:
-        """Any message from an agent proves it is alive."""
-        agent = self.agents.get(host)
-        if agent is None or agent.state not in (AgentState.UP, AgentState.UNRESPONSIVE):
-            return []
-        agent.last_seen = now
-        if agent.state is AgentState.UNRESPONSIVE:
-            agent.state = AgentState.UP
-            return [EmitEvent(kind="heartbeat_recovered", host=host, role="agent")]
-        return []
-
-    def heartbeat(self, host: str, now: float, procs: list[ProcReport]) -> list[Command]:
-        out = self.agent_seen(host, now)
-        for report in procs:
-            slot = self.procs.get(report.proc_id)
-            if slot is None or slot.attempt != report.attempt or slot.host != host:
-                continue
-            stopped = report.state == "stopped"
-            if stopped and not slot.unresponsive:
-                slot.unresponsive = True
-                out.append(self._proc_event("unresponsive", slot, state=report.state))
-            elif not stopped and slot.unresponsive:
-                slot.unresponsive = False
-                out.append(self._proc_event("responsive", slot, state=report.state))
-        return out
-
-    def agent_exited(self, host: str, now: float, *, definite: bool, detail: str) -> list[Command]:
-        """The agent's SSH channel or local process ended.
-
-        ``definite`` means the agent process is known to be dead (we saw its exit
-        status); otherwise only the channel closed and the heartbeat decides.
-        """
-        agent = self.agents.get(host)
-        if agent is None:
-            return []
-        if agent.state in (AgentState.GONE, AgentState.LOST):
-            return []
-        if self.phase in (Phase.STOPPING, Phase.DONE):
-            agent.state = AgentState.GONE
-            return [EmitEvent(kind="agent_exit", host=host, data={"detail": detail})]
-        if not definite:
-            agent.channel_closed = True
-            return [
-                EmitEvent(kind="agent_exit", host=host, data={"detail": detail, "definite": False})
-            ]
-        return self._agent_lost(agent, f"agent on {host} died ({detail})", now)
-
-    def agent_bye(self, host: str, reason: str, now: float) -> list[Command]:
-        agent = self.agents.get(host)
-        if agent is None or agent.state in (AgentState.GONE, AgentState.LOST):
-            return []
-        if self.phase in (Phase.STOPPING, Phase.DONE):
-            agent.state = AgentState.GONE
-            gone = EmitEvent(kind="agent_exit", host=host, data={"detail": reason})
-            return [gone, *self._maybe_finish(now)]
-        return self._agent_lost(agent, f"agent on {host} exited: {reason}", now)
-
-    def tick(self, now: float) -> list[Command]:
-        out: list[Command] = []
-        dead_after = self.timing.heartbeat_interval * self.timing.dead_after
-        for agent in self.agents.values():
-            silent = now - agent.last_seen
-            if agent.state is AgentState.LAUNCHING and self.phase is not Phase.STOPPING:
-                if agent.adopting and now - agent.launched_at > self.timing.agent_timeout:
-                    # It did not come back after a resume: presume it dead, start anew.
-                    agent.adopting = False
-                    out.append(
-                        EmitEvent(
-                            kind="agent_lost",
-                            host=agent.host,
-                            data={"reason": "did not reconnect after the supervisor resumed"},
-                        )
-                    )
-                    out += self._launch_agent(agent, now)
-                elif now - agent.launched_at > self.timing.agent_timeout:
-                    out += self._fail_job(
-                        f"the agent on {agent.host} did not connect back within "
-                        f"{self.timing.agent_timeout:g} s; check that {agent.host} can reach the "
-                        "supervisor's address (firewall, --bind) and see "
-                        f"logs/agent-{agent.host}.log",
-                        now,
-                    )
-            elif agent.state is AgentState.UP and silent > dead_after:
-                if agent.channel_closed:
-                    out += self._agent_lost(agent, f"lost connection to {agent.host}", now)
-                else:
-                    agent.state = AgentState.UNRESPONSIVE
-                    out.append(
-                        EmitEvent(
-                            kind="heartbeat_lost",
-                            host=agent.host,
-                            role="agent",
-                            data={"silent_s": round(silent, 3)},
-                        )
-                    )
-            elif (
-                agent.state is AgentState.UNRESPONSIVE
-                and (agent.channel_closed or silent > self.timing.orphan_timeout)
-                and self.phase is not Phase.STOPPING
-            ):
-                out += self._agent_lost(
-                    agent, f"agent on {agent.host} silent for {silent:.1f} s", now
-                )
-        if self.phase is Phase.STOPPING and now >= self.stop_deadline:
-            out += self._finish()
-        return out
-
-    def agent_launch_failed(self, host: str, error: str, now: float) -> list[Command]:
-        """The agent could not even be started (ssh, python, workdir): stop the job."""
-        agent = self.agents.get(host)
-        if agent is None or agent.state is AgentState.GONE:
-            return []
-        agent.state = AgentState.GONE
-        if self.phase in (Phase.STOPPING, Phase.DONE):
-            return self._maybe_finish(now)
-        verdict = ExitVerdict(
-            succeeded=False, retryable=False, reason="agent launch failed", error=error
-        )
-        self._add_failure("agent", -1, host, agent.launches - 1, verdict, None, None, [], now)
-        out: list[Command] = [EmitEvent(kind="agent_lost", host=host, data={"reason": error})]
-        return out + self._fail_job(f"cannot start the agent on {host}: {error}", now)
-
-    def agent_launch_abandoned(self, host: str, now: float) -> list[Command]:
-        """The job began stopping before this agent was started: it never will be."""
-        agent = self.agents.get(host)
-        if agent is None or agent.state is not AgentState.LAUNCHING:
-            return []
-        agent.state = AgentState.GONE
-        return self._maybe_finish(now)
-
-    def _launch_agent(self, agent: AgentSlot, now: float) -> list[Command]:
-        agent.state = AgentState.LAUNCHING
-        agent.launched_at = now
-        agent.last_seen = now
-        agent.channel_closed = False
-        agent.launches += 1
-        return [
-            LaunchAgent(host=agent.host),
-            EmitEvent(kind="agent_launch", host=agent.host, data={"launch": agent.launches}),
-        ]
-
-    def _adopt_reported(self, host: str, procs: list[ProcReport], now: float) -> list[Command]:
-        """Reconcile what a (re)connecting agent runs with what we believe."""
-        out: list[Command] = []
-        by_id = {p.proc_id: p for p in procs}
-        for slot in self.procs.values():
-            if slot.host != host:
-                continue
-            report = by_id.get(slot.proc_id)
-            if slot.state is ProcState.PENDING and report is not None and slot.bump_before_spawn:
-                if report.attempt >= slot.attempt:
-                    # Still running from before the supervisor restarted: adopt it.
-                    slot.attempt = report.attempt
-                    slot.state = ProcState.RUNNING
-                    slot.pid = report.pid
-                    slot.bump_before_spawn = False
-                    out.append(
-                        self._proc_event("adopted", slot, pid=report.pid, attempt=slot.attempt)
-                    )
-                    if slot.restart_if_found:
-                        # Its state no longer matches ours: stop it, start it afresh.
-                        out.append(SendToAgent(host=host, message=self._kill_message(slot)))
-                        slot.state = ProcState.STOPPING
-                        slot.restart_after_stop = True
-                        slot.restart_reason = slot.restart_if_found
-                    slot.restart_if_found = ""
-                continue
-            if slot.state is not ProcState.RUNNING:
-                continue
-            if report is None or report.attempt != slot.attempt:
-                # It ended while we could not hear about it; its Exited was lost.
-                verdict = ExitVerdict(
-                    succeeded=False,
-                    retryable=True,
-                    reason="lost",
-                    error=f"{slot.proc_id} vanished while {host} was unreachable",
-                )
-                out += self._gone(slot)
-                out += self._on_failure(slot, verdict, None, None, [], now)
-        return out
-
-    def _agent_lost(self, agent: AgentSlot, reason: str, now: float) -> list[Command]:
-        agent.state = AgentState.LOST
-        out: list[Command] = [
-            EmitEvent(kind="agent_lost", host=agent.host, data={"reason": reason})
-        ]
-        verdict = ExitVerdict(
-            succeeded=False, retryable=True, reason="lost connection", error=reason
-        )
-        lost = [
-            s for s in self.procs.values() if s.host == agent.host and s.state in LIVE_PROC_STATES
-        ]
-        for slot in lost:
-            out += self._gone(slot)
-            if slot.state is ProcState.STOPPING and slot.restart_after_stop:
-                slot.restart_after_stop = False
-                out.append(self._restart(slot, slot.restart_reason, now))
-                continue
-            if slot.state not in LIVE_PROC_STATES:
-                continue  # already restarted as part of a group restart
-            out += self._on_failure(slot, verdict, None, None, [], now, dead_host=agent.host)
-        if self.phase is Phase.RUNNING or self.phase is Phase.STARTING:
-            out += self._launch_agent(agent, now)
-        else:
-            out += self._maybe_finish(now)
-        return out
-
-    # ------------------------------------------- KILL_RESTART and hand-overs
+    # ------------------------------------- KILL_RESTART, hand-overs and spare hosts
 
     def kill_restart(
         self,
@@ -843,13 +863,11 @@ class JobState:
             return []
         if target_host is not None and target_host not in self.agents:
             raise ValueError(f"KILL_RESTART target {target_host!r} is not a host of this job")
-        slot.state = ProcState.STOPPING
-        slot.restart_after_stop = True
-        slot.restart_reason = f"KILL_RESTART: {reason}"
+        kill = self._stop_then_restart(slot, f"KILL_RESTART: {reason}")
         slot.next_host = target_host or ""
         slot.join = join
         return [
-            SendToAgent(host=slot.host, message=self._kill_message(slot)),
+            kill,
             self._proc_event(
                 "kill_restart",
                 slot,
@@ -875,30 +893,6 @@ class JobState:
         ``supervisor.ps_servers``) while the old one serves on until ``retire()``.
         The slot is the new attempt from here on."""
         return self._replace_ahead("server", rank, target_host, reason, now)
-
-    def server_handed_over(self, rank: int) -> None:
-        """The retiring server ``rank`` exported its blocks: its exit from now on
-        is a retirement, not the failure of the server that counts."""
-        self.handed_over.add(f"server-{rank}")
-
-    def abort_server_move(self, rank: int, now: float) -> list[Command]:
-        """Give up moving server ``rank`` before its blocks moved: stop the fresh
-        server, and the slot is the old process again (on its old host)."""
-        proc_id = f"server-{rank}"
-        slot = self.procs.get(proc_id)
-        retiring = self.retiring.pop(proc_id, None)
-        if slot is None or retiring is None or proc_id in self.handed_over:
-            return []
-        old_host, old_attempt = retiring
-        out: list[Command] = []
-        if slot.state in LIVE_PROC_STATES or slot.state is ProcState.PENDING:
-            kill = Kill(proc_id=proc_id, attempt=slot.attempt, grace_s=self.timing.kill_grace)
-            if slot.state is not ProcState.PENDING:
-                out.append(SendToAgent(host=slot.host, message=kill))
-        out.append(self._proc_event("moved", slot, old_host=slot.host, new_host=old_host))
-        slot.host, slot.attempt, slot.state = old_host, old_attempt, ProcState.RUNNING
-        slot.ps_fresh_attempt = -1
-        return out
 
     def _replace_ahead(
         self, role: str, rank: int, target_host: str, reason: str, now: float
@@ -930,23 +924,40 @@ class JobState:
             slot.ps_fresh_attempt = slot.attempt
         return out + self._reconcile(now)
 
+    def server_handed_over(self, rank: int) -> None:
+        """The retiring server ``rank`` exported its blocks: its exit from now on
+        is a retirement, not the failure of the server that counts."""
+        self.handed_over.add(f"server-{rank}")
+
+    def abort_server_move(self, rank: int, now: float) -> list[Command]:
+        """Give up moving server ``rank`` before its blocks moved: stop the fresh
+        server, and the slot is the old process again (on its old host)."""
+        proc_id = f"server-{rank}"
+        slot = self.procs.get(proc_id)
+        retiring = self.retiring.pop(proc_id, None)
+        if slot is None or retiring is None or proc_id in self.handed_over:
+            return []
+        old_host, old_attempt = retiring
+        out: list[Command] = []
+        if slot.state in LIVE_PROC_STATES:  # a pending one was never spawned
+            out.append(self._kill(proc_id, slot.host, slot.attempt))
+        out.append(self._proc_event("moved", slot, old_host=slot.host, new_host=old_host))
+        slot.host, slot.attempt, slot.state = old_host, old_attempt, ProcState.RUNNING
+        slot.ps_fresh_attempt = -1
+        return out
+
     def retire(self, proc_id: str) -> list[Command]:
         """Stop the process a prewarmed replacement takes over from."""
         retiring = self.retiring.get(proc_id)
         if retiring is None:
             return []
         host, attempt = retiring
-        kill = Kill(proc_id=proc_id, attempt=attempt, grace_s=self.timing.kill_grace)
-        return [SendToAgent(host=host, message=kill)]
+        return [self._kill(proc_id, host, attempt)]
 
     def free_spare_hosts(self) -> list[str]:
         """Spare hosts with nothing running on them, in hostfile order: where a
         KILL_RESTART can go (AntDT's "cluster not busy")."""
-        busy = {
-            s.host
-            for s in self.procs.values()
-            if s.state in LIVE_PROC_STATES or s.state is ProcState.PENDING
-        }
+        busy = {s.host for s in self.procs.values() if s.state in _BUSY_PROC_STATES}
         busy |= {host for host, _ in self.retiring.values()}  # a replaced one still runs
         up = {h for h, a in self.agents.items() if a.state is AgentState.UP}
         return [h for h in self.spare_hosts if h not in busy and h in up]
@@ -960,15 +971,23 @@ class JobState:
         free = self.free_spare_hosts()
         return preferred if preferred in free else next(iter(free), None)
 
-    def address_of(self, proc_id: str) -> str:
-        """The address other hosts reach ``proc_id``'s host at ("" if unknown)."""
-        slot = self.procs.get(proc_id)
-        agent = self.agents.get(slot.host) if slot is not None else None
-        if slot is None or agent is None or agent.state is not AgentState.UP:
-            return ""
-        return self._master_addr_of(slot.host, agent.host_addr)
+    # -------------------------------------- endpoints: master port and server ports
 
-    # ------------------------------------- endpoints: master ports, PS ports
+    def _master_endpoint(self, master: ProcSlot | None, slot: ProcSlot) -> tuple[str, int]:
+        if master is None:
+            return "", 0
+        agent = self.agents[master.host]
+        if agent.state is not AgentState.UP or not agent.free_ports:
+            return "", 0
+        addr = self._master_addr_of(master.host, agent.host_addr)
+        # A fresh port per attempt: the previous store may still be closing.
+        port = agent.free_ports[master.attempt % min(MASTER_PORT_SLOTS, len(agent.free_ports))]
+        return addr, port
+
+    def server_endpoint(self, rank: int) -> str:
+        """Where built-in PS server ``rank`` listens now ("" while unknown)."""
+        slot = self.procs.get(f"server-{rank}")
+        return self._server_endpoint(slot) if slot is not None else ""
 
     def _place_ps(self, slot: ProcSlot) -> bool:
         """Built-in PS: a server's port, a worker's server endpoints; False until known."""
@@ -977,24 +996,19 @@ class JobState:
             return slot.ps_port != 0
         endpoints = []
         for server in sorted(self._servers(), key=lambda s: s.rank):
-            agent = self.agents[server.host]
-            port = self._server_port(server)
-            if port == 0:
+            endpoint = self._server_endpoint(server)
+            if not endpoint:
                 return False
-            endpoints.append(f"tcp://{self._master_addr_of(server.host, agent.host_addr)}:{port}")
+            endpoints.append(endpoint)
         slot.ps_servers = tuple(endpoints)
         return True
 
-    def server_endpoint(self, rank: int) -> str:
-        """Where built-in PS server ``rank`` listens now ("" while unknown)."""
-        slot = self.procs.get(f"server-{rank}")
-        if slot is None:
+    def _server_endpoint(self, server: ProcSlot) -> str:
+        port = self._server_port(server)
+        if port == 0:
             return ""
-        agent = self.agents.get(slot.host)
-        port = self._server_port(slot) if agent is not None else 0
-        if agent is None or port == 0:
-            return ""
-        return f"tcp://{self._master_addr_of(slot.host, agent.host_addr)}:{port}"
+        agent = self.agents[server.host]
+        return f"tcp://{self._master_addr_of(server.host, agent.host_addr)}:{port}"
 
     def _servers(self) -> list[ProcSlot]:
         return [s for s in self.procs.values() if s.role == "server"]
@@ -1014,14 +1028,3 @@ class JobState:
             index = next(i for i in range(MASTER_PORT_SLOTS, 1 << 16) if i not in taken)
             self.ps_port_index[server.host, server.rank] = index
         return agent.free_ports[index] if index < len(agent.free_ports) else 0
-
-    def _master_endpoint(self, master: ProcSlot | None, slot: ProcSlot) -> tuple[str, int]:
-        if master is None:
-            return "", 0
-        agent = self.agents[master.host]
-        if agent.state is not AgentState.UP or not agent.free_ports:
-            return "", 0
-        addr = self._master_addr_of(master.host, agent.host_addr)
-        # A fresh port per attempt: the previous store may still be closing.
-        port = agent.free_ports[master.attempt % min(MASTER_PORT_SLOTS, len(agent.free_ports))]
-        return addr, port
