@@ -184,6 +184,8 @@ SAMPLES += [
     wire_messages.PsPushAck(request_id=3, step=7, accepted=False, version=8, incarnation=9),
     wire_messages.PsMembership(request_id=4, workers=[0, 1, 3], backup=1),
     wire_messages.PsLeave(request_id=5, worker=2),
+    wire_messages.PsIdle(request_id=5, worker=2, idle=True),
+    wire_messages.PsIdleReply(request_id=5, member_from=9, version=8, incarnation=9),
     wire_messages.PsSnapshotNow(request_id=6),
     wire_messages.PsExport(request_id=7, blocks=[3], at_version=8, remove=True),
     wire_messages.PsExported(request_id=7, version=8, optimizer=_PS_OPT, blocks=[_PS_STATE]),
@@ -193,8 +195,8 @@ SAMPLES += [
                           workers=[0, 1], blocks=[3], updates=[_PS_UPDATE], incarnation=9),
     wire_messages.PsShutdown(request_id=10),
     wire_messages.PsReply(request_id=10, ok=False, version=8, detail="not seeded",
-                          incarnation=9),
-    wire_messages.PsPing(request_id=11),
+                          incarnation=9, holding=True),
+    wire_messages.PsPing(request_id=11, awaiting=10),
 ]
 # A valid frame's fields, for building wrong variants of it.
 PING = {"t": "ping", "v": PROTOCOL_VERSION, "seq": 1}

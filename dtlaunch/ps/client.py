@@ -6,6 +6,7 @@
     ps = dtlaunch.ps.Client(model, optimizer="adam", lr=1e-3)
     for idx in job.batches():
         ps.pull()                  # the model's parameters, from every server at once
+        model.zero_grad()
         loss = ...; loss.backward()
         ps.push(len(idx))          # p.grad, weighted by this worker's share of the batch
         job.step()
@@ -19,6 +20,14 @@ straight from ``p.grad`` (no copy) and waits for every server's ack, so ``p.grad
 may change once ``push`` returns. Both time each server (bytes, seconds) for the
 Monitor (``take_timings``). The first worker to reach an unseeded server seeds it
 with its initial parameters.
+
+A worker whose ``job.batches()`` waits for data (at the end of an epoch or of
+the data set, the other workers hold the last shards) steps aside: the client,
+a listener of the job's (``Job.add_data_wait_listener``), tells the servers it
+is idle, so BSP steps do not wait for its push, which would come only after the
+others' steps finish their shards. When data comes it rejoins every server at
+one common step (pushing zeros for any step a server expects from it before
+that one), so the loop above is correct as written.
 
 Consistency is the servers' business (``dtlaunch.ps.store``); the client only
 follows versions: a push carries the version its gradient was computed on, and
@@ -68,6 +77,8 @@ from dtlaunch.runtime.context import current_job
 from dtlaunch.wire.keys import PeerKeys, load_peer_keys
 from dtlaunch.wire.messages import (
     Message,
+    PsIdle,
+    PsIdleReply,
     PsInit,
     PsInitReply,
     PsLeave,
@@ -163,15 +174,24 @@ class Client:
         self.dropped: list[int] = []  # servers that refused the last push (step went on)
         self._closed = False
         self._left = False  # told the servers it takes no more steps
+        self._idle = False  # told the servers it waits for data
+        self._job_listened: Any = None  # the job this client listens to for data waits
         try:
             for endpoint in endpoints:
                 self._exch.links.append(self._link(endpoint))
                 self._exch.endpoints.append(endpoint)
                 self._exch.incarnations.append(0)
             self._seed()
+            # A new process of a rank whose last one was idle is a member again.
+            self._rejoin()
         except BaseException:
             self.close(notify=False)
             raise
+        # The job tells this client when its worker waits for data (see above).
+        listened = job if job is not None else current_job()
+        if listened is not None and hasattr(listened, "add_data_wait_listener"):
+            listened.add_data_wait_listener(self)
+            self._job_listened = listened
 
     # ----------------------------------------------------------------- public
 
@@ -332,6 +352,64 @@ class Client:
         self._want, self._versions = [want] * n, [version] * n
         self._pushed_step, self._applied_by = [0] * n, [0] * n
 
+    def waiting_for_data(self) -> None:
+        """The job waits for data: BSP steps stop waiting for this worker.
+
+        The job calls it again while it waits, so a server that restarted
+        meanwhile (its idle set lost) hears it again.
+        """
+        if self._closed or self._left:
+            return
+        if not self._idle:
+            logger.info("ps: worker %d waits for data; steps go on without it", self.worker)
+        self._idle = True
+        links = range(len(self._exch.links))
+        requests: dict[int, Request] = {
+            j: (PsIdle(request_id=0, worker=self.worker, idle=True), []) for j in links
+        }
+        self._exch.run("idle", requests, _expect_idle_reply, on_restart=self._resync)
+
+    def data_arrived(self) -> None:
+        """Data came after a wait: a member of every server's steps again."""
+        if self._closed or self._left or not self._idle:
+            return
+        self._idle = False
+        self._rejoin()
+
+    def _rejoin(self) -> None:
+        """Be a member again, from one step common to every server.
+
+        Each server answers the first step that waits for this worker (its
+        current one, or the next if that one went on without it). The worker
+        trains next on the latest of those; for an earlier step a server
+        expects from it, it pushes zeros (once that step is the server's), so
+        no step waits for it and the parameters it computes on are one version.
+        """
+        n = len(self._exch.links)
+        member_from = [0] * n
+
+        def take(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
+            member_from[j] = _expect_idle_reply(j, reply, frames)
+            return 0
+
+        requests: dict[int, Request] = {
+            j: (PsIdle(request_id=0, worker=self.worker, idle=False), []) for j in range(n)
+        }
+        self._exch.run("rejoin", requests, take, on_restart=self._resync)
+        common = max(member_from, default=0)
+        for step in range(min(member_from, default=0), common):
+            behind = [j for j in range(n) if member_from[j] <= step]
+            wait_for_step: dict[int, Request] = {
+                j: (PsPull(request_id=0, min_version=step, blocks=[], worker=self.worker), [])
+                for j in behind
+            }
+            self._exch.run("rejoin", wait_for_step, _expect_params, on_restart=self._resync)
+            zeros = {j: self._push_request(j, step, 0, zeros=True) for j in behind}
+            self._exch.run("rejoin", zeros, _expect_push_ack, on_restart=self._resync)
+            for j in behind:
+                member_from[j] = step + 1
+        self._want = [max(w, common) for w in self._want]
+
     def take_timings(self) -> list[ServerTiming]:
         """Per-server timings since the last call (for the Monitor), oldest first."""
         taken, self._exch.timings = self._exch.timings, []
@@ -342,6 +420,8 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        if self._job_listened is not None:
+            self._job_listened.remove_data_wait_listener(self)
         if notify and not self._left:
             try:
                 self._leave()
@@ -501,3 +581,22 @@ class Client:
 
 def _restarted(server: int, incarnation: int) -> None:
     raise ServerRestarted(server, incarnation)
+
+
+def _expect_idle_reply(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
+    """The step from which server ``j`` waits for this worker."""
+    if not isinstance(reply, PsIdleReply):
+        raise PsError(f"server {j} answered PsIdle with {reply.TYPE}")
+    return reply.member_from
+
+
+def _expect_params(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
+    if not isinstance(reply, PsParams):
+        raise PsError(f"server {j} answered a pull with {reply.TYPE}")
+    return 0
+
+
+def _expect_push_ack(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
+    if not isinstance(reply, PsPushAck):
+        raise PsError(f"server {j} answered a push with {reply.TYPE}")
+    return 0

@@ -7,6 +7,12 @@ the request is only waiting (a BSP pull waits for the slowest worker's push);
 no answer means the server is gone, and the pings queue in the DEALER until a
 new process binds the same endpoint (ZeroMQ reconnects by itself).
 
+A ping names the request it waits for, and the server says whether that
+request waits there. It answers a peer's messages in order, so "not held" with
+no answer before it means the request never reached this process: it went to
+one that died before answering (a server killed while a client's first
+request, or a seed, was on its way). The request goes again, as a new one.
+
 Every answer names the server's *incarnation*, a random id per process, and
 pulls and pushes name the one the client knows; a server refuses a request sent
 to an earlier process. So an answer with a new incarnation means the process
@@ -125,7 +131,7 @@ class Exchanger:
                     )
                 if now >= p.next_probe:
                     probe_id = next(self._ids)
-                    self.links[j].send(PsPing(request_id=probe_id))
+                    self.links[j].send(PsPing(request_id=probe_id, awaiting=p.request_id))
                     p.probes.add(probe_id)
                     p.probe_every = min(2 * p.probe_every, PROBE_MAX_S)
                     p.next_probe = now + p.probe_every
@@ -151,7 +157,17 @@ class Exchanger:
                         pending[j] = self._send(j, msg, payloads, wait_s)
                         continue
                 if reply_id != p.request_id:
-                    continue  # a ping answered by the same process: the request waits
+                    if isinstance(reply, PsReply) and not reply.holding:
+                        # Not held and not answered first: it was lost with a dead process.
+                        logger.warning(
+                            "%s: parameter server %d (%s) lost the request; sending it again",
+                            op,
+                            j,
+                            self.endpoints[j],
+                        )
+                        msg, payloads = requests[j]
+                        pending[j] = self._send(j, msg, payloads, wait_s)
+                    continue  # else the request waits there (a BSP pull for the step)
                 if isinstance(reply, PsReply) and not reply.ok and reply.moved_to:
                     if self.connect is None:
                         raise PsError(f"{op}: parameter server {j}: {reply.detail}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from dtlaunch.wire.messages import Message, PsInit, PsLeave, PsPull, PsPush
+from dtlaunch.wire.messages import Message, PsIdle, PsInit, PsLeave, PsPull, PsPush
 
 __all__ = ["MovedBlocks"]
 
@@ -30,7 +30,8 @@ class MovedBlocks:
         """Where ``msg`` should go instead ("" to handle it here).
 
         Pulls, pushes and seeds for a moved block go where it went; a worker
-        leaving goes there too once nothing is left here (its steps run there).
+        leaving, or idle or active again, goes there too once nothing is left
+        here (its steps run there).
         """
         if not self._where:
             return ""
@@ -38,7 +39,7 @@ class MovedBlocks:
             return self.destination(msg.blocks, worker=msg.worker)
         if isinstance(msg, PsInit):
             return self.destination([b.block_id for b in msg.blocks], worker=msg.worker)
-        if isinstance(msg, PsLeave) and not holds_blocks:
+        if isinstance(msg, PsLeave | PsIdle) and not holds_blocks:
             self._told.add(msg.worker)
             return next(iter(self._where.values()))
         return ""

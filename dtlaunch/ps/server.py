@@ -48,6 +48,8 @@ from dtlaunch.wire.messages import (
     Message,
     PsBlockSpec,
     PsExport,
+    PsIdle,
+    PsIdleReply,
     PsImport,
     PsInit,
     PsInitReply,
@@ -121,6 +123,7 @@ class PsServer(Migrations):
             PsPush: self._on_push,
             PsMembership: self._on_membership,
             PsLeave: self._on_leave,
+            PsIdle: self._on_idle,
             PsSnapshotNow: self._on_snapshot,
             PsExport: self._on_export,
             PsImport: self._on_import,
@@ -304,7 +307,32 @@ class PsServer(Migrations):
         )
 
     def _on_ping(self, incoming: Incoming) -> None:
-        self._reply(incoming)
+        msg = incoming.message
+        assert isinstance(msg, PsPing)
+        self._sock.send(
+            incoming.peer,
+            PsReply(
+                request_id=msg.request_id,
+                ok=True,
+                version=self.store.version,
+                incarnation=self.incarnation,
+                holding=bool(msg.awaiting) and self._holds(incoming.peer, msg.awaiting),
+            ),
+        )
+
+    def _holds(self, peer: bytes, request_id: int) -> bool:
+        """Whether ``peer``'s request ``request_id`` waits here for its answer."""
+        waiting = (
+            self._waiting_pulls,
+            self._waiting_pushes,
+            self._waiting_inits,
+            self._waiting_exports,
+        )
+        return any(
+            w.peer == peer and getattr(w.message, "request_id", 0) == request_id
+            for queue in waiting
+            for w in queue
+        )
 
     def _on_pull(self, incoming: Incoming) -> None:
         msg = incoming.message
@@ -426,9 +454,33 @@ class PsServer(Migrations):
     def _on_membership(self, incoming: Incoming) -> None:
         msg = incoming.message
         assert isinstance(msg, PsMembership)
-        workers = self.store.members if msg.backup_only else msg.workers
+        workers = self.store.assigned if msg.backup_only else msg.workers
         update = self.store.set_members(sorted(workers), msg.backup)
         self._reply(incoming)
+        self._after_update(update)
+
+    def _on_idle(self, incoming: Incoming) -> None:
+        msg = incoming.message
+        assert isinstance(msg, PsIdle)
+        was_idle = msg.worker in self.store.idle
+        if msg.idle:
+            update, member_from = self.store.set_idle(msg.worker), self.store.version
+            if not was_idle:
+                logger.info("worker %d waits for data; steps go on without it", msg.worker)
+        else:
+            update, member_from = None, self.store.activate(msg.worker)
+            if was_idle:
+                logger.info("worker %d has data again: a member from step %d", msg.worker,
+                            member_from)  # fmt: skip
+        self._sock.send(
+            incoming.peer,
+            PsIdleReply(
+                request_id=msg.request_id,
+                member_from=member_from,
+                version=self.store.version,
+                incarnation=self.incarnation,
+            ),
+        )
         self._after_update(update)
 
     def _on_leave(self, incoming: Incoming) -> None:

@@ -17,8 +17,21 @@ Consistency modes:
   all empty (0 records: workers out of data) waits for one with records.
 * **ASP** — each gradient applies on arrival, whatever version it was computed on.
 
+A push sent again (its answer was lost on a broken connection, and the
+client's ping found it neither waiting nor answered) is answered as the first
+was and applied once: the store remembers each worker's last step and the
+workers the last BSP step applied.
+
 Membership changes re-check the open step, so a step waiting for a worker that
 was removed completes at once: a BSP step never waits for a worker that left.
+
+A worker that waits for data (the end of the data set or of an epoch, when the
+others hold the last shards) says it is *idle*: steps stop waiting for it, or
+they would wait for a push that comes only once the others' steps finish their
+shards. When it has data again it is a member from the step it can still join:
+the current one if no gradient of it is in yet, else the next (``activate``
+returns which; the client pushes zeros for any step between that and the one it
+trains on, so the parameters it computes on are the same on every server).
 
 After a restart the store may take a worker's copy of its blocks (``offer``)
 when it is newer than what it holds: the parameters jump to that version, the
@@ -82,11 +95,16 @@ class ParamStore:
         self.optimizer: OptimizerConfig | None = None
         self.version = 0
         self.recovered_at = 0  # versions below it were applied by an earlier process
-        self.members: set[int] = set(workers)
+        self.assigned: set[int] = set(workers)  # the supervisor's (or the env's) workers
+        self.members: set[int] = set(workers)  # those a BSP step waits for
         self.left: set[int] = set()  # workers that said they leave: never members again
+        self.idle: set[int] = set()  # workers waiting for data: steps go on without them
+        self._joining: dict[int, int] = {}  # worker -> the step from which it is a member
         self.backup = backup
         self._acc: dict[int, torch.Tensor] = {}
         self._contrib: dict[int, int] = {}  # worker -> samples, for the open step
+        self._last_applied: tuple[int, frozenset[int]] = (-1, frozenset())  # BSP: step, workers
+        self._asp_last_step: dict[int, int] = {}  # worker -> step of its last ASP push
         # Copy-on-write guard: blocks some send may still read (see ``before_write``).
         self.in_flight: dict[int, list[object]] = {}
 
@@ -138,6 +156,7 @@ class ParamStore:
                 self.states[block_id] = new_state(self.optimizer, self.params[block_id])
         self._acc.clear()
         self._contrib = {}
+        self._last_applied = (-1, frozenset())
         self.version = self.recovered_at = version
         return True
 
@@ -195,7 +214,9 @@ class ParamStore:
         A worker that left (``leave``) is not taken back: its loop ended, and a
         membership sent before its leave arrived must not make steps wait for it.
         """
-        self.members = set(workers) - self.left
+        self.assigned = set(workers)
+        self._joining = {w: s for w, s in self._joining.items() if w in self.assigned}
+        self.members = self.assigned - self.left - self.idle - set(self._joining)
         if backup is not None:
             self.backup = backup
         return self._maybe_apply(time.perf_counter())
@@ -203,7 +224,31 @@ class ParamStore:
     def leave(self, worker: int) -> PsUpdate | None:
         self.members.discard(worker)
         self.left.add(worker)
+        self.idle.discard(worker)
+        self._joining.pop(worker, None)
         return self._maybe_apply(time.perf_counter())
+
+    def set_idle(self, worker: int) -> PsUpdate | None:
+        """``worker`` waits for data: steps stop waiting for it (see the module docstring)."""
+        self.idle.add(worker)
+        self.members.discard(worker)
+        self._joining.pop(worker, None)
+        return self._maybe_apply(time.perf_counter())
+
+    def activate(self, worker: int) -> int:
+        """``worker`` has data again (or is a new process of its rank); returns
+        the first step that waits for its push (the current version when it is
+        not an assigned member: nothing waits for it)."""
+        self.idle.discard(worker)
+        if worker not in self.assigned or worker in self.left or self.mode == "asp":
+            return self.version
+        if worker in self._joining:
+            return self._joining[worker]
+        if worker not in self.members and self._contrib and worker not in self._contrib:
+            self._joining[worker] = self.version + 1  # this step went on without it
+            return self.version + 1
+        self.members.add(worker)
+        return self.version + 1 if worker in self._contrib else self.version
 
     # ----------------------------------------------------------------- push
 
@@ -214,7 +259,7 @@ class ParamStore:
 
         Raises:
             ConfigError: not seeded, blocks that do not match this server's, a
-                gradient from the future, or a second gradient for one step.
+                gradient from the future.
         """
         if self.optimizer is None:
             raise ConfigError("this server is not seeded yet; push after the first pull")
@@ -229,17 +274,22 @@ class ParamStore:
             )
         started = time.perf_counter()
         if self.mode == "asp":
-            if samples == 0:  # no records behind it: weight 0, as in a BSP step
+            if samples == 0 or self._asp_last_step.get(worker) == step:
+                # No records behind it (weight 0, as in a BSP step), or sent again.
                 return PushResult(True, None)
+            self._asp_last_step[worker] = step
             return PushResult(True, self._apply_asp(worker, step, samples, grads, started))
+        if worker in self._contrib and step == self.version:
+            return PushResult(True, None)  # sent again: the open step holds it already
+        applied_step, applied_workers = self._last_applied
+        if step == applied_step and worker in applied_workers:
+            return PushResult(True, None)  # sent again: its step applied with it
         if step < self.version:
             # The step went ahead without it (BACKUP), or, before ``recovered_at``,
             # an earlier process applied it: with backup 0 only once every member's
             # gradient was in, so this one too; with backup > 0 it cannot be known,
             # and "dropped" sends its records back to the DDS rather than lose them.
             return PushResult(step < self.recovered_at and self.backup == 0, None)
-        if worker in self._contrib:
-            raise ConfigError(f"worker {worker} pushed twice for step {step}")
         for block_id, grad in grads.items():
             acc = self._acc.get(block_id)
             if not self._contrib or acc is None:
@@ -277,8 +327,12 @@ class ParamStore:
             applied=sorted(self._contrib),
             dropped=sorted(waiting_for),
         )
+        self._last_applied = (self.version, frozenset(self._contrib))
         self.version += 1
         self._contrib = {}
+        for worker in [w for w, step in self._joining.items() if step <= self.version]:
+            del self._joining[worker]
+            self.members.add(worker)
         return update
 
     def _apply_asp(

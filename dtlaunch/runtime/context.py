@@ -22,7 +22,7 @@ import socket
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from dtlaunch.errors import ConfigError
 from dtlaunch.inject import parse_injections
@@ -37,7 +37,7 @@ from dtlaunch.wire.messages import AdjustBatchSize, AdjustLR, Attached, PsPlacem
 if TYPE_CHECKING:  # torch is optional: only attach() and bsp_batches() need it
     from dtlaunch.runtime.elastic import ElasticGroup
 
-__all__ = ["Job", "current_job", "init"]
+__all__ = ["DataWaitListener", "Job", "current_job", "init"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +52,30 @@ DEFAULT_HEARTBEAT_S = 1.0
 # Long enough for a supervisor restarted with --resume to come back.
 DEFAULT_INIT_TIMEOUT_S = 300.0
 DEFAULT_CLOSE_TIMEOUT_S = 10.0
+# How long batches() waits for a lease before its listeners hear that it waits for
+# data, and how often they hear it again while it still does.
+DATA_WAIT_FIRST_S = 0.1
+DATA_WAIT_AGAIN_S = 0.5
 
 _DATASET_ARGS = ("dataset_size", "shard_size", "epochs", "global_batch", "seed")
+
+
+class DataWaitListener(Protocol):
+    """Told when ``Job.batches()`` waits for data and when data comes again.
+
+    ``dtlaunch.ps.Client`` is one: a BSP parameter server must not hold its step
+    for a worker that waits for shards the other workers hold (the end of an
+    epoch or of the data set), so the client steps aside while its worker waits.
+    Both are called from the thread that iterates ``batches()``.
+    """
+
+    def waiting_for_data(self) -> None:
+        """No lease at hand; called again every ``DATA_WAIT_AGAIN_S`` while none comes."""
+        ...
+
+    def data_arrived(self) -> None:
+        """A batch is about to be handed out after a wait (not at the end of data)."""
+        ...
 
 
 # The process's open Job (a training process has one, like torch.distributed's
@@ -175,6 +197,7 @@ class Job:
         self._regroups: list[Regroup] = []  # heard, not yet handed to the elastic group
         self._elastic: ElasticGroup | None = None
         self._lr_factor = 1.0
+        self._data_listeners: list[DataWaitListener] = []
         self._dropped = False  # mark_dropped(): the coming step() releases, not acks
         self._global_batch = dataset.global_batch
         self._closed = False
@@ -225,16 +248,44 @@ class Job:
         loop then pushes zero samples and steps, so the others' step is not held up
         by a worker waiting for shards that they hold (at the start and end of the
         data, or after a restart).
+
+        Without ``wait``, the listeners of ``add_data_wait_listener`` (a
+        ``dtlaunch.ps.Client`` registers itself) hear when it waits for data and
+        when data comes again, so such a loop needs no empty batches.
         """
         if wait is not None and not wait >= 0:
             raise ValueError(f"batches(wait=...) must be 0 or more seconds, got {wait!r}")
+        waited = False  # told the listeners this worker waits for data
         while not self._closed:
-            batch = self._stream.next_batch(first_wait=wait)
+            if wait is None and self._data_listeners:
+                batch = self._stream.next_batch(
+                    first_wait=DATA_WAIT_AGAIN_S if waited else DATA_WAIT_FIRST_S
+                )
+                if batch == []:  # no lease yet (not the end of data)
+                    waited = True
+                    for listener in list(self._data_listeners):
+                        listener.waiting_for_data()
+                    continue
+                if batch is not None and waited:
+                    waited = False
+                    for listener in list(self._data_listeners):
+                        listener.data_arrived()
+            else:
+                batch = self._stream.next_batch(first_wait=wait)
             if batch is None:
                 return
             if batch:
                 self._timer.batch_taken(len(batch))
             yield batch
+
+    def add_data_wait_listener(self, listener: DataWaitListener) -> None:
+        """Tell ``listener`` when ``batches()`` (without ``wait``) waits for data."""
+        if listener not in self._data_listeners:
+            self._data_listeners.append(listener)
+
+    def remove_data_wait_listener(self, listener: DataWaitListener) -> None:
+        if listener in self._data_listeners:
+            self._data_listeners.remove(listener)
 
     def step(self) -> None:
         """End of an iteration (gradients applied); never waits on the network.

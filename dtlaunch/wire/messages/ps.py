@@ -23,6 +23,8 @@ __all__ = [
     "PsBlockState",
     "PsExport",
     "PsExported",
+    "PsIdle",
+    "PsIdleReply",
     "PsImport",
     "PsInit",
     "PsInitReply",
@@ -197,6 +199,29 @@ class PsLeave(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PsIdle(Message):
+    """A worker waits for data (``idle``: steps stop waiting for it) or has some
+    again (not ``idle``: it is a member again). Answered by ``PsIdleReply``."""
+
+    TYPE: ClassVar[str] = "ps_idle"
+    request_id: int
+    worker: int
+    idle: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsIdleReply(Message):
+    """``member_from``: the first step that waits for this worker's push (a step
+    already under way without it applies without it)."""
+
+    TYPE: ClassVar[str] = "ps_idle_reply"
+    request_id: int
+    member_from: int
+    version: int
+    incarnation: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PsSnapshotNow(Message):
     TYPE: ClassVar[str] = "ps_snapshot_now"
     request_id: int
@@ -287,14 +312,23 @@ class PsReply(Message):
     detail: str = ""
     incarnation: int = 0  # the answering server's; a refused request may name a newer one
     moved_to: str = ""  # the blocks asked for moved to this server: ask it instead
+    holding: bool = False  # to a PsPing: the request it names waits here for its answer
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PsPing(Message):
-    """Is the server (still) there, and which incarnation is it? Answered by PsReply."""
+    """Is the server (still) there, which incarnation is it, and does it hold the
+    request ``awaiting`` (the client's request_id, 0: none)? Answered by PsReply.
+
+    A server answers its peer's requests in the order they arrive, so when the
+    answer says ``holding=False`` and the request's own answer did not come
+    first, the request never reached this process (it went to one that died):
+    the client sends it again.
+    """
 
     TYPE: ClassVar[str] = "ps_ping"
     request_id: int
+    awaiting: int = 0
 
 
 PS_MESSAGE_TYPES: tuple[type[Message], ...] = (
@@ -306,6 +340,8 @@ PS_MESSAGE_TYPES: tuple[type[Message], ...] = (
     PsPushAck,
     PsMembership,
     PsLeave,
+    PsIdle,
+    PsIdleReply,
     PsSnapshotNow,
     PsExport,
     PsExported,
