@@ -67,7 +67,15 @@ from dtlaunch.ps.config import (
     timeout_from,
     worker_rank_from,
 )
-from dtlaunch.ps.exchange import Exchanger, PsError, Request, ServerRestarted, ServerTiming
+from dtlaunch.ps.exchange import (
+    Exchanger,
+    PsError,
+    Request,
+    ServerRestarted,
+    ServerTiming,
+    expect,
+    expecting,
+)
 from dtlaunch.ps.frames import as_buffer, block_spec, optimizer_to_wire, tensor_from_frame
 from dtlaunch.ps.model_blocks import GradMark, ModelTensors
 from dtlaunch.ps.optim import OptimizerConfig
@@ -293,8 +301,7 @@ class Client:
         started, mark = time.perf_counter(), len(self._exch.timings)
 
         def take(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
-            if not isinstance(reply, PsPushAck):
-                raise PsError(f"server {j} answered a push with {reply.TYPE}")
+            reply = expect(PsPushAck, j, reply, "a push")
             if reply.accepted:
                 self._want[j] = reply.step + 1
                 self._note_applied(j, reply)
@@ -367,7 +374,7 @@ class Client:
         requests: dict[int, Request] = {
             j: (PsIdle(request_id=0, worker=self.worker, idle=True), []) for j in links
         }
-        self._exch.run("idle", requests, _expect_idle_reply, on_restart=self._resync)
+        self._exch.run("idle", requests, expecting(PsIdleReply, "PsIdle"), on_restart=self._resync)
 
     def data_arrived(self) -> None:
         """Data came after a wait: a member of every server's steps again."""
@@ -389,7 +396,7 @@ class Client:
         member_from = [0] * n
 
         def take(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
-            member_from[j] = _expect_idle_reply(j, reply, frames)
+            member_from[j] = expect(PsIdleReply, j, reply, "PsIdle").member_from
             return 0
 
         requests: dict[int, Request] = {
@@ -403,9 +410,11 @@ class Client:
                 j: (PsPull(request_id=0, min_version=step, blocks=[], worker=self.worker), [])
                 for j in behind
             }
-            self._exch.run("rejoin", wait_for_step, _expect_params, on_restart=self._resync)
+            self._exch.run(
+                "rejoin", wait_for_step, expecting(PsParams, "a pull"), on_restart=self._resync
+            )
             zeros = {j: self._push_request(j, step, 0, zeros=True) for j in behind}
-            self._exch.run("rejoin", zeros, _expect_push_ack, on_restart=self._resync)
+            self._exch.run("rejoin", zeros, expecting(PsPushAck, "a push"), on_restart=self._resync)
             for j in behind:
                 member_from[j] = step + 1
         self._want = [max(w, common) for w in self._want]
@@ -486,9 +495,7 @@ class Client:
         unseeded: list[int] = []
 
         def take(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
-            if not isinstance(reply, PsInitReply):
-                raise PsError(f"server {j} answered PsInit with {reply.TYPE}")
-            if not reply.seeded:
+            if not expect(PsInitReply, j, reply, "PsInit").seeded:
                 unseeded.append(j)
             return 0
 
@@ -533,9 +540,7 @@ class Client:
         answer: list[PsInitReply] = []
 
         def take(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
-            if not isinstance(reply, PsInitReply):
-                raise PsError(f"server {j} answered PsInit with {reply.TYPE}")
-            answer.append(reply)
+            answer.append(expect(PsInitReply, j, reply, "PsInit"))
             return 0
 
         self._exch.run("resync", {j: self._init_request(j, False)}, take, on_restart=_restarted)
@@ -560,8 +565,7 @@ class Client:
         request = self._push_request(j, self._pushed_step[j], samples, zeros=not intact)
 
         def take(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
-            if not isinstance(reply, PsPushAck):
-                raise PsError(f"server {j} answered a push with {reply.TYPE}")
+            reply = expect(PsPushAck, j, reply, "a push")
             if reply.accepted:  # else a newer copy, which has it, was taken meanwhile
                 self._note_applied(j, reply)
             return 0
@@ -581,22 +585,3 @@ class Client:
 
 def _restarted(server: int, incarnation: int) -> None:
     raise ServerRestarted(server, incarnation)
-
-
-def _expect_idle_reply(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
-    """The step from which server ``j`` waits for this worker."""
-    if not isinstance(reply, PsIdleReply):
-        raise PsError(f"server {j} answered PsIdle with {reply.TYPE}")
-    return reply.member_from
-
-
-def _expect_params(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
-    if not isinstance(reply, PsParams):
-        raise PsError(f"server {j} answered a pull with {reply.TYPE}")
-    return 0
-
-
-def _expect_push_ack(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
-    if not isinstance(reply, PsPushAck):
-        raise PsError(f"server {j} answered a push with {reply.TYPE}")
-    return 0

@@ -32,7 +32,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 
@@ -47,6 +47,8 @@ __all__ = [
     "PsError",
     "ServerRestarted",
     "ServerTiming",
+    "expect",
+    "expecting",
 ]
 
 PROBE_AFTER_S = 0.5  # a loopback answer takes milliseconds; a ping costs ~100 bytes
@@ -58,6 +60,8 @@ OnRestart = Callable[[int, int], None]  # (server, new incarnation)
 Connect = Callable[[str], ServerLink]  # endpoint -> a new link
 
 logger = logging.getLogger(__name__)
+
+AnswerT = TypeVar("AnswerT", bound=Message)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -224,6 +228,23 @@ class Exchanger:
             probe_every=PROBE_AFTER_S,
             probes=set(),
         )
+
+
+def expect(answer: type[AnswerT], j: int, reply: Message, request: str) -> AnswerT:
+    """``reply`` as the ``answer`` a ``request`` gets from server ``j``, or PsError."""
+    if not isinstance(reply, answer):
+        raise PsError(f"server {j} answered {request} with {reply.TYPE}")
+    return reply
+
+
+def expecting(answer: type[Message], request: str) -> Take:
+    """A ``Take`` for a request whose answer only has to be ``answer``."""
+
+    def take(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
+        expect(answer, j, reply, request)
+        return 0
+
+    return take
 
 
 _FIELDS: dict[type[Message], frozenset[str]] = {}

@@ -1,6 +1,7 @@
 """The SDK inside training processes: ``dtlaunch.init()`` and the ``Job`` it returns.
 
 * ``context`` — ``init`` and ``Job``: identity, batches, ``step``, ``close``.
+* ``dataset_args`` — the data set a script passes to ``init``: checked, compared.
 * ``data`` — leases cut into batches; which leases a ``step()`` acks.
 * ``client`` — the supervisor connection (one background thread, asyncio, ZeroMQ).
 * ``standalone`` — leases without a supervisor, for plain ``python train.py``.

@@ -28,6 +28,7 @@ from dtlaunch.errors import ConfigError
 from dtlaunch.inject import parse_injections
 from dtlaunch.runtime.client import Connection, SupervisorClient
 from dtlaunch.runtime.data import BatchStream, LeaseSource, local_batch_size
+from dtlaunch.runtime.dataset_args import check_args_agree, dataset_from_args, given_dataset_args
 from dtlaunch.runtime.standalone import StandaloneSource
 from dtlaunch.runtime.steps import REPORT_EVERY_S, StepTimer
 from dtlaunch.sharding import DatasetSpec, dataset_info
@@ -56,8 +57,6 @@ DEFAULT_CLOSE_TIMEOUT_S = 10.0
 # data, and how often they hear it again while it still does.
 DATA_WAIT_FIRST_S = 0.1
 DATA_WAIT_AGAIN_S = 0.5
-
-_DATASET_ARGS = ("dataset_size", "shard_size", "epochs", "global_batch", "seed")
 
 
 class DataWaitListener(Protocol):
@@ -109,7 +108,7 @@ def init(
             data set anywhere, a bad environment, or no supervisor answering.
         KeyFileError: the run's key files are missing or unsafe.
     """
-    given = _given_values(
+    given = given_dataset_args(
         dataset_size=dataset_size,
         shard_size=shard_size,
         epochs=epochs,
@@ -121,7 +120,7 @@ def init(
     endpoint = os.environ.get(ENV_SUPERVISOR)
     restart_count = _env_int(os.environ, "TORCHELASTIC_RESTART_COUNT", default=0)
     if endpoint is None:
-        spec = _full_spec(given)
+        spec = dataset_from_args(given)
         if spec is None:
             raise ConfigError(
                 f"no supervisor ({ENV_SUPERVISOR} is not set), so dtlaunch.init() runs "
@@ -141,13 +140,13 @@ def init(
             f"rank {conn.rank} does not fit WORLD_SIZE={world_size}; "
             "run the script with dtlaunch run, which sets both"
         )
-    wanted = _full_spec(given)
+    wanted = dataset_from_args(given)
     timeout = _env_float(os.environ, ENV_INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT_S)
     client = SupervisorClient(conn, prefetch=prefetch)
     try:
         spec = client.negotiate(dataset_info(wanted) if wanted else None, timeout)
         if wanted is None:
-            _check_agrees(spec, given)
+            check_args_agree(spec, given)
         elif spec != wanted:  # the supervisor's run options win
             logger.warning("using the job's data set %s instead of %s", spec, wanted)
         job = Job(
@@ -511,51 +510,6 @@ class Job:
 
 
 # ------------------------------------------------------------------ helpers
-
-
-def _given_values(**values: int | None) -> dict[str, int]:
-    given: dict[str, int] = {}
-    for name, value in values.items():
-        if value is None:
-            continue
-        if type(value) is not int:
-            raise ConfigError(f"{name} must be an int, got {value!r}")
-        given[name] = value
-    return given
-
-
-def _full_spec(given: Mapping[str, int]) -> DatasetSpec | None:
-    """The data set the script gave, or None when it gave no size and shard size."""
-    if "dataset_size" not in given and "shard_size" not in given:
-        return None
-    missing = [name for name in ("dataset_size", "shard_size") if name not in given]
-    if missing:
-        raise ConfigError(
-            f"dtlaunch.init() got {', '.join(sorted(given))} but not {missing[0]}: "
-            "pass dataset_size= and shard_size= together"
-        )
-    for name, low in (("dataset_size", 1), ("shard_size", 1), ("epochs", 1)):
-        if given.get(name, low) < low:
-            raise ConfigError(f"{name} must be at least {low}, got {given[name]}")
-    if given.get("global_batch", 0) < 0:
-        raise ConfigError(f"global_batch must be 0 or more, got {given['global_batch']}")
-    if not 0 <= given.get("seed", 0) < 2**63:
-        raise ConfigError(f"seed must be in [0, 2**63), got {given['seed']}")
-    return DatasetSpec(**given).validate()
-
-
-def _check_agrees(spec: DatasetSpec, given: Mapping[str, int]) -> None:
-    """Values the script gave must match the job's data set."""
-    wrong = [
-        f"{name}={value} (the job has {getattr(spec, name)})"
-        for name, value in given.items()
-        if getattr(spec, name) != value
-    ]
-    if wrong:
-        raise ConfigError(
-            f"dtlaunch.init() got {', '.join(wrong)}; make dtlaunch.init() and the "
-            "dtlaunch run data set options agree"
-        )
 
 
 def _connection(env: Mapping[str, str], endpoint: str, attempt: int) -> Connection:
