@@ -15,6 +15,7 @@
     │   └── LockHeldError         another process holds a lock file (``holder``)
     ├── WalError                  the data-sharding write-ahead log cannot be used
     │   ├── WalCorruptError       damaged before its tail; names file, byte and the repair
+    │   ├── WalTailLostError      its newest records are gone (a segment or every file)
     │   ├── WalVersionError       written in a format version this release does not read
     │   └── WalFsyncError         a write or fsync failed; the log accepts nothing more
     ├── DdsStateError             a shard-queue record or snapshot disagrees with the data set
@@ -59,6 +60,7 @@ __all__ = [
     "WalCorruptError",
     "WalError",
     "WalFsyncError",
+    "WalTailLostError",
     "WalVersionError",
     "WireError",
 ]
@@ -215,6 +217,31 @@ class WalCorruptError(WalError):
             f"trusted past that point, so it was not loaded. Run `dtlaunch wal repair "
             f"{run_dir}` to cut the log there (everything removed is kept "
             f"in a repair-* folder next to it), then resume."
+        )
+
+
+class WalTailLostError(WalError):
+    """The log ends before a seq it once held (its high-water mark says so).
+
+    Its newest segment, or every file, is gone: resuming would take the queue
+    back to an older state, so it is refused until the files come back or
+    ``dtlaunch wal repair`` accepts the loss.
+    """
+
+    def __init__(self, directory: Path, last_seq: int, reached: int, *, run_dir: Path) -> None:
+        self.directory = directory
+        self.last_seq = last_seq
+        self.reached = reached
+        gone = (
+            "every record is gone (the directory is empty or missing)"
+            if last_seq == 0
+            else f"it ends at seq {last_seq}: its newest segment is missing"
+        )
+        super().__init__(
+            f"the WAL in {directory} once held seq {reached}, but {gone}. Resuming would "
+            f"take the shard queue back to that older state, and shards finished since "
+            f"would be trained again. Put the missing files back if you have them; or run "
+            f"`dtlaunch wal repair {run_dir}` to accept the loss, then resume."
         )
 
 

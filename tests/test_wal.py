@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -23,6 +24,7 @@ from dtlaunch.supervisor.wal.log import (
     Wal,
     WalCorruptError,
     WalFsyncError,
+    WalTailLostError,
     WalVersionError,
     repair,
 )
@@ -527,3 +529,68 @@ def test_a_snapshot_with_a_flipped_version_byte_is_damage_too(tmp_path):
     report = repair(wal_dir)
     assert (report.backup / snap.name).exists()
     assert recover(wal_dir).records == []
+
+
+def test_a_lost_newest_segment_is_refused_until_repair_accepts_the_loss(tmp_path):
+    """Deleting the last segment used to resume silently with the queue rolled back."""
+    wal_dir = tmp_path / "wal"
+    write_log(wal_dir, PAYLOADS, segment_bytes=400)
+    files = segments(wal_dir)
+    newest_first = int(files[-1].name[4:24])
+    files[-1].unlink()
+    with pytest.raises(WalTailLostError) as refused:
+        Wal.open(wal_dir)
+    text = str(refused.value)
+    assert f"once held seq {newest_first}" in text
+    assert f"ends at seq {newest_first - 1}" in text
+    assert f"dtlaunch wal repair {tmp_path}" in text
+
+    report = repair(wal_dir)
+    assert report.changed and report.tail_lost_from == newest_first
+    assert f"records from seq {newest_first} are gone" in str(report)
+    wal, recovered = Wal.open(wal_dir)
+    assert recovered.records == PAYLOADS[: newest_first - 1]
+    assert wal.append(b"after repair") == newest_first
+    wal.sync()
+    wal.close()
+    assert not repair(wal_dir).changed  # the mark moved with the new segment: sound
+
+
+def test_a_wal_whose_every_file_is_gone_is_refused_until_repaired(tmp_path):
+    wal_dir = tmp_path / "wal"
+    write_log(wal_dir, PAYLOADS[:5])
+    for path in wal_dir.iterdir():
+        path.unlink()
+    with pytest.raises(WalTailLostError, match="every record is gone"):
+        Wal.open(wal_dir)
+    shutil.rmtree(wal_dir)  # the directory itself may go too
+    with pytest.raises(WalTailLostError, match="every record is gone"):
+        Wal.open(wal_dir)
+    shutil.rmtree(wal_dir)  # open made it (and its LOCK), then refused
+    assert repair(wal_dir).tail_lost_from == 1
+    assert recover(wal_dir).records == []
+
+
+def test_the_high_water_mark_moves_only_with_a_new_segment_and_a_damaged_one_is_ignored(
+    tmp_path, caplog
+):
+    wal_dir, mark = tmp_path / "wal", tmp_path / "wal.highwater"
+    files = CountingFiles()
+    wal, _ = Wal.open(wal_dir, files=files)
+    assert not mark.exists()  # an empty log promises nothing
+    wal.append(b"a")
+    wal.sync()
+    written = mark.read_bytes()
+    assert struct.unpack_from("<8sIQ", written) == (b"DTLWAL\x00H", 1, 1)
+    fsyncs = files.fsyncs
+    for data in PAYLOADS[:5]:
+        wal.append(data)
+        wal.sync()
+    assert files.fsyncs == fsyncs + 5  # one per sync: the mark costs nothing per record
+    assert mark.read_bytes() == written
+    wal.close()
+
+    mark.write_bytes(b"\x00" * len(written))
+    with caplog.at_level("WARNING"):
+        assert len(recover(wal_dir).records) == 6
+    assert "ignoring the WAL's high-water mark" in caplog.text

@@ -52,9 +52,11 @@ class MemFiles:
 
     # ------------------------------------------------------------- FileLayer
     def make_dir(self, path: Path) -> bool:
-        # Simplification: directory creation is durable at once.
+        # Simplification: directory creation is durable at once. Parents are
+        # made too, as RealFiles does (the high-water mark lives in the parent).
         created = path not in self.dirs
         self.dirs.add(path)
+        self.dirs.update(path.parents)
         return created
 
     def list_dir(self, path: Path) -> list[str]:

@@ -14,7 +14,8 @@ from tests.test_dds_jobs import dataset_args, ledger_counts
 pytestmark = pytest.mark.integration
 
 
-def test_corrupt_wal_is_refused_then_repaired_and_the_job_completes(tmp_path):
+def killed_mid_job(tmp_path):
+    """A 2-worker DDS job SIGKILLed (supervisor and all) after some training."""
     ledger = tmp_path / "ledger"
     ledger.mkdir()
     run_dir = tmp_path / "run"
@@ -33,6 +34,21 @@ def test_corrupt_wal_is_refused_then_repaired_and_the_job_completes(tmp_path):
         job.wait(timeout=10)
     finally:
         job.cleanup()
+    return run_dir, ledger
+
+
+def resume_completes(run_dir, ledger):
+    resumed = run(["run", "--resume", str(run_dir)], env={}, timeout=120)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    result = summary(run_dir)
+    assert (result["shards_total"], result["shards_done"]) == (100, 100)
+    assert sorted(r["rank"] for r in result["restarts"]) == [0, 1]  # stale workers restarted
+    assert set(ledger_counts(ledger)) == set(range(2000))
+    assert not (run_dir / "wal" / "REPAIRED").exists()
+
+
+def test_corrupt_wal_is_refused_then_repaired_and_the_job_completes(tmp_path):
+    run_dir, ledger = killed_mid_job(tmp_path)
     segments = sorted((run_dir / "wal").glob("seg-*.wal"))
     damaged = segments[-1]
     data = bytearray(damaged.read_bytes())
@@ -49,11 +65,21 @@ def test_corrupt_wal_is_refused_then_repaired_and_the_job_completes(tmp_path):
     assert repaired.returncode == 0, repaired.stderr
     assert "dropped" in repaired.stdout
     assert list((run_dir / "wal").glob("repair-*"))  # every removed byte kept
+    resume_completes(run_dir, ledger)
 
-    resumed = run(["run", "--resume", str(run_dir)], env={}, timeout=120)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    result = summary(run_dir)
-    assert (result["shards_total"], result["shards_done"]) == (100, 100)
-    assert sorted(r["rank"] for r in result["restarts"]) == [0, 1]  # stale workers restarted
-    assert set(ledger_counts(ledger)) == set(range(2000))
-    assert not (run_dir / "wal" / "REPAIRED").exists()
+
+def test_a_wal_that_lost_its_newest_segment_is_refused_then_repaired(tmp_path):
+    """Deleting the newest segment used to resume silently with the queue rolled back."""
+    run_dir, ledger = killed_mid_job(tmp_path)
+    newest = sorted((run_dir / "wal").glob("seg-*.wal"))[-1]
+    newest.unlink()
+
+    refused = run(["run", "--resume", str(run_dir)], env={}, timeout=60)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "once held seq" in refused.stderr  # its only segment here: every record gone
+    assert f"dtlaunch wal repair {run_dir}" in refused.stderr.replace("\n", "")
+
+    repaired = run(["wal", "repair", str(run_dir)], env={}, timeout=60)
+    assert repaired.returncode == 0, repaired.stderr
+    assert "are gone with the missing files" in repaired.stdout.replace("\n", " ")
+    resume_completes(run_dir, ledger)

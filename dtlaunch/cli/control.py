@@ -48,7 +48,7 @@ def wal_repair(
     except DtlaunchError as err:
         raise fail(err, code=1) from None
     print(f"dtlaunch: {report}")
-    if report.damage is not None or report.backup is not None:
+    if report.changed:
         # Workers may hold shards the cut log no longer knows: the next resume
         # restarts them instead of adopting them.
         run.mark_wal_repaired(str(report))

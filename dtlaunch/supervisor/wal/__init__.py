@@ -19,6 +19,7 @@ from dtlaunch.supervisor.wal.log import (
     Wal,
     WalCorruptError,
     WalFsyncError,
+    WalTailLostError,
     WalVersionError,
     repair,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "Wal",
     "WalCorruptError",
     "WalFsyncError",
+    "WalTailLostError",
     "WalVersionError",
     "repair",
 ]

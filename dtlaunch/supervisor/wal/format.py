@@ -9,6 +9,13 @@
     snapshot snap-<covered seq, 20 digits>.snap
              magic "DTLWAL\\0P" | u32 format version | u64 covered seq | u64 state length
              | u32 crc32c(covered seq + state length + state) | state
+    high-water mark  <log directory>.highwater, *beside* the log directory
+             magic "DTLWAL\\0H" | u32 format version | u64 seq | u32 crc32c(the 20 bytes before)
+
+The high-water mark names a seq the log once held durably (the first record of
+its newest segment). It lives outside the log directory so that losing the
+newest segment, or every file of the directory, is noticed instead of resuming
+from an older state without a word.
 
 All integers are little-endian. The sequence number sits inside the checksummed part,
 so a record that is intact but in the wrong place (a gap, a reordered or stale write)
@@ -30,6 +37,8 @@ from dtlaunch.errors import WalVersionError as WalVersionError
 FORMAT_VERSION = 1
 SEGMENT_MAGIC = b"DTLWAL\x00S"
 SNAPSHOT_MAGIC = b"DTLWAL\x00P"
+HIGH_WATER_MAGIC = b"DTLWAL\x00H"
+HIGH_WATER_SUFFIX = ".highwater"
 SEGMENT_HEADER = struct.Struct("<8sIQI")
 RECORD_HEAD = struct.Struct("<IIQ")
 SNAPSHOT_HEADER = struct.Struct("<8sIQQI")
@@ -46,6 +55,28 @@ TEMP_SUFFIX = ".tmp"
 def run_dir_of(wal_dir: Path) -> Path:
     """The run directory a user passes to ``dtlaunch wal repair`` for ``wal_dir``."""
     return wal_dir.parent if wal_dir.name == "wal" else wal_dir
+
+
+def high_water_path(wal_dir: Path) -> Path:
+    """Where the high-water mark of the log in ``wal_dir`` is kept (beside it)."""
+    return wal_dir.with_name(wal_dir.name + HIGH_WATER_SUFFIX)
+
+
+def encode_high_water(seq: int) -> bytes:
+    head = SEGMENT_HEADER.pack(HIGH_WATER_MAGIC, FORMAT_VERSION, seq, 0)[:-4]
+    return head + struct.pack("<I", crc32c(head))
+
+
+def decode_high_water(buf: bytes) -> int | str:
+    """The seq a high-water mark names, or what is wrong with it."""
+    if len(buf) != SEGMENT_HEADER.size:
+        return f"{len(buf)} bytes, not {SEGMENT_HEADER.size}"
+    magic, version, seq, crc = SEGMENT_HEADER.unpack_from(buf, 0)
+    if magic != HIGH_WATER_MAGIC or crc != crc32c(buf[: SEGMENT_HEADER.size - 4]):
+        return "not a sound high-water mark (magic or checksum)"
+    if version != FORMAT_VERSION:
+        return f"format version {version}, this dtlaunch reads {FORMAT_VERSION}"
+    return int(seq)
 
 
 def segment_name(first_seq: int) -> str:

@@ -5,6 +5,7 @@
     <run_dir>/wal/LOCK                      flock'd by the one process writing the log
     <run_dir>/wal/seg-<first seq>.wal       records, appended; see wal_format for bytes
     <run_dir>/wal/snap-<covered seq>.snap   state covering every record up to that seq
+    <run_dir>/wal.highwater                 a seq the log once held (see wal_format)
 
 A record is durable once :meth:`Wal.sync` (or :meth:`GroupCommitter.append`) returns:
 all records buffered since the last sync go out in one write and one fsync. An fsync
@@ -15,6 +16,9 @@ refuses every later write and recovery starts from what is really on disk.
 A new segment is started on the first sync after :meth:`Wal.open` or a snapshot, or
 when the current one has grown past ``segment_bytes``; a segment never receives
 records again once another one exists, so only the last segment can end torn.
+Once a new segment's first records are durable, the high-water mark is moved to
+its first seq; :meth:`Wal.open` refuses a log that ends before the mark
+(:class:`WalTailLostError`) until ``repair`` accepts the loss.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from dtlaunch.errors import RunDirError
+from dtlaunch.errors import RunDirError, WalTailLostError
 from dtlaunch.supervisor.wal.commit import GroupCommitter
 from dtlaunch.supervisor.wal.files import (
     FileHandle,
@@ -42,9 +46,11 @@ from dtlaunch.supervisor.wal.format import (
     TEMP_SUFFIX,
     WalCorruptError,
     WalVersionError,
+    encode_high_water,
     encode_record,
     encode_segment_header,
     encode_snapshot,
+    high_water_path,
     run_dir_of,
     segment_name,
     segment_seq,
@@ -55,6 +61,7 @@ from dtlaunch.supervisor.wal.recovery import (
     RepairReport,
     TornTail,
     cut_torn_tail,
+    read_high_water,
     remove_files,
     repair_locked,
     scan_log,
@@ -71,6 +78,7 @@ __all__ = [
     "Wal",
     "WalCorruptError",
     "WalFsyncError",
+    "WalTailLostError",
     "WalVersionError",
     "repair",
 ]
@@ -144,6 +152,7 @@ class Wal:
         Raises:
             RunDirError: another live process holds the WAL's lock.
             WalCorruptError: damage before the tail; names file and byte, and the fix.
+            WalTailLostError: the log ends before its high-water mark (files lost).
             WalVersionError: a file written in another format version.
         """
         if segment_bytes <= SEGMENT_HEADER.size:
@@ -157,9 +166,15 @@ class Wal:
         try:
             state = scan_log(files, directory)
             torn = None
+            if state.damage is not None and not state.damage.tail:
+                raise state.damage.error()
+            # A torn tail is never below the mark: the mark moves after a sync.
+            reached = read_high_water(files, directory)
+            if reached > state.last_seq:
+                raise WalTailLostError(
+                    directory, state.last_seq, reached, run_dir=run_dir_of(directory)
+                )
             if state.damage is not None:
-                if not state.damage.tail:
-                    raise state.damage.error()
                 torn = cut_torn_tail(files, state.damage)
             remove_files(files, directory, state.stale)
         except BaseException:
@@ -333,13 +348,17 @@ class Wal:
                 return self._durable_seq
             self._buffer = []
         try:
-            if self._segment is None or self._segment_size >= self._segment_bytes:
-                self._start_segment(last - len(batch) + 1)
+            first = last - len(batch) + 1
+            started = self._segment is None or self._segment_size >= self._segment_bytes
+            if started:
+                self._start_segment(first)
             assert self._segment is not None
             data = b"".join(batch)
             self._files.write(self._segment, data)
             self._segment_size += len(data)
             self._files.fsync(self._segment)
+            if started:  # seq ``first`` is durable now: the log may never end before it
+                write_durably(self._files, high_water_path(self._dir), encode_high_water(first))
         except OSError as err:
             raise self._fail("write/fsync", err) from err
         self._durable_seq = last
@@ -406,6 +425,10 @@ def repair(directory: Path, *, files: FileLayer | None = None) -> RepairReport:
     try:
         files.list_dir(directory)
     except FileNotFoundError:
+        if read_high_water(files, directory) > 0:  # every file went, the directory too
+            files.make_dir(directory)
+            files.fsync_dir(directory.parent)
+            return repair(directory, files=files)
         raise RunDirError(
             f"{directory} does not exist, so there is no WAL to repair: pass the run "
             f"directory of a job that used data sharding (it holds a wal/ folder)"

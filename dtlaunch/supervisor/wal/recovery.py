@@ -18,8 +18,11 @@ from dtlaunch.supervisor.wal.format import (
     TEMP_SUFFIX,
     WalCorruptError,
     count_sound_records,
+    decode_high_water,
     decode_segment_header,
     decode_snapshot,
+    encode_high_water,
+    high_water_path,
     run_dir_of,
     scan_records,
     segment_name,
@@ -167,6 +170,26 @@ def scan_log(files: FileLayer, directory: Path) -> LogState:
     )
 
 
+def read_high_water(files: FileLayer, directory: Path) -> int:
+    """The seq the log in ``directory`` once held durably; 0 without a sound mark.
+
+    A damaged mark is only a lost safeguard, not lost data: it is ignored with a
+    warning (the next new segment writes a sound one).
+    """
+    path = high_water_path(directory)
+    try:
+        if path.name not in files.list_dir(path.parent):
+            return 0
+        decoded = decode_high_water(files.read(path))
+    except OSError as err:
+        log.warning("cannot read the WAL's high-water mark %s: %s", path, err)
+        return 0
+    if isinstance(decoded, str):
+        log.warning("ignoring the WAL's high-water mark %s: %s", path, decoded)
+        return 0
+    return decoded
+
+
 def write_durably(files: FileLayer, path: Path, data: bytes) -> None:
     """Write a whole file so that after a crash it is either absent or complete."""
     tmp = path.with_name(path.name + TEMP_SUFFIX)
@@ -235,11 +258,30 @@ class RepairReport:
     records_dropped: int  # sound records found in what was removed (best effort)
     bytes_removed: int
     backup: Path | None  # folder holding everything removed
+    tail_lost_from: int | None = None  # the log ended here, below its high-water mark
+    high_water: int = 0  # that mark
+
+    @property
+    def changed(self) -> bool:
+        """Whether the log now holds less than it once did (workers' leases are stale)."""
+        return self.damage is not None or self.backup is not None or self.tail_lost_from is not None
 
     def __str__(self) -> str:
+        lines = []
+        if self.tail_lost_from is not None:
+            lines.append(
+                f"the log once held seq {self.high_water} but its files end at seq "
+                f"{self.tail_lost_from - 1}: records from seq {self.tail_lost_from} are gone "
+                f"with the missing files. The queue resumes from that older state (shards "
+                f"finished since are trained again)"
+            )
         if self.damage is None and self.backup is None:
-            return f"the WAL is sound (it ends at seq {self.kept_through_seq}); nothing to repair"
-        lines = [f"damage: {self.damage or 'damaged snapshot files only'}"]
+            if not lines:
+                return (
+                    f"the WAL is sound (it ends at seq {self.kept_through_seq}); nothing to repair"
+                )
+            return "\n".join(lines)
+        lines.append(f"damage: {self.damage or 'damaged snapshot files only'}")
         if self.first_dropped_seq is not None:
             lines.append(
                 f"dropped {self.records_dropped} record(s) from seq {self.first_dropped_seq} "
@@ -250,18 +292,31 @@ class RepairReport:
 
 
 def repair_locked(files: FileLayer, directory: Path) -> RepairReport:
-    """Cut the log at its first damage. The caller holds the WAL's lock."""
+    """Cut the log at its first damage and lower its high-water mark to what is
+    left (accepting files that are gone). The caller holds the WAL's lock."""
     state = scan_log(files, directory)
     damage = state.damage
+    high_water = read_high_water(files, directory)
+    if high_water > state.last_seq:
+        # What the mark promised past the damage went with the cut, not with lost files.
+        lost_from = None if damage is not None else state.last_seq + 1
+        write_durably(files, high_water_path(directory), encode_high_water(state.last_seq))
+    else:
+        lost_from = None
     if damage is None and not state.bad_snapshots:
-        return RepairReport(
+        report = RepairReport(
             damage=None,
             kept_through_seq=state.last_seq,
             first_dropped_seq=None,
             records_dropped=0,
             bytes_removed=0,
             backup=None,
+            tail_lost_from=lost_from,
+            high_water=high_water,
         )
+        if lost_from is not None:
+            log.info("WAL %s repaired: %s", directory, report)
+        return report
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     backup = unused_name(files, directory, f"repair-{stamp}")
     files.make_dir(backup)
@@ -297,6 +352,7 @@ def repair_locked(files: FileLayer, directory: Path) -> RepairReport:
         records_dropped=dropped,
         bytes_removed=removed,
         backup=backup,
+        high_water=high_water,
     )
     log.info("WAL %s repaired: %s", directory, report)
     return report
