@@ -117,6 +117,8 @@ SAMPLES = [
           cwd="/home/u/job"),
     Kill(proc_id="worker-3", attempt=1, grace_s=5.0),
     Shutdown(grace_s=2.5, reason="job done"),
+    wire_messages.DumpStacks(request_id=3, proc_ids=["worker-0", "server-1"]),
+    wire_messages.Stacks(request_id=3, stacks={"worker-0": "Thread 1 (idle)\n    f (x.py:3)"}),
     Ack(ok=False, detail="no such run"),
     RegisterDataset(dataset=DATASET),
     DatasetReady(dataset=DATASET),

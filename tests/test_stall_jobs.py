@@ -5,6 +5,7 @@ hanging."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -51,6 +52,18 @@ def test_a_hung_worker_is_reported_and_restarted_and_the_job_finishes(tmp_path):
     assert proc["proc"] == "worker-0" and proc["attempt"] == 0
     assert proc["last_step"] >= 4 and proc["last_report_ago_s"] >= 1.0
     assert stall["bound_s"] == 2.0 and stall["waited_s"] >= 2.0
+    # Where it was stuck, from py-spy through its agent, before it was restarted.
+    [stacks] = [e for e in events(run_dir) if e["kind"] == "stall_stacks"]
+    frames = stacks["stacks"]["worker-0"]["frames"]
+    assert frames[0].startswith("sleep") or frames[0].startswith("wait_forever_for_a_peer")
+    assert any(f.startswith("wait_forever_for_a_peer (stall_worker.py:") for f in frames)
+    log_text = (run_dir / "logs" / "worker-0.log").read_text()
+    assert "stall: Python stacks (py-spy)" in log_text and "wait_forever_for_a_peer" in log_text
+    replayed = run(["replay", str(run_dir)], env={}, timeout=60)
+    assert "stacks: worker-0 in " in replayed.stdout
+    status = run(["status", "--json", str(run_dir)], env={}, timeout=60)
+    [stalled] = [a for a in json.loads(status.stdout)["actions"] if a["action"] == "STALL"]
+    assert "worker-0 in wait_forever_for_a_peer" in stalled["reason"]
     data = summary(run_dir)
     assert data["status"] == "succeeded"
     assert [f["reason"] for f in data["failures"]] == ["stalled"]

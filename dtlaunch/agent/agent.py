@@ -3,7 +3,7 @@
 ``run_agent`` first kills leftovers of a previous agent for the same state_dir
 (see ``proctable``), stores the run's peer keys for its children, connects a
 DEALER to the supervisor and then runs three things at once: the receive loop
-(Spawn / Kill / Shutdown / Rehello), the heartbeat loop (AgentHeartbeat every
+(Spawn / Kill / Shutdown / Rehello / DumpStacks), the heartbeat loop (AgentHeartbeat every
 interval, supervisor-lost and orphan detection) and the process runner (which
 reports Spawned / Output / Exited through this module's sink).
 
@@ -28,6 +28,7 @@ import zmq.asyncio
 from dtlaunch.agent.oom import OomWatcher
 from dtlaunch.agent.procs import ChildProcess, ExitInfo, ProcessGroupRunner, SpawnSpec
 from dtlaunch.agent.proctable import claim_agent_pid, kill_stale_groups
+from dtlaunch.agent.stacks import dump_stacks
 from dtlaunch.errors import LaunchError, WireError
 from dtlaunch.version import __version__
 from dtlaunch.wire.keys import KeyPair, PeerKeys, write_peer_keys
@@ -35,6 +36,7 @@ from dtlaunch.wire.messages import (
     AgentBootstrap,
     AgentHeartbeat,
     Bye,
+    DumpStacks,
     Exited,
     Hello,
     Kill,
@@ -46,6 +48,7 @@ from dtlaunch.wire.messages import (
     Spawn,
     Spawned,
     SpawnFailed,
+    Stacks,
     Welcome,
 )
 from dtlaunch.wire.sockets import Dealer
@@ -122,6 +125,7 @@ class Agent:
         self._stop_grace = boot.kill_grace
         self._dropped_output = 0
         self._queue_full = False
+        self._dumps: set[asyncio.Task[None]] = set()  # py-spy runs, off the receive loop
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -154,6 +158,9 @@ class Agent:
                 await self._send(Bye(reason=self._stop_reason))
                 receiver.cancel()
                 beater.cancel()
+                for dump in list(self._dumps):  # each stops its py-spy when cancelled
+                    dump.cancel()
+                await asyncio.gather(*self._dumps, return_exceptions=True)
         if self._dropped_output:
             log.warning(
                 "dropped %d output chunks while the supervisor was unreachable",
@@ -297,10 +304,29 @@ class Agent:
         elif isinstance(msg, Shutdown):
             reason = f"shutdown: {msg.reason}" if msg.reason else "shutdown"
             self.request_stop(reason, msg.grace_s)
+        elif isinstance(msg, DumpStacks):
+            task = asyncio.create_task(self._dump_stacks(runner, msg), name="dump-stacks")
+            self._dumps.add(task)
+            task.add_done_callback(self._dumps.discard)
         elif isinstance(msg, Welcome):
             log.info("welcomed by the supervisor of run %s", msg.run_id)
         else:
             log.warning("ignoring unexpected %s message from the supervisor", msg.TYPE)
+
+    async def _dump_stacks(self, runner: ProcessGroupRunner, msg: DumpStacks) -> None:
+        async def one(proc_id: str) -> str:
+            child = runner.get(proc_id)
+            if child is None:
+                return f"no stacks: {proc_id} is not running on {self._boot.host}"
+            return await dump_stacks(child.pid)
+
+        try:
+            texts = await asyncio.gather(*(one(p) for p in msg.proc_ids))
+        except Exception as exc:  # e.g. cannot start py-spy: say so rather than stay silent
+            log.exception("dumping stacks failed")
+            texts = [f"no stacks: {type(exc).__name__}: {exc}"] * len(msg.proc_ids)
+        stacks = dict(zip(msg.proc_ids, texts, strict=True))
+        await self._send(Stacks(request_id=msg.request_id, stacks=stacks))
 
     async def _spawn(self, runner: ProcessGroupRunner, msg: Spawn) -> None:
         if self._stop_requested.is_set():

@@ -39,6 +39,13 @@ class OutputRouter:
         handle.write(line.encode())
         handle.flush()
 
+    def note(self, proc_id: str, host: str, text: str) -> None:
+        """A dtlaunch note in a process's log (e.g. its stacks when the job stalled)."""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        handle = self._file(proc_id)
+        handle.write(f"=== dtlaunch: {proc_id} on {host} at {stamp}: {text}\n===\n".encode())
+        handle.flush()
+
     def write(self, proc_id: str, host: str, stream: str, data: bytes) -> None:
         handle = self._file(proc_id)
         handle.write(data)

@@ -45,6 +45,7 @@ from dtlaunch.supervisor.launcher import AgentProcess
 from dtlaunch.supervisor.output import OutputRouter
 from dtlaunch.supervisor.psfleet import PlacementKeeper, ServerFleet
 from dtlaunch.supervisor.regroup import JOIN_PREFIX, RegroupCoordinator, RegroupDriver
+from dtlaunch.supervisor.stacks import StackRequests, innermost_frames
 from dtlaunch.supervisor.status import STATUS_PREFIX, StatusTracker
 from dtlaunch.version import __version__
 from dtlaunch.wire.keys import PeerKeys
@@ -69,6 +70,7 @@ from dtlaunch.wire.messages import (
     ReleaseShards,
     Spawned,
     SpawnFailed,
+    Stacks,
     StatusRequest,
     StepReports,
     StopJob,
@@ -179,6 +181,9 @@ class Supervisor:
         self._signals = 0
         self._refused_at: dict[bytes, float] = {}  # peer -> when we last logged a refusal
         self._stall = StallWatch(stall_timeout_s)  # None: adaptive bound
+        self._stack_requests = StackRequests(
+            lambda host, msg: self._router.send(AGENT_PREFIX + host.encode(), msg)
+        )
 
     # --------------------------------------------------------------- public
 
@@ -373,6 +378,27 @@ class Supervisor:
             bound_s=round(stall.bound_s, 1),
             procs=procs,
         )
+        # Where they are stuck, before they are stopped: py-spy via their agents.
+        targets: dict[str, list[str]] = {}
+        for entry in procs:
+            agent = self.state.agents.get(entry["host"])
+            if agent is not None and agent.state is AgentState.UP:
+                targets.setdefault(entry["host"], []).append(entry["proc"])
+        self._spawn_task(self._restart_stalled(stuck, reason, targets), "stall")
+
+    async def _restart_stalled(
+        self, stuck: list[str], reason: str, targets: dict[str, list[str]]
+    ) -> None:
+        """Record the stuck processes' stacks (bounded wait), then restart them."""
+        if targets:
+            stacks = await self._stack_requests.collect(targets)
+            summary: dict[str, Any] = {}
+            for proc_id, text in sorted(stacks.items()):
+                host = next(h for h, ids in targets.items() if proc_id in ids)
+                self._output.note(proc_id, host, f"stall: Python stacks (py-spy)\n{text}")
+                summary[proc_id] = {"frames": innermost_frames(text), "log": f"logs/{proc_id}.log"}
+            self._recorder.emit("stall_stacks", stacks=summary)
+        now = self._clock()
         self._apply(self.state.stalled(stuck, reason, now))
         self._stall.restarted(now)
 
@@ -550,5 +576,7 @@ class Supervisor:
         elif isinstance(msg, Exited):
             self._output.flush_partial(msg.proc_id, host)
             self._apply(self.state.exited(host, msg, now))
+        elif isinstance(msg, Stacks):
+            self._stack_requests.answer(host, msg)
         elif isinstance(msg, Bye):
             self._apply(self.state.agent_bye(host, msg.reason, now))

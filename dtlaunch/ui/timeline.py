@@ -279,6 +279,8 @@ def _describe(event: Event, decided: str = "") -> tuple[str, str]:
         return "decision", _extra(data)
     if kind == "stall":
         return "STALL", _stall_text(data)
+    if kind == "stall_stacks":
+        return "STALL", _stacks_text(data)
     if kind == "stop_requested":
         return "stop", f"stop requested: {data.get('reason', '')}"
     if kind == "job_end":
@@ -323,6 +325,18 @@ def _stall_text(data: dict[str, Any]) -> str:
         )
         parts.append(f"{proc.get('proc', '?')}@{proc.get('host', '?')} {seen}")
     return f"{data.get('reason', 'no progress')}; " + ("; ".join(parts) or "nothing running")
+
+
+def _stacks_text(data: dict[str, Any]) -> str:
+    """Where each stuck process was: its innermost frame, and the log with the rest."""
+    stacks = data.get("stacks")
+    parts = []
+    for proc, entry in sorted(stacks.items()) if isinstance(stacks, dict) else []:
+        if not isinstance(entry, dict):
+            continue
+        frames = entry.get("frames") or ["?"]
+        parts.append(f"{proc} in {frames[0]} (stacks in {entry.get('log', '?')})")
+    return "stacks: " + ("; ".join(parts) or "none")
 
 
 def _ps_move_text(who: str, data: dict[str, Any]) -> str:

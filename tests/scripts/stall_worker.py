@@ -12,6 +12,13 @@ import time
 import dtlaunch
 
 hang_rank, hang_after, hang_attempts = (int(x) for x in sys.argv[1:4])
+
+
+def wait_forever_for_a_peer():  # the frame the stall's stacks must show
+    while True:
+        time.sleep(1)
+
+
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 job = dtlaunch.init()
 for steps, _batch in enumerate(job.batches(), start=1):
@@ -19,6 +26,5 @@ for steps, _batch in enumerate(job.batches(), start=1):
     job.step()
     if job.rank == hang_rank and attempt < hang_attempts and steps >= hang_after:
         print(f"worker {job.rank} attempt {attempt}: hanging after {steps} steps", flush=True)
-        while True:
-            time.sleep(1)
+        wait_forever_for_a_peer()
 job.close()

@@ -12,6 +12,7 @@ worker sends, every few steps or about a second): one sparkline point each.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -256,6 +257,21 @@ class StatusFold:
             )
         )
 
+    def _stall_stacks(self, event: Event) -> None:
+        """Where the stuck processes were: the innermost frame joins the STALL line."""
+        stacks = event.data.get("stacks")
+        where = [
+            f"{proc} in {entry['frames'][0]}"
+            for proc, entry in sorted(stacks.items() if isinstance(stacks, dict) else [])
+            if isinstance(entry, dict) and entry.get("frames")
+        ]
+        for index in range(len(self.actions) - 1, -1, -1):
+            action = self.actions[index]
+            if action.action == "STALL" and where:
+                reason = f"{action.reason}; {'; '.join(where)}"
+                self.actions[index] = dataclasses.replace(action, reason=reason)
+                break
+
     def _job_end(self, event: Event) -> None:
         self.phase = "done"
         self.status = str(event.data.get("status", ""))
@@ -480,6 +496,7 @@ _HANDLERS: dict[str, Callable[[StatusFold, Event], object]] = {
     "dds_recovered": StatusFold._progress,
     "decision": StatusFold._decision,
     "stall": StatusFold._stall,
+    "stall_stacks": StatusFold._stall_stacks,
     "stop_requested": StatusFold._stopping,
     "job_end": StatusFold._job_end,
 }

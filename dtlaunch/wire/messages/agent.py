@@ -3,8 +3,8 @@
 The agent reads ``AgentBootstrap`` (with the run's CURVE client secret) as one
 JSON line on stdin, never in argv. Then, agent -> supervisor:
 ``AgentHeartbeat`` (with a ``ProcReport`` per process), ``Spawned``,
-``SpawnFailed``, ``Output``, ``Exited``, ``Bye``; supervisor -> agent: ``Spawn``,
-``Kill``, ``Shutdown``.
+``SpawnFailed``, ``Output``, ``Exited``, ``Bye``, ``Stacks``; supervisor -> agent:
+``Spawn``, ``Kill``, ``Shutdown``, ``DumpStacks``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ __all__ = [
     "AgentBootstrap",
     "AgentHeartbeat",
     "Bye",
+    "DumpStacks",
     "Exited",
     "Kill",
     "Output",
@@ -26,6 +27,7 @@ __all__ = [
     "Spawn",
     "SpawnFailed",
     "Spawned",
+    "Stacks",
 ]
 
 
@@ -154,3 +156,21 @@ class Shutdown(Message):
     TYPE: ClassVar[str] = "shutdown"
     grace_s: float
     reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DumpStacks(Message):
+    """Send the Python stacks of these processes (the stall diagnosis)."""
+
+    TYPE: ClassVar[str] = "dump_stacks"
+    request_id: int
+    proc_ids: list[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stacks(Message):
+    """The answer to ``DumpStacks``: per process, py-spy's dump or why there is none."""
+
+    TYPE: ClassVar[str] = "stacks"
+    request_id: int
+    stacks: dict[str, str] = field(default_factory=dict)
