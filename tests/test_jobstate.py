@@ -348,3 +348,41 @@ def test_the_same_crash_after_progress_is_retried():
     other = [*KEYERROR_AT_START[:1], '  File "/job/train.py", line 40, in step', "KeyError: 'x'"]
     state.exited("h0", exited("worker-0", 2, code=1, runtime=2.0, tail=other), 6)
     assert state.failures[-1].retryable and state.phase is Phase.RUNNING
+
+
+def test_an_agent_back_after_being_lost_has_its_stale_attempts_fenced_before_the_rank_restarts():
+    """Issue 12: an agent declared lost (its channel closed, then silence) that comes
+    back still running the old attempt of a rank that has restarted since must stop
+    it before the new attempt starts there, so no rank ever runs twice."""
+    state = make_state(scope="process")
+    bring_up(state)
+    state.agent_exited("h1", 1.0, definite=False, detail="channel closed")
+    for host in ("h0", "h2"):
+        state.agent_seen(host, 3.5)
+    out = state.tick(3.5)
+    assert [e.host for e in events(out, "agent_lost")] == ["h1"]
+    assert state.procs["worker-1"].attempt == 1  # its rank restarts, waiting for h1
+
+    old = ProcReport(proc_id="worker-1", role="worker", rank=1, attempt=0, pid=100, state="running")
+    out = state.agent_hello("h1", 5.0, free_ports=[9000], host_addr="", procs=[old])
+    assert [(e.rank, e.data["attempt"]) for e in events(out, "fenced")] == [(1, 0)]
+    assert [(k.proc_id, k.attempt) for k in sent(out, Kill)] == [("worker-1", 0)]
+    assert sent(out, Spawn) == []  # not while the old attempt runs on that agent
+    out = state.heartbeat("h1", 5.5, [old])  # still reported: no second kill, no spawn
+    assert sent(out, Kill) == [] and sent(out, Spawn) == []
+
+    out = state.exited("h1", exited("worker-1", 0, sig=15, requested=True), 6.0)
+    assert [e.data.get("fenced") for e in events(out, "exit")] == [True]
+    assert [(s.proc_id, s.attempt) for s in sent(out, Spawn)] == [("worker-1", 1)]
+    assert state.failures and all(f.reason != "stalled" for f in state.failures)
+    assert len(state.failures) == 1  # the loss; the fenced exit is not another failure
+
+
+def test_an_agent_reconnecting_with_the_current_attempts_is_not_fenced():
+    state = make_state(scope="process")
+    bring_up(state)
+    now = [
+        ProcReport(proc_id="worker-1", role="worker", rank=1, attempt=0, pid=100, state="running")
+    ]
+    out = state.agent_hello("h1", 2.0, free_ports=[9000], host_addr="", procs=now)
+    assert events(out, "fenced") == [] and sent(out, Kill) == []

@@ -279,6 +279,11 @@ def _describe(event: Event, decided: str = "") -> tuple[str, str]:
         return "decision", _extra(data)
     if kind == "stall":
         return "STALL", _stall_text(data)
+    if kind == "fenced":
+        return "FENCED", (
+            f"{who} attempt {data.get('attempt', '?')} (pid {data.get('pid', '?')}) still ran "
+            "when its agent came back after being lost; stopped, so the rank runs once"
+        )
     if kind == "stall_stacks":
         return "STALL", _stacks_text(data)
     if kind == "stop_requested":

@@ -128,6 +128,10 @@ class JobState:
         # its prewarmed replacement waits (see replace_prewarmed).
         self.retiring: dict[str, tuple[str, int]] = {}
         self.handed_over: set[str] = set()  # retiring servers whose blocks moved on
+        # proc id -> (host, attempt) of an earlier attempt an agent still ran when
+        # it came back after being declared lost: stopped (fenced) so that no rank
+        # runs twice; its slot is not spawned on that host until it has exited.
+        self.fenced: dict[str, tuple[str, int]] = {}
         # Spare hosts get an agent too, so a KILL_RESTART onto one starts at once.
         self.agents: dict[str, AgentSlot] = {
             host: AgentSlot(host=host)
@@ -471,10 +475,43 @@ class JobState:
                 )
                 out += self._gone(slot)
                 out += self._on_failure(slot, verdict, None, None, [], now)
+        return out + self._fence_stale(host, procs)
+
+    def _fence_stale(self, host: str, procs: list[ProcReport]) -> list[Command]:
+        """Stop what an agent runs that is no longer the job's: an attempt that was
+        given up while the agent was unreachable (its rank restarted since)."""
+        out: list[Command] = []
+        for report in procs:
+            slot = self.procs.get(report.proc_id)
+            current = (
+                slot is not None
+                and slot.host == host
+                and slot.attempt == report.attempt
+                and slot.state in LIVE_PROC_STATES
+            )
+            stale = (host, report.attempt)
+            if current or self.retiring.get(report.proc_id) == stale:
+                continue
+            if self.fenced.get(report.proc_id) == stale:
+                continue  # already being stopped
+            self.fenced[report.proc_id] = stale
+            role, _, rank = report.proc_id.rpartition("-")
+            out.append(
+                EmitEvent(
+                    kind="fenced",
+                    host=host,
+                    role=role,
+                    rank=int(rank) if rank.isdigit() else -1,
+                    data={"attempt": report.attempt, "pid": report.pid},
+                )
+            )
+            out.append(self._kill(report.proc_id, host, report.attempt))
         return out
 
     def _agent_lost(self, agent: AgentSlot, reason: str, now: float) -> list[Command]:
         agent.state = AgentState.LOST
+        # Its fenced processes go with it (a new agent stops its predecessor's).
+        self.fenced = {p: held for p, held in self.fenced.items() if held[0] != agent.host}
         out: list[Command] = [
             EmitEvent(kind="agent_lost", host=agent.host, data={"reason": reason})
         ]
@@ -540,6 +577,17 @@ class JobState:
         return aborted + self._exited(host, msg, now)
 
     def _exited(self, host: str, msg: Exited, now: float) -> list[Command]:
+        if self.fenced.get(msg.proc_id) == (host, msg.attempt):
+            del self.fenced[msg.proc_id]  # the stale attempt is gone: its rank may start
+            role, _, rank = msg.proc_id.rpartition("-")
+            gone = EmitEvent(
+                kind="exit",
+                host=host,
+                role=role,
+                rank=int(rank) if rank.isdigit() else -1,
+                data={"exit_code": msg.exit_code, "signal": msg.signal, "fenced": True},
+            )
+            return [gone, *self._reconcile(now)]
         if self.retiring.get(msg.proc_id) == (host, msg.attempt):
             # The replaced process is gone: its shards go back, its rank's
             # replacement may join.
@@ -780,6 +828,8 @@ class JobState:
             agent = self.agents[slot.host]
             if agent.state is not AgentState.UP:
                 continue
+            if self.fenced.get(slot.proc_id, ("",))[0] == slot.host:
+                continue  # that agent still runs a stale attempt of it (see fenced)
             if slot.join is not None:
                 master_addr, master_port = slot.join.master_addr, slot.join.master_port
             else:
