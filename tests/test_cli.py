@@ -124,6 +124,22 @@ def test_stop_of_an_ended_job_says_so(tmp_path):
     assert "not a dtlaunch run directory" in result.stderr
 
 
+def test_a_run_dir_whose_supervisor_died_before_job_json_says_to_start_again(tmp_path):
+    """Found by benchmarks/chaos.py: a supervisor SIGKILLed in its first second
+    leaves logs/ but no job.json; --resume must say that nothing ran and the
+    same command starts the job in the same --run-dir."""
+    out, run_dir = tmp_path / "out", tmp_path / "run"
+    out.mkdir()
+    (run_dir / "logs").mkdir(parents=True)  # what RunDir.create makes before job.json
+    refused = run(["run", "--resume", str(run_dir)], env={})
+    assert refused.returncode == 2
+    text = " ".join(refused.stderr.split())
+    assert "stopped before the job was set up, so nothing ran" in text
+    assert "Start the job again with the same dtlaunch run command" in text
+    argv = ["run", "--run-dir", str(run_dir), str(SCRIPTS / "flaky.py"), str(out), "none", "9", "0"]
+    assert run(argv, env={}).returncode == 0
+
+
 # ------------------------------------------- user text is not markup (issue 12, defect 6)
 
 

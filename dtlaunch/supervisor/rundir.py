@@ -112,6 +112,13 @@ class RunDir:
             RunDirError: when ``path`` is not a run directory.
         """
         run = cls(path)
+        if not run.job_path.is_file() and run.logs.is_dir():
+            # create() makes logs/ first and job.json last: it stopped in between.
+            raise RunDirError(
+                f"{path} has no job.json: its supervisor stopped before the job was set "
+                "up, so nothing ran and there is nothing to resume. Start the job again "
+                f"with the same dtlaunch run command (--run-dir {path} is reused)"
+            )
         if not run.job_path.is_file():
             raise RunDirError(
                 f"{path} is not a dtlaunch run directory (no job.json); "

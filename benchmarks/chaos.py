@@ -1,0 +1,378 @@
+"""Chaos: real jobs hit by random faults at random instants, counted.
+
+Each trial runs a real ``dtlaunch run`` (local agent, real processes, ZeroMQ,
+WAL) of one job kind (``dds``, ``ps``, ``allreduce``: ``chaos_worker.py``)
+and injects one fault kind ``--faults`` times, each at a random instant from
+the job's first second on:
+
+- ``kill-worker`` / ``kill-server`` / ``kill-agent``: SIGKILL of one such process
+- ``stop-worker`` / ``stop-server`` / ``stop-agent``: SIGSTOP for 1-4 s, then SIGCONT
+- ``kill-supervisor``: SIGKILL of the supervisor, then ``dtlaunch run --resume``
+- ``stop-supervisor``: SIGSTOP of the supervisor for 1-4 s, then SIGCONT
+
+Every trial is bounded (``--bound`` seconds per supervisor run): a run that
+does not end in time is a *hang*, stopped and counted. After each trial the
+ledger (the record ids every attempt of every rank trained, flushed before
+``job.step()``) gives the records *lost* (never trained; none allowed) and the
+*duplicates* (trained again after a fault: the at-least-once price), and
+no process of the trial may be left behind. *Recovery* is what the faults cost:
+the trial's wall time less the median fault-free time of its job kind (measured
+in the same run), per fault.
+
+    python benchmarks/chaos.py --trials 24 --faults 1          # quick look
+    python benchmarks/chaos.py --faults-total 2000 --out benchmarks/results/chaos.json
+
+Prints a table per fault kind and writes the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "chaos_worker.py"
+
+JOBS: dict[str, dict[str, Any]] = {
+    # records, shard, global batch, step seconds, extra run options
+    "dds": {"records": 600, "shard": 20, "batch": 20, "step": 0.02, "opts": []},
+    "ps": {"records": 600, "shard": 20, "batch": 20, "step": 0.02, "opts": ["--servers", "2"]},
+    "allreduce": {"records": 600, "shard": 20, "batch": 20, "step": 0.02, "opts": []},
+}
+FAULTS: dict[str, tuple[str, ...]] = {
+    "dds": ("kill-worker", "stop-worker", "kill-agent", "stop-agent", "kill-supervisor",
+            "stop-supervisor"),
+    "ps": ("kill-worker", "kill-server", "stop-server", "kill-supervisor"),
+    "allreduce": ("kill-worker", "stop-worker", "kill-supervisor"),
+}  # fmt: skip
+WORKERS = 2
+
+
+@dataclass
+class Trial:
+    job: str
+    fault: str
+    planned: int
+    injected: int = 0
+    supervisor_runs: int = 0
+    succeeded: bool = False
+    hung: bool = False
+    lost: int = 0
+    duplicates: int = 0
+    left_behind: int = 0
+    wall_s: float = 0.0
+    detail: str = ""
+    instants: list[float] = field(default_factory=list)
+
+
+def run_options(job: str, run_dir: Path, ledger: Path) -> list[str]:
+    spec = JOBS[job]
+    return [
+        "run", "--workers", str(WORKERS), *spec["opts"], "--run-dir", str(run_dir),
+        "--dataset-size", str(spec["records"]), "--shard-size", str(spec["shard"]),
+        "--global-batch", str(spec["batch"]), "--epochs", "1",
+        "--max-restarts", "50", "--restart-scope", "process" if job != "allreduce" else "group",
+        "--heartbeat-interval", "0.5", "--dead-after", "4", "--kill-grace", "2",
+        "--stall-timeout", "30", "--output", "none",
+        str(WORKER), job, str(ledger), str(spec["step"]),
+    ]  # fmt: skip
+
+
+def start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("DTLAUNCH_HOSTS", None)
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "dtlaunch", *argv],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def targets(supervisor: subprocess.Popen[bytes], fault: str) -> list[psutil.Process]:
+    """The live processes a fault may hit, found in the supervisor's tree."""
+    role = fault.split("-", 1)[1]
+    if role == "supervisor":
+        return [psutil.Process(supervisor.pid)]
+    try:
+        tree = psutil.Process(supervisor.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    found = []
+    for proc in tree:
+        try:
+            cmd = " ".join(proc.cmdline())
+            if proc.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_STOPPED):
+                continue
+        except psutil.Error:
+            continue
+        wanted = {
+            "agent": "dtlaunch.agent" in cmd,
+            "server": "dtlaunch.ps" in cmd and "chaos_worker" not in cmd,
+            "worker": "chaos_worker.py" in cmd,
+        }
+        if wanted.get(role, False):
+            found.append(proc)
+    return found
+
+
+def ledger_counts(ledger: Path) -> collections.Counter[int]:
+    counts: collections.Counter[int] = collections.Counter()
+    for path in ledger.glob("*.txt"):
+        for line in path.read_text().splitlines():
+            counts.update(int(x) for x in line.split())
+    return counts
+
+
+class Tree:
+    """Every process a trial's supervisors started, seen while it ran, so that any
+    left behind at the end (an orphaned agent, a worker) is found by pid."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, float] = {}  # pid -> create time
+
+    def look(self, supervisor: subprocess.Popen[bytes]) -> None:
+        try:
+            root = psutil.Process(supervisor.pid)
+            for proc in [root, *root.children(recursive=True)]:
+                self.seen.setdefault(proc.pid, proc.create_time())
+        except psutil.Error:
+            pass
+
+    def alive(self) -> list[psutil.Process]:
+        out = []
+        for pid, created in self.seen.items():
+            try:
+                proc = psutil.Process(pid)
+                if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
+                    out.append(proc)
+            except psutil.Error:
+                continue
+        return out
+
+
+def run_trial(job: str, fault: str, faults: int, rng: random.Random, bound_s: float,
+              window_s: float, workdir: Path) -> Trial:  # fmt: skip
+    trial = Trial(job=job, fault=fault, planned=faults)
+    run_dir, ledger, log = workdir / "run", workdir / "ledger", workdir / "console.log"
+    ledger.mkdir(parents=True)
+    started = time.monotonic()
+    options = run_options(job, run_dir, ledger)
+    supervisor = start(options, log)
+    tree = Tree()
+    trial.supervisor_runs = 1
+    # Random instants from launch on, sorted: several faults hit one job in turn.
+    due = sorted(rng.uniform(0.3, window_s) for _ in range(faults))
+    run_started = started
+    try:
+        while True:
+            tree.look(supervisor)
+            if supervisor.poll() is not None:
+                if trial.fault == "kill-supervisor" and supervisor.returncode == -signal.SIGKILL:
+                    # Killed before job.json: nothing ran; the same command starts it.
+                    resumable = (run_dir / "job.json").exists()
+                    again = ["run", "--resume", str(run_dir)] if resumable else options
+                    supervisor = start(again, log)
+                    trial.supervisor_runs += 1
+                    run_started = time.monotonic()
+                    continue
+                break
+            now = time.monotonic()
+            if now - run_started > bound_s:
+                trial.hung = True
+                trial.detail = (
+                    f"no end within {bound_s:.0f} s of supervisor run {trial.supervisor_runs}"
+                )
+                break
+            if due and now - started >= due[0]:
+                hit = targets(supervisor, fault)
+                if hit:
+                    due.pop(0)
+                    victim = rng.choice(hit)
+                    trial.instants.append(round(now - started, 2))
+                    trial.injected += 1
+                    inject(victim, fault, rng)
+                    continue
+            time.sleep(0.05)
+    finally:
+        if supervisor.poll() is None:
+            supervisor.send_signal(signal.SIGCONT)
+            supervisor.send_signal(signal.SIGTERM)
+            try:
+                supervisor.wait(30)
+            except subprocess.TimeoutExpired:
+                supervisor.kill()
+                supervisor.wait()
+    trial.wall_s = time.monotonic() - started
+    trial.succeeded = supervisor.returncode == 0 and not trial.hung
+    counts = ledger_counts(ledger)
+    records = JOBS[job]["records"]
+    if trial.succeeded:
+        trial.lost = sum(1 for r in range(records) if counts[r] == 0)
+    trial.duplicates = sum(counts.values()) - len(counts)
+    # The supervisor stops every agent and process before it exits; allow a beat
+    # for the kernel to reap them, then anything still alive was left behind.
+    deadline = time.monotonic() + 5.0
+    while (left := tree.alive()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    trial.left_behind = len(left)
+    for proc in left:  # never leave them to the next trial
+        try:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+        except psutil.Error:
+            pass
+    if not trial.succeeded and not trial.detail:
+        tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+        trial.detail = " | ".join(tail)[-400:]
+    return trial
+
+
+def inject(victim: psutil.Process, fault: str, rng: random.Random) -> None:
+    kind = fault.split("-", 1)[0]
+    try:
+        if kind == "kill":
+            victim.send_signal(signal.SIGKILL)
+        else:
+            victim.send_signal(signal.SIGSTOP)
+            time.sleep(rng.uniform(1.0, 4.0))
+            victim.send_signal(signal.SIGCONT)
+    except psutil.NoSuchProcess:
+        pass  # it ended on its own meanwhile: the fault still counts as tried
+
+
+def summarise(trials: list[Trial], baseline: dict[str, float]) -> dict[str, Any]:
+    by_kind: dict[str, dict[str, Any]] = {}
+    for name in sorted({f"{t.job}:{t.fault}" for t in trials}):
+        group = [t for t in trials if f"{t.job}:{t.fault}" == name]
+        job = group[0].job
+        recoveries = [
+            max(0.0, t.wall_s - baseline[job]) / t.injected
+            for t in group
+            if t.succeeded and t.injected and job in baseline
+        ]
+        by_kind[name] = {
+            "runs": len(group),
+            "faults": sum(t.injected for t in group),
+            "succeeded": sum(t.succeeded for t in group),
+            "hung": sum(t.hung for t in group),
+            "records_lost": sum(t.lost for t in group),
+            "duplicates": sum(t.duplicates for t in group),
+            "left_behind": sum(t.left_behind for t in group),
+            "median_recovery_s": round(statistics.median(recoveries), 2) if recoveries else None,
+        }
+    return by_kind
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=12, help="trials (faulted jobs)")
+    parser.add_argument("--faults", type=int, default=1, help="faults per trial")
+    parser.add_argument("--faults-total", type=int, default=0,
+                        help="run trials until this many faults were injected")  # fmt: skip
+    parser.add_argument("--jobs", default="dds,ps,allreduce")
+    parser.add_argument("--baseline", type=int, default=1, help="fault-free runs per job kind")
+    parser.add_argument("--bound", type=float, default=120.0, help="seconds per supervisor run")
+    parser.add_argument(
+        "--plan", default="", help="job:fault,... e.g. dds:kill-agent,ps:kill-server"
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    jobs = [j for j in args.jobs.split(",") if j]
+    # Job kinds take turns, each going through its fault kinds: a short run
+    # still covers every job kind.
+    rounds = max(len(FAULTS[job]) for job in jobs)
+    plan = [(job, FAULTS[job][r % len(FAULTS[job])]) for r in range(rounds) for job in jobs]
+    if args.plan:
+        plan = [(item.partition(":")[0], item.partition(":")[2]) for item in args.plan.split(",")]
+        unknown = [f"{j}:{f}" for j, f in plan if j not in FAULTS or f not in FAULTS[j]]
+        if unknown:
+            parser.error(f"--plan: unknown {', '.join(unknown)}; choose from {FAULTS}")
+        jobs = sorted({job for job, _ in plan})
+    trials: list[Trial] = []
+    baseline: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="dtlaunch-chaos-") as tmp:
+        root = Path(tmp)
+        for job in jobs:
+            walls = []
+            for i in range(args.baseline):
+                clean = run_trial(
+                    job, "none-none", 0, rng, args.bound, 1.0, root / f"base-{job}-{i}"
+                )
+                if not clean.succeeded:
+                    print(f"fault-free {job} run failed: {clean.detail}", file=sys.stderr)
+                    return 1
+                walls.append(clean.wall_s)
+            if walls:  # --baseline 0: no recovery figures, faults within the first 3 s
+                baseline[job] = statistics.median(walls)
+                print(f"baseline {job}: {baseline[job]:.1f} s", flush=True)
+        index = 0
+        while (
+            sum(t.injected for t in trials) < args.faults_total
+            if args.faults_total
+            else index < args.trials
+        ):
+            job, fault = plan[index % len(plan)]
+            window = max(1.0, 0.8 * baseline[job]) if job in baseline else 3.0
+            trial = run_trial(job, fault, args.faults, rng, args.bound, window, root / f"t{index}")
+            trials.append(trial)
+            state = "ok" if trial.succeeded else ("HUNG" if trial.hung else "FAILED")
+            print(
+                f"[{index:4d}] {job:9s} {fault:15s} x{trial.injected} at {trial.instants} "
+                f"-> {state} {trial.wall_s:.1f}s lost={trial.lost} dup={trial.duplicates} "
+                f"left={trial.left_behind} {trial.detail if state != 'ok' else ''}",
+                flush=True,
+            )
+            index += 1
+    table = summarise(trials, baseline)
+    print(f"\n{'job:fault':28s} runs faults ok hung lost dups left recovery_s")
+    for name, row in table.items():
+        print(
+            f"{name:28s} {row['runs']:4d} {row['faults']:6d} {row['succeeded']:2d} "
+            f"{row['hung']:4d} {row['records_lost']:4d} {row['duplicates']:4d} "
+            f"{row['left_behind']:4d} {row['median_recovery_s']}"
+        )
+    totals = {
+        "trials": len(trials),
+        "faults": sum(t.injected for t in trials),
+        "succeeded": sum(t.succeeded for t in trials),
+        "hung": sum(t.hung for t in trials),
+        "records_lost": sum(t.lost for t in trials),
+        "left_behind": sum(t.left_behind for t in trials),
+    }
+    print(f"\ntotals: {totals}")
+    if args.out is not None:
+        result = {
+            "machine": {"cpus": os.cpu_count()},
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "baseline_s": {k: round(v, 2) for k, v in baseline.items()},
+            "by_fault": table,
+            "totals": totals,
+            "trials": [asdict(t) for t in trials],
+        }
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    ok = totals["hung"] == 0 and totals["records_lost"] == 0 and totals["left_behind"] == 0
+    return 0 if ok and totals["succeeded"] == totals["trials"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
