@@ -178,8 +178,11 @@ def run_trial(job: str, fault: str, faults: int, rng: random.Random, bound_s: fl
     supervisor = start(options, log)
     tree = Tree()
     trial.supervisor_runs = 1
-    # Random instants from launch on, sorted: several faults hit one job in turn.
-    due = sorted(rng.uniform(0.3, window_s) for _ in range(faults))
+    # Random instants from launch on; each next one a random gap after the last
+    # fault, so several faults spread over the job instead of piling up at the
+    # instant its first process appears.
+    gap = 2.0 * window_s / max(1, faults)
+    due = [rng.uniform(0.3, max(0.4, gap))] if faults else []
     run_started = started
     try:
         while True:
@@ -204,11 +207,15 @@ def run_trial(job: str, fault: str, faults: int, rng: random.Random, bound_s: fl
             if due and now - started >= due[0]:
                 hit = targets(supervisor, fault)
                 if hit:
-                    due.pop(0)
                     victim = rng.choice(hit)
                     trial.instants.append(round(now - started, 2))
                     trial.injected += 1
                     inject(victim, fault, rng)
+                    due = (
+                        [time.monotonic() - started + rng.uniform(0.2, max(0.3, gap))]
+                        if trial.injected < faults
+                        else []
+                    )
                     continue
             time.sleep(0.05)
     finally:
@@ -281,6 +288,55 @@ def summarise(trials: list[Trial], baseline: dict[str, float]) -> dict[str, Any]
     return by_kind
 
 
+def totals_of(trials: list[Trial]) -> dict[str, int]:
+    return {
+        "trials": len(trials),
+        "faults": sum(t.injected for t in trials),
+        "succeeded": sum(t.succeeded for t in trials),
+        "hung": sum(t.hung for t in trials),
+        "records_lost": sum(t.lost for t in trials),
+        "left_behind": sum(t.left_behind for t in trials),
+    }
+
+
+def write_results(
+    args: argparse.Namespace, trials: list[Trial], baseline: dict[str, float], *, partial: bool
+) -> None:
+    result = {
+        "partial": partial,  # true: the run was stopped before its planned end
+        "machine": {"cpus": os.cpu_count()},
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "baseline_s": {k: round(v, 2) for k, v in baseline.items()},
+        "by_fault": summarise(trials, baseline),
+        "totals": totals_of(trials),
+        "trials": [asdict(t) for t in trials],
+    }
+    tmp = args.out.with_name(args.out.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(args.out)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The README's table from a results file."""
+    rows = [
+        "| job: fault | runs | faults | succeeded | hung | records lost | trained twice "
+        "| left behind | median recovery (s/fault) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, row in result["by_fault"].items():
+        rows.append(
+            f"| {name} | {row['runs']} | {row['faults']} | {row['succeeded']} | {row['hung']} "
+            f"| {row['records_lost']} | {row['duplicates']} | {row['left_behind']} "
+            f"| {row['median_recovery_s'] if row['median_recovery_s'] is not None else '-'} |"
+        )
+    t = result["totals"]
+    rows.append(
+        f"| **all** | {t['trials']} | {t['faults']} | {t['succeeded']} | {t['hung']} "
+        f"| {t['records_lost']} | | {t['left_behind']} | |"
+    )
+    return "\n".join(rows) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=12, help="trials (faulted jobs)")
@@ -295,7 +351,17 @@ def main() -> int:
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--report", type=Path, default=None,
+                        help="print a results file as a Markdown table and exit")  # fmt: skip
     args = parser.parse_args()
+    if args.report is not None:
+        print(markdown(json.loads(args.report.read_text())), end="")
+        return 0
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # each trial stops its supervisor on the way out
+
+    signal.signal(signal.SIGTERM, interrupted)
     rng = random.Random(args.seed)
     jobs = [j for j in args.jobs.split(",") if j]
     # Job kinds take turns, each going through its fault kinds: a short run
@@ -343,6 +409,8 @@ def main() -> int:
                 flush=True,
             )
             index += 1
+            if args.out is not None:  # a long run stopped early still leaves its figures
+                write_results(args, trials, baseline, partial=True)
     table = summarise(trials, baseline)
     print(f"\n{'job:fault':28s} runs faults ok hung lost dups left recovery_s")
     for name, row in table.items():
@@ -351,25 +419,10 @@ def main() -> int:
             f"{row['hung']:4d} {row['records_lost']:4d} {row['duplicates']:4d} "
             f"{row['left_behind']:4d} {row['median_recovery_s']}"
         )
-    totals = {
-        "trials": len(trials),
-        "faults": sum(t.injected for t in trials),
-        "succeeded": sum(t.succeeded for t in trials),
-        "hung": sum(t.hung for t in trials),
-        "records_lost": sum(t.lost for t in trials),
-        "left_behind": sum(t.left_behind for t in trials),
-    }
+    totals = totals_of(trials)
     print(f"\ntotals: {totals}")
     if args.out is not None:
-        result = {
-            "machine": {"cpus": os.cpu_count()},
-            "args": {k: str(v) for k, v in vars(args).items()},
-            "baseline_s": {k: round(v, 2) for k, v in baseline.items()},
-            "by_fault": table,
-            "totals": totals,
-            "trials": [asdict(t) for t in trials],
-        }
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        write_results(args, trials, baseline, partial=False)
     ok = totals["hung"] == 0 and totals["records_lost"] == 0 and totals["left_behind"] == 0
     return 0 if ok and totals["succeeded"] == totals["trials"] else 1
 
