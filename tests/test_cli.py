@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 
 import pytest
 import typer
@@ -138,6 +139,32 @@ def test_a_run_dir_whose_supervisor_died_before_job_json_says_to_start_again(tmp
     assert "Start the job again with the same dtlaunch run command" in text
     argv = ["run", "--run-dir", str(run_dir), str(SCRIPTS / "flaky.py"), str(out), "none", "9", "0"]
     assert run(argv, env={}).returncode == 0
+
+
+def test_a_run_dir_whose_supervisor_died_before_binding_resumes_as_a_fresh_start(tmp_path):
+    """Found by benchmarks/chaos.py: a supervisor SIGKILLed after job.json but
+    before it bound its endpoint (no supervisor.json, no keys yet) left a run
+    that --resume refused with 'no supervisor information'. No agent ever heard
+    of it, so resuming starts it afresh in the same directory."""
+    out, done_dir, run_dir = tmp_path / "out", tmp_path / "done", tmp_path / "run"
+    out.mkdir()
+    argv = [
+        "run",
+        "--run-dir",
+        str(done_dir),
+        str(SCRIPTS / "flaky.py"),
+        str(out),
+        "none",
+        "9",
+        "0",
+    ]
+    assert run(argv, env={}).returncode == 0
+    (run_dir / "logs").mkdir(parents=True)  # what RunDir.create leaves before its keys
+    job_json = (done_dir / "job.json").read_text().replace(str(done_dir), str(run_dir))
+    (run_dir / "job.json").write_text(job_json)
+    resumed = run(["run", "--resume", str(run_dir)], env={})
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "succeeded"
 
 
 # ------------------------------------------- user text is not markup (issue 12, defect 6)

@@ -38,7 +38,7 @@ from dtlaunch.supervisor.status import StatusTracker
 from dtlaunch.supervisor.summary import build_summary
 from dtlaunch.supervisor.supervisor import JobServices, Supervisor
 from dtlaunch.supervisor.wal import WalFsyncError
-from dtlaunch.wire.keys import RunKeys, create_run_keys, load_run_keys
+from dtlaunch.wire.keys import RunKeys, create_run_keys, load_run_keys, run_keys_exist
 from dtlaunch.wire.messages import Message, Spawn
 from dtlaunch.wire.sockets import Router
 
@@ -105,9 +105,17 @@ async def _run_job(
         run = RunDir.open(spec.run_dir)
         if run.summary_path.exists():
             raise RunDirError(f"the job in {run.path} has already ended (see summary.json)")
-        keys = load_run_keys(run.keys)
         history = load_history(run.events_path)
-        bind = str(run.supervisor()["endpoint"])
+        if run.supervisor_started():
+            keys = load_run_keys(run.keys)
+            bind = str(run.supervisor()["endpoint"])
+        else:
+            # Its supervisor stopped before binding: no agent ever heard of this
+            # job, so it starts as new in the same run directory.
+            log.info("%s: no supervisor had started; starting the job afresh", run.path)
+            made = run_keys_exist(run.keys)
+            keys = load_run_keys(run.keys) if made else create_run_keys(run.keys)
+            bind = _bind_address(spec)
     else:
         run = RunDir.create(spec)
         keys = create_run_keys(run.keys)

@@ -132,6 +132,11 @@ class RunDir:
     def write_supervisor(self, *, endpoint: str, pid: int) -> None:
         write_json_atomic(self.supervisor_path, {"endpoint": endpoint, "pid": pid})
 
+    def supervisor_started(self) -> bool:
+        """Whether a supervisor of this job ever bound its endpoint (and so may
+        have started agents that a resumed one must find again)."""
+        return self.supervisor_path.is_file()
+
     def supervisor(self) -> dict[str, Any]:
         """Endpoint and pid of the supervisor that runs (or ran) this job.
 

@@ -34,6 +34,7 @@ __all__ = [
     "create_run_keys",
     "load_peer_keys",
     "load_run_keys",
+    "run_keys_exist",
     "write_peer_keys",
 ]
 
@@ -127,6 +128,11 @@ def create_run_keys(keys_dir: Path) -> RunKeys:
     _write_new(keys_dir / SERVER_SECRET_FILE, _cert_text(keys.server.public, keys.server.secret))
     _write_new(keys_dir / CLIENT_SECRET_FILE, _cert_text(keys.client.public, keys.client.secret))
     return keys
+
+
+def run_keys_exist(keys_dir: Path) -> bool:
+    """Whether ``create_run_keys`` wrote any key file in ``keys_dir``."""
+    return any((keys_dir / name).exists() for name in (SERVER_SECRET_FILE, CLIENT_SECRET_FILE))
 
 
 def load_run_keys(keys_dir: Path) -> RunKeys:
