@@ -218,6 +218,11 @@ def run_trial(job: str, fault: str, faults: int, rng: random.Random, bound_s: fl
                     )
                     continue
             time.sleep(0.05)
+    except BaseException:  # interrupted: nothing of this trial may outlive the harness
+        for proc in tree.alive():
+            if proc.pid != supervisor.pid:
+                proc.kill()
+        raise
     finally:
         if supervisor.poll() is None:
             supervisor.send_signal(signal.SIGCONT)

@@ -125,8 +125,14 @@ def _start_local_agent(
         start_new_session=True,
     )
     assert popen.stdin is not None
-    with popen.stdin:
-        popen.stdin.write(bootstrap)
+    try:
+        with popen.stdin:
+            popen.stdin.write(bootstrap)
+    except BrokenPipeError:
+        # It started and died at once (killed in its first instant): that is an
+        # agent that died, which its exit reports and the node table retries,
+        # not a launch that can never work.
+        log.warning("the local agent (pid %d) died before it read its bootstrap", popen.pid)
     return popen
 
 
