@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from dtlaunch.agent import stacks as agent_stacks
@@ -69,16 +70,27 @@ def test_a_process_that_is_gone_gets_a_reason_not_an_error():
 
 def test_a_hung_py_spy_is_stopped_at_the_bound(monkeypatch, tmp_path):
     """A tool that never answers is killed with its process group, and said so."""
+    pids = tmp_path / "pids"
     fake = tmp_path / "py-spy"
-    fake.write_text("#!/bin/sh\nsleep 300 &\nwait\n")
+    fake.write_text(f"#!/bin/sh\nsleep 300 &\necho $$ $! > {pids}\nwait\n")
     fake.chmod(0o755)
     monkeypatch.setattr(agent_stacks, "find_py_spy", lambda: str(fake))
     started = time.monotonic()
     text = asyncio.run(agent_stacks.dump_stacks(os.getpid(), timeout_s=0.5))
     assert time.monotonic() - started < 3
     assert text == "no stacks: py-spy did not answer within 0.5 s"
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert f"{fake}" not in out and "sleep 300" not in out  # nothing left behind
+    # Nothing left behind: the tool and its child are dead (a zombie waits for init).
+    for pid in map(int, pids.read_text().split()):
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail(f"pid {pid} of the hung py-spy still runs")
 
 
 def test_the_supervisor_waits_a_bounded_time_and_names_the_silent_host():
