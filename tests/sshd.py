@@ -111,10 +111,12 @@ class SshdServer:
                 self._log = None
 
 
-def _client_config(*, port: int, user: str, identity_file: Path, known_hosts: Path) -> str:
+def _client_config(
+    *, port: int, user: str, identity_file: Path, known_hosts: Path, hosts: str = "127.0.0.*"
+) -> str:
     # IdentitiesOnly keeps a developer's ssh-agent keys out of the authentication tests.
     return (
-        "Host 127.0.0.*\n"
+        f"Host {hosts}\n"
         f"    Port {port}\n"
         f"    User {user}\n"
         f"    IdentityFile {identity_file}\n"
