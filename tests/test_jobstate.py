@@ -27,7 +27,7 @@ TIMING = Timing(
 HOSTS = [HostSpec(label=f"h{i}", hostname=f"127.0.0.{i + 1}", slots=1) for i in range(3)]
 
 
-def make_state(workers=3, servers=0, scope="group", max_restarts=2, hosts=HOSTS):
+def make_state(workers=3, servers=0, scope="group", max_restarts=2, hosts=HOSTS, spare_hosts=()):
     def build_spawn(slot, addr, port):
         return Spawn(
             proc_id=slot.proc_id,
@@ -46,6 +46,7 @@ def make_state(workers=3, servers=0, scope="group", max_restarts=2, hosts=HOSTS)
         restart_scope=scope,
         build_spawn=build_spawn,
         master_addr_of=lambda label, reported: label + "-addr",
+        spare_hosts=spare_hosts,
     )
 
 
@@ -386,3 +387,99 @@ def test_an_agent_reconnecting_with_the_current_attempts_is_not_fenced():
     ]
     out = state.agent_hello("h1", 2.0, free_ports=[9000], host_addr="", procs=now)
     assert events(out, "fenced") == [] and sent(out, Kill) == []
+
+
+SPARE_HOSTS = [*HOSTS[:2], HostSpec(label="h2", hostname="127.0.0.3", slots=1, spare=True)]
+
+
+def lose(state, host, now):
+    """``host``'s channel closes; silence past dead_after then declares it lost."""
+    state.agent_exited(host, now, definite=False, detail="channel closed")
+    for other in state.agents:
+        if other != host:
+            state.agent_seen(other, now + 3.5)
+    return state.tick(now + 3.5)
+
+
+def test_a_lost_hosts_worker_moves_to_a_free_spare_host_and_its_stale_attempt_is_fenced():
+    """Issue 12, network cuts: a host cut off long enough to be declared lost has
+    its worker restarted on the spare host at once; relaunching the agent there
+    fails while the cut lasts, which is retried with a backoff, not fatal; when
+    the cut heals, the first heartbeat of the old agent gets its stale attempt
+    stopped (fenced) and the host becomes a spare in turn."""
+    state = make_state(workers=2, scope="process", hosts=SPARE_HOSTS, spare_hosts=["h2"])
+    bring_up(state)
+    assert state.procs["worker-1"].host == "h1"
+    out = lose(state, "h1", 1.0)
+    assert [(e.data["old_host"], e.data["new_host"]) for e in events(out, "moved")] == [
+        ("h1", "h2")
+    ]
+    spawns = [c for c in out if isinstance(c, SendToAgent) and isinstance(c.message, Spawn)]
+    assert [(c.host, c.message.proc_id, c.message.attempt) for c in spawns] == [
+        ("h2", "worker-1", 1)
+    ]
+    assert [c.host for c in out if isinstance(c, LaunchAgent)] == ["h1"]
+
+    out = state.agent_launch_failed("h1", "ssh: connect timed out", 15.0)
+    assert state.phase is Phase.RUNNING and state.failures[-1].reason != "agent launch failed"
+    [retry] = events(out, "agent_relaunch_failed")
+    assert retry.data["retry_in_s"] == 2.0 and retry.data["failures"] == 1
+    assert [c for c in state.tick(16.0) if isinstance(c, LaunchAgent)] == []
+    assert [c.host for c in state.tick(17.1) if isinstance(c, LaunchAgent)] == ["h1"]
+    out = state.agent_launch_failed("h1", "ssh: connect timed out", 27.0)
+    assert events(out, "agent_relaunch_failed")[0].data["retry_in_s"] == 4.0
+
+    old = ProcReport(proc_id="worker-1", role="worker", rank=1, attempt=0, pid=100, state="running")
+    out = state.heartbeat("h1", 28.0, [old])  # the cut healed: the old agent is heard
+    assert [(e.rank, e.data["attempt"]) for e in events(out, "fenced")] == [(1, 0)]
+    assert [(c.host, c.message.attempt) for c in out if isinstance(c, SendToAgent)] == [("h1", 0)]
+    assert state.heartbeat("h1", 28.5, [old]) == []  # being stopped: no second kill
+    out = state.agent_hello("h1", 28.6, free_ports=[9000], host_addr="", procs=[old])
+    assert sent(out, Spawn) == [] and sent(out, Kill) == []
+    out = state.exited("h1", exited("worker-1", 0, sig=9, requested=True), 29.0)
+    assert [e.data.get("fenced") for e in events(out, "exit")] == [True]
+    assert state.free_spare_hosts() == ["h1"]  # idle and back: the next spare
+    assert state.procs["worker-1"].host == "h2" and state.phase is Phase.RUNNING
+
+
+def test_a_lost_host_whose_process_cannot_move_is_waited_for_at_most_the_orphan_timeout():
+    state = make_state(workers=2, scope="process", hosts=HOSTS[:2])
+    bring_up(state)
+    out = lose(state, "h1", 1.0)
+    assert events(out, "moved") == [] and state.procs["worker-1"].state is ProcState.PENDING
+    now = 15.0
+    while now < 4.5 + TIMING.orphan_timeout:
+        out = state.agent_launch_failed("h1", "ssh: no route to host", now)
+        assert state.phase is Phase.RUNNING, out
+        now = events(out, "agent_relaunch_failed")[0].data["retry_in_s"] + now
+        state.agent_seen("h0", now)
+        out = state.tick(now)
+    decision = events(out, "decision")
+    assert state.phase is Phase.STOPPING and decision, out
+    reason = decision[0].data["reason"]
+    assert "h1 has been unreachable" in reason and "worker-1" in reason and "spare" in reason
+
+
+def test_a_host_that_never_came_up_still_fails_the_job_at_once():
+    state = make_state(workers=2, scope="process", hosts=HOSTS[:2])
+    state.start(0.0)
+    state.agent_hello("h0", 0.1, free_ports=[5000, 5001], host_addr="", procs=[])
+    out = state.agent_launch_failed("h1", "Permission denied (publickey)", 0.5)
+    assert state.phase is Phase.STOPPING
+    assert "cannot start the agent on h1" in events(out, "decision")[0].data["reason"]
+
+
+def test_a_lost_host_relaunched_while_its_stale_attempt_ran_records_it_as_fenced():
+    """The cut host answers SSH again before its old agent is heard: the new agent
+    stops its predecessor and that one's children first (proctable), so the stale
+    attempt is gone when it says hello; that is recorded as fenced, not killed again."""
+    state = make_state(workers=2, scope="process", hosts=SPARE_HOSTS, spare_hosts=["h2"])
+    bring_up(state)
+    lose(state, "h1", 1.0)
+    out = state.agent_hello("h1", 20.0, free_ports=[9000], host_addr="", procs=[], pid=4242)
+    assert [(e.rank, e.data["attempt"], e.data["by"]) for e in events(out, "fenced")] == [
+        (1, 0, "agent relaunch")
+    ]
+    assert sent(out, Kill) == [] and sent(out, Spawn) == []
+    again = state.agent_hello("h1", 21.0, free_ports=[9000], host_addr="", procs=[], pid=4242)
+    assert events(again, "fenced") == []

@@ -79,6 +79,8 @@ __all__ = [
 # rest (the agent finds FREE_PORTS = MASTER_PORT_SLOTS + SERVERS_PER_HOST_MAX).
 MASTER_PORT_SLOTS = 2
 SERVERS_PER_HOST_MAX = 6
+# A lost host is tried again after 2, 4, 8, 16 s, then every 30 s.
+RELAUNCH_BACKOFF_MAX_S = 30.0
 
 # A function that builds the Spawn for a process: (slot, master_addr, master_port).
 SpawnBuilder = Callable[[ProcSlot, str, int], Spawn]
@@ -280,9 +282,16 @@ class JobState:
         if agent is None or agent.state in (AgentState.GONE,):
             return []
         out: list[Command] = []
+        if agent.lost_at and pid != agent.pid:
+            out += self._stopped_with_their_agent(agent, procs)
+        agent.stale_attempts.clear()
+        agent.pid = pid
         was = agent.state
         agent.state = AgentState.UP
         agent.last_seen = now
+        agent.was_up = True
+        agent.lost_at = agent.relaunch_at = 0.0
+        agent.relaunch_failures = 0
         agent.channel_closed = agent.adopting  # an adopted agent has no SSH channel
         agent.adopting = False
         if free_ports:
@@ -316,6 +325,12 @@ class JobState:
         return []
 
     def heartbeat(self, host: str, now: float, procs: list[ProcReport]) -> list[Command]:
+        agent = self.agents.get(host)
+        if agent is not None and agent.lost_at and agent.state is not AgentState.UP:
+            # An agent given up for lost is heard again (a network cut healed)
+            # before it says hello: stop its stale attempts now, not after the
+            # hello or the relaunch, so their ranks do not run twice meanwhile.
+            return self._fence_stale(host, procs)
         out = self.agent_seen(host, now)
         for report in procs:
             slot = self.procs.get(report.proc_id)
@@ -343,6 +358,12 @@ class JobState:
                     data={"reason": "did not reconnect after the supervisor resumed"},
                 )
                 return [lost, *self._launch_agent(agent, now)]
+            if now - agent.launched_at > self.timing.agent_timeout and agent.was_up:
+                return self._relaunch_later(
+                    agent,
+                    f"the agent did not connect back within {self.timing.agent_timeout:g} s",
+                    now,
+                )
             if now - agent.launched_at > self.timing.agent_timeout:
                 return self._fail_job(
                     f"the agent on {agent.host} did not connect back within "
@@ -371,6 +392,20 @@ class JobState:
             and self.phase is not Phase.STOPPING
         ):
             return self._agent_lost(agent, f"agent on {agent.host} silent for {silent:.1f} s", now)
+        elif agent.state is AgentState.LOST and agent.relaunch_at and self.phase is Phase.RUNNING:
+            waiting = [s.proc_id for s in self.procs.values() if s.host == agent.host]
+            waiting = [p for p in waiting if self.procs[p].state is ProcState.PENDING]
+            if waiting and now - agent.lost_at > self.timing.orphan_timeout:
+                return self._fail_job(
+                    f"{agent.host} has been unreachable for {now - agent.lost_at:.0f} s and "
+                    f"{', '.join(waiting)} cannot run anywhere else (no free spare host); "
+                    "fix the host or its network, or list a spare host in the hostfile "
+                    "(`host slots=N spare`), then run the job again with --resume",
+                    now,
+                )
+            if now >= agent.relaunch_at:
+                agent.relaunch_at = 0.0
+                return self._launch_agent(agent, now)
         return []
 
     def agent_exited(self, host: str, now: float, *, definite: bool, detail: str) -> list[Command]:
@@ -409,6 +444,8 @@ class JobState:
         agent = self.agents.get(host)
         if agent is None or agent.state is AgentState.GONE:
             return []
+        if agent.was_up and self.phase is Phase.RUNNING:
+            return self._relaunch_later(agent, error, now)
         agent.state = AgentState.GONE
         if self.phase in (Phase.STOPPING, Phase.DONE):
             return self._maybe_finish(now)
@@ -420,6 +457,29 @@ class JobState:
         )
         out: list[Command] = [EmitEvent(kind="agent_lost", host=host, data={"reason": error})]
         return out + self._fail_job(f"cannot start the agent on {host}: {error}", now)
+
+    def _relaunch_later(self, agent: AgentSlot, error: str, now: float) -> list[Command]:
+        """A host that worked before cannot be reached again (a network cut, a
+        reboot): try again after a backoff, up to 30 s apart, while the job runs
+        on; its workers move to free spare hosts meanwhile (see _reconcile)."""
+        agent.state = AgentState.LOST
+        agent.lost_at = agent.lost_at or now
+        agent.relaunch_failures += 1
+        delay = min(RELAUNCH_BACKOFF_MAX_S, 2.0 ** min(agent.relaunch_failures, 5))
+        agent.relaunch_at = now + delay
+        return [
+            EmitEvent(
+                kind="agent_relaunch_failed",
+                host=agent.host,
+                data={
+                    "error": error,
+                    "failures": agent.relaunch_failures,
+                    "retry_in_s": delay,
+                    "unreachable_s": round(now - agent.lost_at, 3),
+                },
+            ),
+            *self._reconcile(now),
+        ]
 
     def agent_launch_abandoned(self, host: str, now: float) -> list[Command]:
         """The job began stopping before this agent was started: it never will be."""
@@ -477,6 +537,27 @@ class JobState:
                 out += self._on_failure(slot, verdict, None, None, [], now)
         return out + self._fence_stale(host, procs)
 
+    def _stopped_with_their_agent(self, agent: AgentSlot, procs: list[ProcReport]) -> list[Command]:
+        """A lost host says hello again through a new agent, which stopped its
+        predecessor and that one's children before it connected: the stale
+        attempts it does not report are gone, fenced by the relaunch."""
+        reported = {(p.proc_id, p.attempt) for p in procs}
+        out: list[Command] = []
+        for proc_id, attempt in sorted(agent.stale_attempts.items()):
+            slot = self.procs.get(proc_id)
+            if (proc_id, attempt) in reported or slot is None or slot.attempt == attempt:
+                continue  # still running (fenced by _fence_stale), or it is current
+            out.append(
+                EmitEvent(
+                    kind="fenced",
+                    host=agent.host,
+                    role=slot.role,
+                    rank=slot.rank,
+                    data={"attempt": attempt, "pid": 0, "by": "agent relaunch"},
+                )
+            )
+        return out
+
     def _fence_stale(self, host: str, procs: list[ProcReport]) -> list[Command]:
         """Stop what an agent runs that is no longer the job's: an attempt that was
         given up while the agent was unreachable (its rank restarted since)."""
@@ -495,6 +576,9 @@ class JobState:
             if self.fenced.get(report.proc_id) == stale:
                 continue  # already being stopped
             self.fenced[report.proc_id] = stale
+            agent = self.agents.get(host)
+            if agent is not None and agent.stale_attempts.get(report.proc_id) == report.attempt:
+                del agent.stale_attempts[report.proc_id]
             role, _, rank = report.proc_id.rpartition("-")
             out.append(
                 EmitEvent(
@@ -510,6 +594,7 @@ class JobState:
 
     def _agent_lost(self, agent: AgentSlot, reason: str, now: float) -> list[Command]:
         agent.state = AgentState.LOST
+        agent.lost_at = agent.lost_at or now
         # Its fenced processes go with it (a new agent stops its predecessor's).
         self.fenced = {p: held for p, held in self.fenced.items() if held[0] != agent.host}
         out: list[Command] = [
@@ -521,6 +606,7 @@ class JobState:
         lost = [
             s for s in self.procs.values() if s.host == agent.host and s.state in LIVE_PROC_STATES
         ]
+        agent.stale_attempts.update({slot.proc_id: slot.attempt for slot in lost})
         for slot in lost:
             out += self._gone(slot)
             if slot.state is ProcState.STOPPING and slot.restart_after_stop:
@@ -827,7 +913,11 @@ class JobState:
                 continue
             agent = self.agents[slot.host]
             if agent.state is not AgentState.UP:
-                continue
+                moved = self._move_off_lost_host(slot)
+                if not moved:
+                    continue
+                out += moved
+                agent = self.agents[slot.host]
             if self.fenced.get(slot.proc_id, ("",))[0] == slot.host:
                 continue  # that agent still runs a stale attempt of it (see fenced)
             if slot.join is not None:
@@ -848,6 +938,23 @@ class JobState:
             out.append(SendToAgent(host=slot.host, message=spawn))
             out.append(self._proc_event("spawn", slot, attempt=slot.attempt, argv=spawn.argv))
         return out
+
+    def _move_off_lost_host(self, slot: ProcSlot) -> list[Command]:
+        """A pending worker whose host was lost starts on a free spare host instead
+        of waiting for it to come back (the hostfile's ``spare``). The lost host
+        becomes a spare in turn once it is back and idle. Servers stay: their
+        snapshot lives on their host."""
+        lost = self.agents[slot.host]
+        if slot.role != "worker" or not lost.lost_at:
+            return []
+        target = next(iter(self.free_spare_hosts()), None)
+        if target is None:
+            return []
+        old = slot.host
+        slot.host = target
+        if old not in self.spare_hosts:
+            self.spare_hosts.append(old)
+        return [self._proc_event("moved", slot, old_host=old, new_host=target, reason="host lost")]
 
     def _record_failure(
         self,

@@ -150,6 +150,19 @@ class AgentSlot:
     channel_closed: bool = False
     launches: int = 0
     adopting: bool = False  # resumed supervisor: waiting for a running agent to reconnect
+    # It said hello once, so the host and its setup work: a later launch that
+    # fails means the host is unreachable for now, which is retried, not fatal.
+    was_up: bool = False
+    # Declared lost at (0.0 while reachable): its pending workers may move to a
+    # free spare host, and a pending process that cannot move waits for it at
+    # most the orphan timeout.
+    lost_at: float = 0.0
+    relaunch_at: float = 0.0  # lost and its relaunch failed: when to try again
+    relaunch_failures: int = 0
+    # proc id -> attempt it ran here when it was lost: stale once restarted, and
+    # fenced when the host is heard again (see JobState._fence_stale).
+    stale_attempts: dict[str, int] = field(default_factory=dict)
+    pid: int = 0  # of the agent that said hello last
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
