@@ -168,12 +168,12 @@ def test_the_replacement_starts_with_its_predecessors_share_of_the_batch_plan():
         send=send,
         apply=lambda commands: None,
         clock=lambda: 1.0,
-        worker_prefix=b"worker:",
+        worker_peer=lambda rank: b"worker:%d@0" % rank,
         planned_batch={0: 25, 1: 7}.get,
     )
     asyncio.run(driver.kill_restart(KillRestart(role="worker", rank=1, reason="slow"), 1.0))
     assert coord.pending is not None and coord.pending.batch_size == 7
-    assert [peer for peer, _ in sent] == [b"worker:0", b"worker:1"]
+    assert [peer for peer, _ in sent] == [b"worker:0@0", b"worker:1@0"]
 
 
 # ------------------------------------------------------------------- end to end

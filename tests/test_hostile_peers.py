@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
+import signal
 
 import msgpack
 import pytest
@@ -35,15 +37,20 @@ pytestmark = pytest.mark.integration
 WORKER = str(SCRIPTS / "dds_worker.py")
 
 # Identities that are no worker of a 2-worker job: negative, too large for the
-# WAL's integers, not canonical, out of range, not a number.
+# WAL's integers, not canonical, out of range, not a number, without an attempt.
 BAD_WORKER_IDS = [
-    b"worker:-1",
-    b"worker:99999999999999999999",
-    b"worker:007",
-    b"worker: 1",
-    b"worker:+1",
-    b"worker:2",
-    b"worker:x",
+    b"worker:-1@0",
+    b"worker:99999999999999999999@0",
+    b"worker:007@0",
+    b"worker: 1@0",
+    b"worker:+1@0",
+    b"worker:2@0",
+    b"worker:x@0",
+    b"worker:1",
+    b"worker:1@",
+    b"worker:1@-1",
+    b"worker:1@01",
+    b"worker:1@99999999999999999999",
 ]
 
 
@@ -89,6 +96,54 @@ def test_bad_worker_identities_are_dropped_and_the_job_trains_every_record(tmp_p
     counts = ledger_counts(ledger)
     assert set(counts) == set(range(400)) and set(counts.values()) == {1}
     assert "dropped a message from" in job.output()
+
+
+async def _ask_as(run_dir, run_id: str, identity: bytes) -> list[object]:
+    """Say Hello and ask for shards under ``identity``; what came back in 2 s."""
+    endpoint = json.loads((run_dir / "supervisor.json").read_text())["endpoint"]
+    keys = load_run_keys(run_dir / "keys").peer()
+    ctx = zmq.asyncio.Context()
+    answers = []
+    try:
+        async with Dealer(ctx, endpoint, keys, identity) as dealer:
+            await dealer.send(
+                Hello(role="worker", run_id=run_id, host="x", pid=1, version="0", rank=1)
+            )
+            await dealer.send(FetchShards(request_id=1, count=3))
+            while (answer := await dealer.recv(timeout=2.0)) is not None:
+                answers.append(answer)
+    finally:
+        ctx.destroy(linger=0)
+    return answers
+
+
+def test_a_replaced_attempt_is_not_the_rank_any_more(tmp_path):
+    """Issue 12, fencing: after worker 1 restarted (attempt 1), a peer speaking as
+    its attempt 0 (a process on a host that was cut off, say) gets nothing: no
+    Welcome, no shards; the job trains every record."""
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    run_dir = tmp_path / "run"
+    args = [
+        "run", "--workers", "2", "--restart-scope", "process", "--run-dir", str(run_dir),
+        *dataset_args(600, 20, 1, 20), WORKER, str(ledger), "0.05",
+    ]  # fmt: skip
+    with started(args, env={}, log=tmp_path / "out.log") as job:
+        start = wait_for_event(run_dir, kind("job_start"), timeout=60)
+        first = wait_for_event(
+            run_dir, lambda e: e["kind"] == "running" and e.get("rank") == 1, timeout=60
+        )
+        os.kill(first["pid"], signal.SIGKILL)
+        wait_for_event(
+            run_dir,
+            lambda e: e["kind"] == "running" and e.get("rank") == 1 and e.get("attempt") == 1,
+            timeout=60,
+        )
+        assert asyncio.run(_ask_as(run_dir, start["run_id"], b"worker:1@0")) == []
+        assert job.wait(timeout=120) == 0, job.output()
+    assert "from a replaced attempt of worker 1" in job.output()
+    counts = ledger_counts(ledger)
+    assert set(counts) == set(range(600))
 
 
 MUTATED_FRAMES = 3000  # make test; the long fuzz (>= 100,000) runs in make test-slow
@@ -140,7 +195,7 @@ async def _fuzz(run_dir, run_id: str, count: int, seed: int) -> None:
     rng = random.Random(seed)
     socks = []
     try:
-        for identity in (b"worker:0", b"worker:1", b"agent:localhost", b"status:1", b"x"):
+        for identity in (b"worker:0@0", b"worker:1@0", b"agent:localhost", b"status:1", b"x"):
             sock = ctx.socket(zmq.DEALER)
             sock.curve_serverkey = keys.server_public
             sock.curve_publickey = keys.client.public

@@ -53,8 +53,11 @@ class SupervisorClient:
         self._conn = conn
         self._shared = Shared()
         # A replacement waiting to join has its own identity: the worker it
-        # replaces is still connected under "worker:<rank>".
-        identity = (b"join:%d" if joining else b"worker:%d") % conn.rank
+        # replaces is still connected under its own. The attempt is part of a
+        # worker's identity (see dtlaunch.supervisor.control.worker_identity).
+        identity = (
+            b"join:%d" % conn.rank if joining else b"worker:%d@%d" % (conn.rank, conn.attempt)
+        )
         self._link = SupervisorLink(conn, self._shared, prefetch=prefetch, identity=identity)
         self._negotiated: DatasetSpec | None = None  # negotiate()'s answer
         self._ended = False  # END or a failure was taken

@@ -25,6 +25,8 @@ from dtlaunch.supervisor.control.loop import (
     ActionTargets,
     ControlLoop,
     ReportIntake,
+    parse_worker_identity,
+    worker_identity,
 )
 from dtlaunch.supervisor.control.stall import Stall, StallWatch
 from dtlaunch.supervisor.dds import DdsService
@@ -82,7 +84,6 @@ log = logging.getLogger(__name__)
 
 AGENT_PREFIX = b"agent:"
 AGENT_EXIT_WAIT_S = 5.0
-MAX_RANK_DIGITS = 9  # a billion workers: any longer "rank" is garbage
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,7 +137,7 @@ class Supervisor:
                 send=router.send,
                 apply=self._apply,
                 clock=clock,
-                worker_prefix=WORKER_PREFIX,
+                worker_peer=self._worker_peer,
                 measured=controller.restart_measured if controller is not None else None,
                 planned_batch=(
                     (lambda rank: controller.batch_plan.get(rank, 0))
@@ -164,7 +165,7 @@ class Supervisor:
         self._control = ControlLoop(
             controller,
             recorder=self._recorder,
-            send=router.send,
+            send_to_worker=self._send_to_worker,
             targets=ActionTargets(
                 state=state, apply=self._apply, servers=self._fleet, workers=self._regroup
             ),
@@ -176,6 +177,9 @@ class Supervisor:
         self._agents: dict[str, AgentProcess] = {}
         self._launch_tasks: set[asyncio.Task[None]] = set()
         self._greeted: set[int] = set()  # worker ranks that said Hello to this supervisor
+        # rank -> the identity of the attempt that said Hello last: where what is
+        # meant for "worker r" goes (a retiring attempt may still talk meanwhile).
+        self._worker_peers: dict[int, bytes] = {}
         self._tasks: asyncio.TaskGroup | None = None
         self._ping_seq = 0
         self._signals = 0
@@ -465,15 +469,22 @@ class Supervisor:
         """Data-sharding requests; each runs as its own task so that many share
         one WAL fsync (group commit). Queue changes happen in arrival order,
         before each task's first await."""
-        rank = self._worker_rank(peer)
-        if rank is None:
+        who = self._worker_of(peer)
+        if who is None:
             self._refuse(peer, f"{type(msg).__name__} from no worker of this job")
+            return
+        rank, attempt = who
+        if not self._attempt_counts(rank, attempt):
+            # A stale attempt, e.g. on a host that was cut off while its rank
+            # restarted elsewhere: it is being fenced; it must not pass for the rank.
+            self._refuse(peer, f"{type(msg).__name__} from a replaced attempt of worker {rank}")
             return
         if isinstance(msg, Hello):
             if msg.run_id != self._run_id:
                 log.warning("worker %d belongs to run %s; ignored", rank, msg.run_id)
                 return
             self._greeted.add(rank)
+            self._worker_peers[rank] = peer
             await self._router.send(
                 peer, Welcome(run_id=self._run_id, heartbeat_interval=self._interval)
             )
@@ -511,17 +522,34 @@ class Supervisor:
             if msg.reports:
                 self.state.worker_progressed(rank)
 
-    def _worker_rank(self, peer: bytes) -> int | None:
-        """The rank in ``worker:<rank>`` when it names a worker of this job, else None.
-        Checked here, at the boundary: a rank the node table does not hold would
-        otherwise reach the queue (and the WAL) before anything noticed it."""
-        digits = peer[len(WORKER_PREFIX) :]
-        if not digits.isdigit() or len(digits) > MAX_RANK_DIGITS:
+    def _worker_of(self, peer: bytes) -> tuple[int, int] | None:
+        """``(rank, attempt)`` from ``worker:<rank>@<attempt>`` when it names a worker
+        of this job, else None. Checked here, at the boundary: a rank the node table
+        does not hold would otherwise reach the queue (and the WAL) before anything
+        noticed it."""
+        who = parse_worker_identity(peer)
+        if who is None or f"worker-{who[0]}" not in self.state.procs:
             return None
-        rank = int(digits)
-        if str(rank).encode() != digits or f"worker-{rank}" not in self.state.procs:
-            return None
-        return rank
+        return who
+
+    def _attempt_counts(self, rank: int, attempt: int) -> bool:
+        """The rank's current attempt (or a later one a resumed supervisor has not
+        heard of yet), or its replaced one that trains on until its prewarmed
+        replacement joins; not an attempt given up for another."""
+        proc_id = f"worker-{rank}"
+        retiring = self.state.retiring.get(proc_id)
+        return attempt >= self.state.procs[proc_id].attempt or (
+            retiring is not None and retiring[1] == attempt
+        )
+
+    def _worker_peer(self, rank: int) -> bytes:
+        """Where a message for worker ``rank`` goes: the attempt that said Hello
+        last, else the current attempt."""
+        slot = self.state.procs.get(f"worker-{rank}")
+        return self._worker_peers.get(rank) or worker_identity(rank, slot.attempt if slot else 0)
+
+    async def _send_to_worker(self, rank: int, msg: Message) -> None:
+        await self._router.send(self._worker_peer(rank), msg)
 
     def _refuse(self, peer: bytes, why: str) -> None:
         """Log a dropped message, at most once per second per peer: a peer that

@@ -47,6 +47,7 @@ __all__ = [
     "ReportIntake",
     "ServerMover",
     "WorkerReplacer",
+    "parse_worker_identity",
     "to_message",
     "worker_identity",
 ]
@@ -54,6 +55,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 WORKER_PREFIX = b"worker:"
+MAX_RANK_DIGITS = 9  # a billion workers, a billion restarts: anything longer is garbage
 RECENT_STEPS = 32  # per node, for the stall watchdog's adaptive bound
 
 
@@ -71,9 +73,24 @@ def to_message(action: AdjustBatchSize | AdjustLR) -> wire.AdjustBatchSize | wir
     )
 
 
-def worker_identity(rank: int) -> bytes:
-    """The ZeroMQ routing identity of worker ``rank``'s SDK."""
-    return WORKER_PREFIX + str(rank).encode()
+def worker_identity(rank: int, attempt: int) -> bytes:
+    """The ZeroMQ routing identity of attempt ``attempt`` of worker ``rank``'s SDK
+    (``dtlaunch.runtime.client`` builds the same). The attempt is part of it so
+    that a stale attempt (its host was cut off, the rank restarted elsewhere)
+    neither takes the new attempt's connection over nor passes for it."""
+    return WORKER_PREFIX + f"{rank}@{attempt}".encode()
+
+
+def parse_worker_identity(peer: bytes) -> tuple[int, int] | None:
+    """``(rank, attempt)`` from a worker identity in canonical form, else None."""
+    rank_text, at, attempt_text = peer[len(WORKER_PREFIX) :].partition(b"@")
+    if not peer.startswith(WORKER_PREFIX) or not at:
+        return None
+    for digits in (rank_text, attempt_text):
+        if not digits.isdigit() or len(digits) > MAX_RANK_DIGITS:
+            return None
+    rank, attempt = int(rank_text), int(attempt_text)
+    return (rank, attempt) if worker_identity(rank, attempt) == peer else None
 
 
 class ServerMover(Protocol):
@@ -209,7 +226,7 @@ class ControlLoop:
         controller: Controller | None,
         *,
         recorder: EventRecorder,
-        send: Callable[[bytes, Message], Awaitable[None]],
+        send_to_worker: Callable[[int, Message], Awaitable[None]],
         targets: ActionTargets,
         remaining_steps: Callable[[], int | None],
         clock: Callable[[], float],
@@ -217,7 +234,7 @@ class ControlLoop:
     ) -> None:
         self.controller = controller  # None: --policy none (nothing to decide)
         self._recorder = recorder
-        self._send = send
+        self._send_to_worker = send_to_worker  # to the rank's current attempt
         self._targets = targets
         self._remaining_steps = remaining_steps
         self._clock = clock
@@ -239,7 +256,7 @@ class ControlLoop:
         plan = self.controller.batch_plan
         if rank in plan:
             in_force = AdjustBatchSize(sizes=dict(plan), apply_at_step=0)
-            await self._send(worker_identity(rank), to_message(in_force))
+            await self._send_to_worker(rank, to_message(in_force))
 
     # ------------------------------------------------------------- decisions
 
@@ -270,11 +287,11 @@ class ControlLoop:
             if isinstance(action, AdjustBatchSize):
                 message = to_message(action)
                 for rank in action.sizes:
-                    await self._send(worker_identity(rank), message)
+                    await self._send_to_worker(rank, message)
             elif isinstance(action, AdjustLR):
                 message = to_message(action)
                 for rank in action.factors:
-                    await self._send(worker_identity(rank), message)
+                    await self._send_to_worker(rank, message)
             elif isinstance(action, BackupWorkers):
                 if self._targets.servers is not None:
                     self._targets.servers.set_backup(action.count)

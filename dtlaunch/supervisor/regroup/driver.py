@@ -46,7 +46,7 @@ class RegroupDriver:
         send: Callable[[bytes, Message], Awaitable[None]],
         apply: Callable[[list[Command]], None],
         clock: Callable[[], float],
-        worker_prefix: bytes,
+        worker_peer: Callable[[int], bytes],
         measured: Callable[[int, float], None] | None = None,
         planned_batch: Callable[[int], int] = lambda rank: 0,
     ) -> None:
@@ -56,7 +56,7 @@ class RegroupDriver:
         self._send = send
         self._apply = apply
         self._clock = clock
-        self._worker = worker_prefix
+        self._worker_peer = worker_peer  # rank -> its current attempt's identity
         self._measured = measured  # (rank, seconds the group paused) for the policy
         # rank -> its local batch size in the plan in force (0: the nominal size);
         # a replacement starts with its predecessor's share.
@@ -135,7 +135,7 @@ class RegroupDriver:
         )
         go = RegroupGo(gen=pending.gen, master_addr=addr, master_port=msg.store_port)
         for survivor in coord.survivors():
-            await self._send(self._worker + str(survivor).encode(), go)
+            await self._send(self._worker_peer(survivor), go)
         proc_id = f"worker-{pending.leaving_rank}"
         if pending.prewarmed:
             self._apply(self._state.retire(proc_id))
@@ -203,4 +203,4 @@ class RegroupDriver:
 
     async def _to_all_workers(self, msg: Message) -> None:
         for rank in range(self.coordinator.world_size):
-            await self._send(self._worker + str(rank).encode(), msg)
+            await self._send(self._worker_peer(rank), msg)
