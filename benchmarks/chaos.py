@@ -9,6 +9,13 @@ the job's first second on:
 - ``stop-worker`` / ``stop-server`` / ``stop-agent``: SIGSTOP for 1-4 s, then SIGCONT
 - ``kill-supervisor``: SIGKILL of the supervisor, then ``dtlaunch run --resume``
 - ``stop-supervisor``: SIGSTOP of the supervisor for 1-4 s, then SIGCONT
+- ``cut-agent-2s`` / ``cut-agent-30s``: the network link of a host that runs
+  workers is cut for 2 s or 30 s (``--plan`` or ``--net``). These trials run over
+  SSH on three hosts in network namespaces (``tests/netns.py``: sshd in each, a
+  veth pair to a bridge; the cut takes the link down); the third host is a
+  ``spare``. A host cut off past its SSH keepalives is lost, its workers restart
+  on the spare, and when the link comes back its stale processes are stopped
+  (``fenced``) so that no rank runs twice; the table counts the fenced attempts.
 
 Every trial is bounded (``--bound`` seconds per supervisor run): a run that
 does not end in time is a *hang*, stopped and counted. After each trial the
@@ -45,6 +52,7 @@ from typing import Any
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # tests/netns.py: the namespace hosts of the cut faults
 WORKER = Path(__file__).resolve().parent / "chaos_worker.py"
 
 JOBS: dict[str, dict[str, Any]] = {
@@ -59,6 +67,11 @@ FAULTS: dict[str, tuple[str, ...]] = {
     "ps": ("kill-worker", "kill-server", "stop-server", "kill-supervisor"),
     "allreduce": ("kill-worker", "stop-worker", "kill-supervisor"),
 }  # fmt: skip
+NET_FAULTS = ("cut-agent-2s", "cut-agent-30s")  # every job kind; need root and ip netns
+NET_HOSTS = ("slots=2", "slots=2", "slots=2 spare")
+# Long enough that a 30 s cut ends with the agent still running (so it is fenced
+# on its return), short enough that an agent cut off at the job's end stops soon.
+NET_ORPHAN_TIMEOUT_S = 35.0
 WORKERS = 2
 
 
@@ -74,15 +87,26 @@ class Trial:
     lost: int = 0
     duplicates: int = 0
     left_behind: int = 0
+    fenced: int = 0  # stale attempts stopped when a cut-off host came back
     wall_s: float = 0.0
     detail: str = ""
     instants: list[float] = field(default_factory=list)
 
 
-def run_options(job: str, run_dir: Path, ledger: Path) -> list[str]:
+def run_options(job: str, run_dir: Path, ledger: Path, hostfile: Path | None = None) -> list[str]:
     spec = JOBS[job]
+    hosts = (
+        []
+        if hostfile is None
+        else [
+            "-H",
+            str(hostfile),
+            "--orphan-timeout",
+            str(NET_ORPHAN_TIMEOUT_S),
+        ]
+    )
     return [
-        "run", "--workers", str(WORKERS), *spec["opts"], "--run-dir", str(run_dir),
+        "run", *hosts, "--workers", str(WORKERS), *spec["opts"], "--run-dir", str(run_dir),
         "--dataset-size", str(spec["records"]), "--shard-size", str(spec["shard"]),
         "--global-batch", str(spec["batch"]), "--epochs", "1",
         "--max-restarts", "50", "--restart-scope", "process" if job != "allreduce" else "group",
@@ -92,8 +116,8 @@ def run_options(job: str, run_dir: Path, ledger: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+def start(argv: list[str], log: Path, extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra_env}
     env.pop("DTLAUNCH_HOSTS", None)
     with log.open("ab") as out:
         return subprocess.Popen(
@@ -106,9 +130,24 @@ def start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
         )
 
 
+def cut_targets(cluster: Any) -> list[str]:
+    """The namespace hosts a cut may hit: those running a worker or a server."""
+    found = []
+    for address in cluster.addresses:
+        for pid in cluster.pids(address):
+            try:
+                cmd = " ".join(psutil.Process(pid).cmdline())
+            except psutil.Error:
+                continue
+            if "chaos_worker.py" in cmd or "dtlaunch.ps" in cmd:
+                found.append(address)
+                break
+    return found
+
+
 def targets(supervisor: subprocess.Popen[bytes], fault: str) -> list[psutil.Process]:
     """The live processes a fault may hit, found in the supervisor's tree."""
-    role = fault.split("-", 1)[1]
+    role = fault.split("-")[1]
     if role == "supervisor":
         return [psutil.Process(supervisor.pid)]
     try:
@@ -170,12 +209,28 @@ class Tree:
 
 def run_trial(job: str, fault: str, faults: int, rng: random.Random, bound_s: float,
               window_s: float, workdir: Path) -> Trial:  # fmt: skip
+    if not fault.startswith("cut-"):
+        return _run_trial(job, fault, faults, rng, bound_s, window_s, workdir, None)
+    from tests.netns import running_cluster
+
+    with running_cluster(len(NET_HOSTS)) as cluster:
+        return _run_trial(job, fault, faults, rng, bound_s, window_s, workdir, cluster)
+
+
+def _run_trial(job: str, fault: str, faults: int, rng: random.Random, bound_s: float,
+               window_s: float, workdir: Path, cluster: Any) -> Trial:  # fmt: skip
     trial = Trial(job=job, fault=fault, planned=faults)
     run_dir, ledger, log = workdir / "run", workdir / "ledger", workdir / "console.log"
     ledger.mkdir(parents=True)
+    hostfile, env = None, {}
+    if cluster is not None:
+        hostfile = workdir / "hosts"
+        lines = zip(cluster.addresses, NET_HOSTS, strict=True)
+        hostfile.write_text("".join(f"{address} {keys}\n" for address, keys in lines))
+        env = cluster.env()
     started = time.monotonic()
-    options = run_options(job, run_dir, ledger)
-    supervisor = start(options, log)
+    options = run_options(job, run_dir, ledger, hostfile)
+    supervisor = start(options, log, env)
     tree = Tree()
     trial.supervisor_runs = 1
     # Random instants from launch on; each next one a random gap after the last
@@ -192,7 +247,7 @@ def run_trial(job: str, fault: str, faults: int, rng: random.Random, bound_s: fl
                     # Killed before job.json: nothing ran; the same command starts it.
                     resumable = (run_dir / "job.json").exists()
                     again = ["run", "--resume", str(run_dir)] if resumable else options
-                    supervisor = start(again, log)
+                    supervisor = start(again, log, env)
                     trial.supervisor_runs += 1
                     run_started = time.monotonic()
                     continue
@@ -205,7 +260,11 @@ def run_trial(job: str, fault: str, faults: int, rng: random.Random, bound_s: fl
                 )
                 break
             if due and now - started >= due[0]:
-                hit = targets(supervisor, fault)
+                if cluster is not None:
+                    hosts = cut_targets(cluster)
+                    hit: list[Any] = [(cluster, address) for address in hosts]
+                else:
+                    hit = targets(supervisor, fault)
                 if hit:
                     victim = rng.choice(hit)
                     trial.instants.append(round(now - started, 2))
@@ -239,26 +298,60 @@ def run_trial(job: str, fault: str, faults: int, rng: random.Random, bound_s: fl
     if trial.succeeded:
         trial.lost = sum(1 for r in range(records) if counts[r] == 0)
     trial.duplicates = sum(counts.values()) - len(counts)
-    # The supervisor stops every agent and process before it exits; allow a beat
-    # for the kernel to reap them, then anything still alive was left behind.
-    deadline = time.monotonic() + 5.0
-    while (left := tree.alive()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    trial.left_behind = len(left)
-    for proc in left:  # never leave them to the next trial
-        try:
-            proc.send_signal(signal.SIGCONT)
-            proc.kill()
-        except psutil.Error:
-            pass
+    trial.fenced = sum(1 for e in run_events(run_dir) if e.get("kind") == "fenced")
+    trial.left_behind = count_left_behind(tree, cluster)
     if not trial.succeeded and not trial.detail:
         tail = log.read_text(errors="replace").strip().splitlines()[-3:]
         trial.detail = " | ".join(tail)[-400:]
     return trial
 
 
-def inject(victim: psutil.Process, fault: str, rng: random.Random) -> None:
+def run_events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def count_left_behind(tree: Tree, cluster: Any) -> int:
+    """Processes of the trial still alive once the supervisor has ended: none
+    may be. The supervisor stops every agent and process before it exits; allow
+    a beat for the kernel to reap them. An agent that was cut off when the job
+    ended cannot be told to stop: it stops its processes by itself after the
+    orphan timeout, which bounds the wait for the namespace hosts."""
+    deadline = time.monotonic() + 5.0
+    while (left := tree.alive()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stray: list[int] = []
+    if cluster is not None:
+        deadline = time.monotonic() + NET_ORPHAN_TIMEOUT_S + 10.0
+        while (stray := [p for a in cluster.addresses for p in cluster.pids(a)]) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.2)
+    for proc in left:  # never leave them to the next trial
+        try:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+        except psutil.Error:
+            pass
+    return len(left) + len(stray)  # (the namespace's are killed with the cluster)
+
+
+def inject(victim: Any, fault: str, rng: random.Random) -> None:
     kind = fault.split("-", 1)[0]
+    if kind == "cut":
+        cluster, address = victim
+        cluster.cut(address)
+        try:
+            time.sleep(float(fault.rpartition("-")[2].rstrip("s")))
+        finally:
+            cluster.heal(address)
+        return
     try:
         if kind == "kill":
             victim.send_signal(signal.SIGKILL)
@@ -270,15 +363,20 @@ def inject(victim: psutil.Process, fault: str, rng: random.Random) -> None:
         pass  # it ended on its own meanwhile: the fault still counts as tried
 
 
+def baseline_key(job: str, fault: str) -> str:
+    """Cut trials run over SSH on namespace hosts: their own fault-free time."""
+    return f"{job}@netns" if fault.startswith("cut-") else job
+
+
 def summarise(trials: list[Trial], baseline: dict[str, float]) -> dict[str, Any]:
     by_kind: dict[str, dict[str, Any]] = {}
     for name in sorted({f"{t.job}:{t.fault}" for t in trials}):
         group = [t for t in trials if f"{t.job}:{t.fault}" == name]
-        job = group[0].job
+        base = baseline_key(group[0].job, group[0].fault)
         recoveries = [
-            max(0.0, t.wall_s - baseline[job]) / t.injected
+            max(0.0, t.wall_s - baseline[base]) / t.injected
             for t in group
-            if t.succeeded and t.injected and job in baseline
+            if t.succeeded and t.injected and base in baseline
         ]
         by_kind[name] = {
             "runs": len(group),
@@ -288,6 +386,7 @@ def summarise(trials: list[Trial], baseline: dict[str, float]) -> dict[str, Any]
             "records_lost": sum(t.lost for t in group),
             "duplicates": sum(t.duplicates for t in group),
             "left_behind": sum(t.left_behind for t in group),
+            "fenced": sum(t.fenced for t in group),
             "median_recovery_s": round(statistics.median(recoveries), 2) if recoveries else None,
         }
     return by_kind
@@ -325,19 +424,20 @@ def markdown(result: dict[str, Any]) -> str:
     """The README's table from a results file."""
     rows = [
         "| job: fault | runs | faults | succeeded | hung | records lost | trained twice "
-        "| left behind | median recovery (s/fault) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| left behind | fenced | median recovery (s/fault) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, row in result["by_fault"].items():
         rows.append(
             f"| {name} | {row['runs']} | {row['faults']} | {row['succeeded']} | {row['hung']} "
             f"| {row['records_lost']} | {row['duplicates']} | {row['left_behind']} "
+            f"| {row.get('fenced', 0)} "
             f"| {row['median_recovery_s'] if row['median_recovery_s'] is not None else '-'} |"
         )
     t = result["totals"]
     rows.append(
         f"| **all** | {t['trials']} | {t['faults']} | {t['succeeded']} | {t['hung']} "
-        f"| {t['records_lost']} | | {t['left_behind']} | |"
+        f"| {t['records_lost']} | | {t['left_behind']} | | |"
     )
     return "\n".join(rows) + "\n"
 
@@ -354,6 +454,8 @@ def main() -> int:
     parser.add_argument(
         "--plan", default="", help="job:fault,... e.g. dds:kill-agent,ps:kill-server"
     )
+    parser.add_argument("--net", action="store_true",
+                        help=f"add the cuts {NET_FAULTS} to every job kind's turn")  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--report", type=Path, default=None,
@@ -371,31 +473,40 @@ def main() -> int:
     jobs = [j for j in args.jobs.split(",") if j]
     # Job kinds take turns, each going through its fault kinds: a short run
     # still covers every job kind.
-    rounds = max(len(FAULTS[job]) for job in jobs)
-    plan = [(job, FAULTS[job][r % len(FAULTS[job])]) for r in range(rounds) for job in jobs]
+    kinds = {job: FAULTS[job] + (NET_FAULTS if args.net else ()) for job in FAULTS}
+    rounds = max(len(kinds[job]) for job in jobs)
+    plan = [(job, kinds[job][r % len(kinds[job])]) for r in range(rounds) for job in jobs]
     if args.plan:
         plan = [(item.partition(":")[0], item.partition(":")[2]) for item in args.plan.split(",")]
-        unknown = [f"{j}:{f}" for j, f in plan if j not in FAULTS or f not in FAULTS[j]]
+        unknown = [
+            f"{j}:{f}" for j, f in plan if j not in FAULTS or f not in FAULTS[j] + NET_FAULTS
+        ]
         if unknown:
-            parser.error(f"--plan: unknown {', '.join(unknown)}; choose from {FAULTS}")
+            parser.error(
+                f"--plan: unknown {', '.join(unknown)}; choose from {FAULTS} "
+                f"and, for every job kind, {NET_FAULTS}"
+            )
         jobs = sorted({job for job, _ in plan})
     trials: list[Trial] = []
     baseline: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="dtlaunch-chaos-") as tmp:
         root = Path(tmp)
-        for job in jobs:
+        # One fault-free kind per baseline: "none-none" locally, "cut-none-0s" over
+        # SSH on the namespace hosts (the cut trials' setting, cut for 0 s).
+        needed = {baseline_key(job, fault): (job, fault) for job, fault in plan}
+        for key, (job, fault) in sorted(needed.items()):
             walls = []
+            clean_fault = "cut-none-0s" if fault.startswith("cut-") else "none-none"
             for i in range(args.baseline):
-                clean = run_trial(
-                    job, "none-none", 0, rng, args.bound, 1.0, root / f"base-{job}-{i}"
-                )
+                workdir = root / f"base-{key.replace('@', '-')}-{i}"
+                clean = run_trial(job, clean_fault, 0, rng, args.bound, 1.0, workdir)
                 if not clean.succeeded:
-                    print(f"fault-free {job} run failed: {clean.detail}", file=sys.stderr)
+                    print(f"fault-free {key} run failed: {clean.detail}", file=sys.stderr)
                     return 1
                 walls.append(clean.wall_s)
             if walls:  # --baseline 0: no recovery figures, faults within the first 3 s
-                baseline[job] = statistics.median(walls)
-                print(f"baseline {job}: {baseline[job]:.1f} s", flush=True)
+                baseline[key] = statistics.median(walls)
+                print(f"baseline {key}: {baseline[key]:.1f} s", flush=True)
         index = 0
         while (
             sum(t.injected for t in trials) < args.faults_total
@@ -403,14 +514,17 @@ def main() -> int:
             else index < args.trials
         ):
             job, fault = plan[index % len(plan)]
-            window = max(1.0, 0.8 * baseline[job]) if job in baseline else 3.0
-            trial = run_trial(job, fault, args.faults, rng, args.bound, window, root / f"t{index}")
+            base = baseline_key(job, fault)
+            window = max(1.0, 0.8 * baseline[base]) if base in baseline else 3.0
+            faults = 1 if fault.startswith("cut-") else args.faults  # a cut is long
+            trial = run_trial(job, fault, faults, rng, args.bound, window, root / f"t{index}")
             trials.append(trial)
             state = "ok" if trial.succeeded else ("HUNG" if trial.hung else "FAILED")
             print(
                 f"[{index:4d}] {job:9s} {fault:15s} x{trial.injected} at {trial.instants} "
                 f"-> {state} {trial.wall_s:.1f}s lost={trial.lost} dup={trial.duplicates} "
-                f"left={trial.left_behind} {trial.detail if state != 'ok' else ''}",
+                f"left={trial.left_behind} fenced={trial.fenced} "
+                f"{trial.detail if state != 'ok' else ''}",
                 flush=True,
             )
             index += 1
