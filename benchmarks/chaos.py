@@ -39,11 +39,13 @@ import collections
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -69,10 +71,12 @@ FAULTS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 NET_FAULTS = ("cut-agent-2s", "cut-agent-30s")  # every job kind; need root and ip netns
 NET_HOSTS = ("slots=2", "slots=2", "slots=2 spare")
+NET_INTERFACE = "dtlnet0"  # tests/netns.py's INTERFACE, for torch.distributed's Gloo
 # Long enough that a 30 s cut ends with the agent still running (so it is fenced
 # on its return), short enough that an agent cut off at the job's end stops soon.
 NET_ORPHAN_TIMEOUT_S = 35.0
 WORKERS = 2
+STOP = threading.Event()  # set when the harness is interrupted: every lane stops
 
 
 @dataclass
@@ -95,16 +99,10 @@ class Trial:
 
 def run_options(job: str, run_dir: Path, ledger: Path, hostfile: Path | None = None) -> list[str]:
     spec = JOBS[job]
-    hosts = (
-        []
-        if hostfile is None
-        else [
-            "-H",
-            str(hostfile),
-            "--orphan-timeout",
-            str(NET_ORPHAN_TIMEOUT_S),
-        ]
-    )
+    hosts: list[str] = []
+    if hostfile is not None:
+        hosts = ["-H", str(hostfile), "--orphan-timeout", str(NET_ORPHAN_TIMEOUT_S)]
+        hosts += ["--env", f"GLOO_SOCKET_IFNAME={NET_INTERFACE}"]
     return [
         "run", *hosts, "--workers", str(WORKERS), *spec["opts"], "--run-dir", str(run_dir),
         "--dataset-size", str(spec["records"]), "--shard-size", str(spec["shard"]),
@@ -236,11 +234,14 @@ def _run_trial(job: str, fault: str, faults: int, rng: random.Random, bound_s: f
     # Random instants from launch on; each next one a random gap after the last
     # fault, so several faults spread over the job instead of piling up at the
     # instant its first process appears.
-    gap = 2.0 * window_s / max(1, faults)
+    # A lone fault falls within the job's usual run time, not after it ends.
+    gap = window_s if faults <= 1 else 2.0 * window_s / faults
     due = [rng.uniform(0.3, max(0.4, gap))] if faults else []
     run_started = started
     try:
         while True:
+            if STOP.is_set():
+                raise KeyboardInterrupt
             tree.look(supervisor)
             if supervisor.poll() is not None:
                 if trial.fault == "kill-supervisor" and supervisor.returncode == -signal.SIGKILL:
@@ -456,6 +457,10 @@ def main() -> int:
     )
     parser.add_argument("--net", action="store_true",
                         help=f"add the cuts {NET_FAULTS} to every job kind's turn")  # fmt: skip
+    parser.add_argument("--keep-failed", type=Path, default=None,
+                        help="copy the run dir of every failed or hung trial here")  # fmt: skip
+    parser.add_argument("--parallel", type=int, default=1,
+                        help="trials at once (recovery then includes contention)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--report", type=Path, default=None,
@@ -507,29 +512,64 @@ def main() -> int:
             if walls:  # --baseline 0: no recovery figures, faults within the first 3 s
                 baseline[key] = statistics.median(walls)
                 print(f"baseline {key}: {baseline[key]:.1f} s", flush=True)
-        index = 0
-        while (
-            sum(t.injected for t in trials) < args.faults_total
-            if args.faults_total
-            else index < args.trials
-        ):
-            job, fault = plan[index % len(plan)]
-            base = baseline_key(job, fault)
-            window = max(1.0, 0.8 * baseline[base]) if base in baseline else 3.0
-            faults = 1 if fault.startswith("cut-") else args.faults  # a cut is long
-            trial = run_trial(job, fault, faults, rng, args.bound, window, root / f"t{index}")
+        lock = threading.Lock()
+        next_index = [0]
+
+        def lane(number: int) -> None:
+            # One lane replays the seed's sequence; more lanes each have their own.
+            lane_rng = rng if args.parallel == 1 else random.Random(args.seed * 1000 + number)
+            while not STOP.is_set():
+                with lock:
+                    enough = (
+                        sum(t.injected for t in trials) >= args.faults_total
+                        if args.faults_total
+                        else next_index[0] >= args.trials
+                    )
+                    if enough:
+                        return
+                    index = next_index[0]
+                    next_index[0] += 1
+                job, fault = plan[index % len(plan)]
+                base = baseline_key(job, fault)
+                window = max(1.0, 0.8 * baseline[base]) if base in baseline else 3.0
+                faults = 1 if fault.startswith("cut-") else args.faults  # a cut is long
+                workdir = root / f"t{index}"
+                trial = run_trial(job, fault, faults, lane_rng, args.bound, window, workdir)
+                with lock:
+                    record(index, trial, workdir)
+
+        def record(index: int, trial: Trial, workdir: Path) -> None:
             trials.append(trial)
             state = "ok" if trial.succeeded else ("HUNG" if trial.hung else "FAILED")
+            if state != "ok" and args.keep_failed is not None:
+                shutil.copytree(
+                    workdir, args.keep_failed / f"{workdir.name}-{trial.job}-{trial.fault}"
+                )
             print(
-                f"[{index:4d}] {job:9s} {fault:15s} x{trial.injected} at {trial.instants} "
-                f"-> {state} {trial.wall_s:.1f}s lost={trial.lost} dup={trial.duplicates} "
-                f"left={trial.left_behind} fenced={trial.fenced} "
+                f"[{index:4d}] {trial.job:9s} {trial.fault:15s} x{trial.injected} "
+                f"at {trial.instants} -> {state} {trial.wall_s:.1f}s lost={trial.lost} "
+                f"dup={trial.duplicates} left={trial.left_behind} fenced={trial.fenced} "
                 f"{trial.detail if state != 'ok' else ''}",
                 flush=True,
             )
-            index += 1
             if args.out is not None:  # a long run stopped early still leaves its figures
                 write_results(args, trials, baseline, partial=True)
+
+        if args.parallel == 1:
+            lane(0)
+        else:
+            lanes = [threading.Thread(target=lane, args=(n,)) for n in range(args.parallel)]
+            for thread in lanes:
+                thread.start()
+            try:
+                for thread in lanes:
+                    while thread.is_alive():
+                        thread.join(0.5)
+            except BaseException:
+                STOP.set()  # each lane stops its trial's processes on the way out
+                for thread in lanes:
+                    thread.join()
+                raise
     table = summarise(trials, baseline)
     print(f"\n{'job:fault':28s} runs faults ok hung lost dups left recovery_s")
     for name, row in table.items():

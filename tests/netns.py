@@ -32,6 +32,11 @@ from dtlaunch.sshconn import ENV_SSH_CONFIG
 from tests.sshd import SSHD, _client_config, _keygen, _sshd_config, _sshd_version
 
 SUBNET_PREFIX = "10.213"
+# Every host's interface has this name. The namespaces share this machine's
+# hostname, which resolves to no host's address: Gloo (torch.distributed) must be
+# told which interface to use, as on a real cluster with several networks:
+# GLOO_SOCKET_IFNAME=dtlnet0.
+INTERFACE = "dtlnet0"
 _FIRST_TAG, _LAST_TAG = 10, 250
 _START_TIMEOUT = 10.0
 
@@ -192,11 +197,12 @@ def _start_host(
     _ip("link", "add", link, "type", "veth", "peer", "name", inside)
     cluster._links.append(link)
     _ip("link", "set", inside, "netns", namespace)
+    _ip("link", "set", "dev", inside, "name", INTERFACE, namespace=namespace)
     _ip("link", "set", link, "master", cluster.bridge)
     _ip("link", "set", "dev", link, "up")
     _ip("link", "set", "dev", "lo", "up", namespace=namespace)
-    _ip("addr", "add", f"{address}/24", "dev", inside, namespace=namespace)
-    _ip("link", "set", "dev", inside, "up", namespace=namespace)
+    _ip("addr", "add", f"{address}/24", "dev", INTERFACE, namespace=namespace)
+    _ip("link", "set", "dev", INTERFACE, "up", namespace=namespace)
     folder = cluster.root / namespace
     folder.mkdir()
     config = folder / "sshd_config"
@@ -244,4 +250,11 @@ def running_cluster(count: int, root: Path | None = None) -> Iterator[NetnsClust
         yield cluster
 
 
-__all__ = ["NetnsCluster", "NetnsHost", "NetnsUnavailable", "running_cluster", "start_cluster"]
+__all__ = [
+    "INTERFACE",
+    "NetnsCluster",
+    "NetnsHost",
+    "NetnsUnavailable",
+    "running_cluster",
+    "start_cluster",
+]

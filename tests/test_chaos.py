@@ -40,9 +40,33 @@ def test_one_fault_of_each_hard_kind_in_each_job_kind(tmp_path):
 @pytest.mark.timeout(4 * 3600)
 def test_two_thousand_faults_without_a_hang_or_a_lost_record(tmp_path):
     result = chaos(
-        tmp_path, "--faults-total", "2000", "--faults", "5", "--seed", "7", timeout=4 * 3600
-    )
+        tmp_path, "--faults-total", "2000", "--faults", "5", "--seed", "7", "--parallel", "2",
+        timeout=4 * 3600,
+    )  # fmt: skip
     totals = result["totals"]
     assert totals["faults"] >= 2000
     assert (totals["hung"], totals["records_lost"], totals["left_behind"]) == (0, 0, 0)
     assert totals["succeeded"] == totals["trials"]
+
+
+NET_PLAN = ",".join(
+    f"{job}:{cut}"
+    for job in ("dds", "ps", "allreduce")
+    for cut in ("cut-agent-2s", "cut-agent-30s")
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * 3600)
+def test_network_cuts_of_2_and_30_s_in_every_job_kind(tmp_path):
+    """Each job kind with a host's link cut for 2 s and for 30 s, three times
+    each, over SSH on namespace hosts (``tests/netns.py``) with a spare: the 30 s
+    cuts lose the host, move its workers and fence the stale attempts."""
+    result = chaos(
+        tmp_path, "--plan", NET_PLAN, "--trials", "18", "--seed", "5", "--parallel", "2",
+        timeout=2 * 3600,
+    )  # fmt: skip
+    totals = result["totals"]
+    assert (totals["hung"], totals["records_lost"], totals["left_behind"]) == (0, 0, 0)
+    assert totals["succeeded"] == totals["trials"] == 18
+    assert sum(row["fenced"] for row in result["by_fault"].values()) > 0

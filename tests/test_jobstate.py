@@ -47,6 +47,7 @@ def make_state(workers=3, servers=0, scope="group", max_restarts=2, hosts=HOSTS,
         build_spawn=build_spawn,
         master_addr_of=lambda label, reported: label + "-addr",
         spare_hosts=spare_hosts,
+        host_slots={h.label: h.slots for h in hosts},
     )
 
 
@@ -483,3 +484,22 @@ def test_a_lost_host_relaunched_while_its_stale_attempt_ran_records_it_as_fenced
     assert sent(out, Kill) == [] and sent(out, Spawn) == []
     again = state.agent_hello("h1", 21.0, free_ports=[9000], host_addr="", procs=[], pid=4242)
     assert events(again, "fenced") == []
+
+
+def test_a_spare_host_takes_as_many_workers_of_a_lost_host_as_it_has_slots():
+    hosts = [
+        HostSpec(label="h0", hostname="127.0.0.1", slots=2),
+        HostSpec(label="h1", hostname="127.0.0.2", slots=3, spare=True),
+    ]
+    state = make_state(workers=2, scope="group", hosts=hosts, spare_hosts=["h1"])
+    bring_up(state)
+    out = lose(state, "h0", 1.0)
+    assert sorted(e.rank for e in events(out, "moved")) == [0, 1]
+    spawns = [c for c in out if isinstance(c, SendToAgent) and isinstance(c.message, Spawn)]
+    # One group restart, both on the spare: the second lost worker, restarted
+    # and started there with the first, is not failed a second time.
+    assert sorted((c.host, c.message.rank, c.message.attempt) for c in spawns) == [
+        ("h1", 0, 1),
+        ("h1", 1, 1),
+    ]
+    assert len(events(out, "failure")) == 1 and state.phase is Phase.RUNNING

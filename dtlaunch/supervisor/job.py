@@ -313,6 +313,7 @@ def _build_supervisor(
         builtin_ps=builtin_ps(spec),
         master_addr_of=master_addr_of,
         spare_hosts=[h.label for h in hosts if h.spare],
+        host_slots={h.label: h.slots for h in hosts},
     )
     resume = (
         ResumePlan(

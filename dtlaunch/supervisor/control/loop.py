@@ -217,7 +217,6 @@ class ReportIntake:
             )
 
 
-
 class ControlLoop:
     """Decisions every tick while the job runs, carried out (see module doc)."""
 

@@ -25,7 +25,7 @@ the others' signatures.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dtlaunch.supervisor.jobstate.failures import (
@@ -107,6 +107,7 @@ class JobState:
         builtin_ps: bool = False,
         master_addr_of: Callable[[str, str], str],
         spare_hosts: Sequence[str] = (),
+        host_slots: Mapping[str, int] | None = None,
     ) -> None:
         self.timing = timing
         self.max_restarts = max_restarts
@@ -119,6 +120,8 @@ class JobState:
             slot = ProcSlot(assignment=a, host=a.host)
             self.procs[slot.proc_id] = slot
         self.spare_hosts = list(spare_hosts)
+        # Slots per host (the hostfile's): how many moved workers a spare takes.
+        self.host_slots = dict(host_slots or {})
         # Built-in PS: which of a host's free ports each server binds, by index,
         # kept for the job (a server moving away must not shift the others').
         self.ps_port_index: dict[tuple[str, int], int] = {}
@@ -608,6 +611,10 @@ class JobState:
         ]
         agent.stale_attempts.update({slot.proc_id: slot.attempt for slot in lost})
         for slot in lost:
+            if slot.attempt != agent.stale_attempts[slot.proc_id]:
+                # Restarted already with an earlier one's group (and maybe
+                # moved to a spare and started there): not lost any more.
+                continue
             out += self._gone(slot)
             if slot.state is ProcState.STOPPING and slot.restart_after_stop:
                 slot.restart_after_stop = False
@@ -947,7 +954,7 @@ class JobState:
         lost = self.agents[slot.host]
         if slot.role != "worker" or not lost.lost_at:
             return []
-        target = next(iter(self.free_spare_hosts()), None)
+        target = self._spare_with_room()
         if target is None:
             return []
         old = slot.host
@@ -955,6 +962,20 @@ class JobState:
         if old not in self.spare_hosts:
             self.spare_hosts.append(old)
         return [self._proc_event("moved", slot, old_host=old, new_host=target, reason="host lost")]
+
+    def _spare_with_room(self) -> str | None:
+        """The first spare host that is up and has a slot free (its hostfile
+        slots less what runs or waits there, a replaced process included)."""
+        for host in self.spare_hosts:
+            if self.agents[host].state is not AgentState.UP:
+                continue
+            used = sum(
+                1 for s in self.procs.values() if s.host == host and s.state in _BUSY_PROC_STATES
+            )
+            used += sum(1 for held, _ in self.retiring.values() if held == host)
+            if used < self.host_slots.get(host, 1):
+                return host
+        return None
 
     def _record_failure(
         self,
