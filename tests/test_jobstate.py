@@ -18,6 +18,11 @@ from dtlaunch.supervisor.jobstate.machine import (
     SendToAgent,
     Timing,
 )
+from dtlaunch.supervisor.jobstate.workers import (
+    WorkerPeers,
+    parse_worker_identity,
+    worker_identity,
+)
 from dtlaunch.supervisor.placement import place
 from dtlaunch.wire.messages import Exited, Kill, ProcReport, Shutdown, Spawn
 
@@ -503,3 +508,38 @@ def test_a_spare_host_takes_as_many_workers_of_a_lost_host_as_it_has_slots():
         ("h1", 1, 1),
     ]
     assert len(events(out, "failure")) == 1 and state.phase is Phase.RUNNING
+
+
+@pytest.mark.parametrize(
+    ("peer", "who"),
+    [
+        (b"worker:1@0", (1, 0)),
+        (b"worker:12@3", (12, 3)),
+        (b"worker:1", None),
+        (b"worker:1@", None),
+        (b"worker:01@0", None),
+        (b"worker:1@-1", None),
+        (b"worker:1@1@1", None),
+        (b"worker:1234567890@0", None),
+        (b"join:1@0", None),
+    ],
+)
+def test_worker_identities_name_a_rank_and_an_attempt_in_one_canonical_form(peer, who):
+    assert parse_worker_identity(peer) == who
+    if who is not None:
+        assert worker_identity(*who) == peer
+
+
+def test_only_the_current_attempt_or_a_retiring_one_counts():
+    state = make_state(workers=2, scope="process")
+    bring_up(state)
+    peers = WorkerPeers(state)
+    assert peers.worker_of(b"worker:1@0") == (1, 0) and peers.attempt_counts(1, 0)
+    assert peers.worker_of(b"worker:5@0") is None  # no such worker in this job
+    state.procs["worker-1"].attempt = 2  # restarted twice since
+    assert not peers.attempt_counts(1, 0) and peers.attempt_counts(1, 2)
+    assert peers.peer_of(1) == b"worker:1@2"  # no Hello yet: the current attempt
+    state.retiring["worker-1"] = ("h1", 1)  # a prewarmed replacement waits to join
+    assert peers.attempt_counts(1, 1) and not peers.attempt_counts(1, 0)
+    peers.hello(1, b"worker:1@1")
+    assert peers.peer_of(1) == b"worker:1@1"

@@ -25,6 +25,7 @@ import pytest
 
 from tests.jobs import REPO, events, started, summary, wait_for_event, wait_until
 from tests.netns import NetnsCluster, NetnsUnavailable, running_cluster
+from tests.test_dds_jobs import ledger_counts
 
 pytestmark = pytest.mark.integration
 
@@ -54,14 +55,6 @@ def _job(cluster: NetnsCluster, tmp_path: Path, records: int, step_s: float) -> 
         "--kill-grace", "2", "--orphan-timeout", "45", "--output", "none",
         str(WORKER), "dds", str(tmp_path / "ledger"), str(step_s),
     ]  # fmt: skip
-
-
-def _trained(ledger: Path) -> collections.Counter[int]:
-    counts: collections.Counter[int] = collections.Counter()
-    for path in ledger.glob("*.txt"):
-        for line in path.read_text().splitlines():
-            counts.update(int(x) for x in line.split())
-    return counts
 
 
 def _workers_in(cluster: NetnsCluster, address: str) -> list[int]:
@@ -97,7 +90,7 @@ def test_a_two_second_cut_costs_nothing(cluster: NetnsCluster, tmp_path: Path) -
         assert job.wait(120) == 0, job.output()
     kinds = collections.Counter(e["kind"] for e in events(run_dir))
     assert kinds["agent_lost"] == 0 and kinds["restart"] == 0 and kinds["fenced"] == 0, kinds
-    trained = _trained(tmp_path / "ledger")
+    trained = ledger_counts(tmp_path / "ledger")
     assert [r for r in range(1200) if trained[r] == 0] == []
     assert summary(run_dir)["status"] == "succeeded"
     wait_until(
@@ -143,7 +136,7 @@ def test_a_host_cut_off_for_30_s_is_replaced_by_the_spare_then_fenced(
     # The stale attempt wrote nothing once it was fenced: its ledger is older.
     stale_ledger = tmp_path / "ledger" / "1-0.txt"
     assert stale_ledger.stat().st_mtime <= fence["wall"] + 0.5
-    trained = _trained(tmp_path / "ledger")
+    trained = ledger_counts(tmp_path / "ledger")
     assert [r for r in range(RECORDS_30S) if trained[r] == 0] == []
     assert summary(run_dir)["status"] == "succeeded"
     wait_until(

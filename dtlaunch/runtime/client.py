@@ -54,7 +54,7 @@ class SupervisorClient:
         self._shared = Shared()
         # A replacement waiting to join has its own identity: the worker it
         # replaces is still connected under its own. The attempt is part of a
-        # worker's identity (see dtlaunch.supervisor.control.worker_identity).
+        # worker's identity (see dtlaunch.supervisor.jobstate.workers).
         identity = (
             b"join:%d" % conn.rank if joining else b"worker:%d@%d" % (conn.rank, conn.attempt)
         )

@@ -20,14 +20,7 @@ from dtlaunch.errors import DtlaunchError, WalError
 from dtlaunch.events import EventRecorder
 from dtlaunch.supervisor.agents import AgentStarter
 from dtlaunch.supervisor.control import Controller
-from dtlaunch.supervisor.control.loop import (
-    WORKER_PREFIX,
-    ActionTargets,
-    ControlLoop,
-    ReportIntake,
-    parse_worker_identity,
-    worker_identity,
-)
+from dtlaunch.supervisor.control.loop import ActionTargets, ControlLoop, ReportIntake
 from dtlaunch.supervisor.control.stall import Stall, StallWatch
 from dtlaunch.supervisor.dds import DdsService
 from dtlaunch.supervisor.history import ResumePlan
@@ -42,7 +35,9 @@ from dtlaunch.supervisor.jobstate import (
     ProcState,
     SendToAgent,
     WorkerGone,
+    WorkerPeers,
 )
+from dtlaunch.supervisor.jobstate.workers import WORKER_PREFIX
 from dtlaunch.supervisor.launcher import AgentProcess
 from dtlaunch.supervisor.output import OutputRouter
 from dtlaunch.supervisor.psfleet import PlacementKeeper, ServerFleet
@@ -115,6 +110,7 @@ class Supervisor:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.state = state
+        self._workers = WorkerPeers(state)  # identities at the boundary
         self._router = router
         self._agents_starter = agents
         self._recorder = services.recorder
@@ -137,7 +133,7 @@ class Supervisor:
                 send=router.send,
                 apply=self._apply,
                 clock=clock,
-                worker_peer=self._worker_peer,
+                worker_peer=self._workers.peer_of,
                 measured=controller.restart_measured if controller is not None else None,
                 planned_batch=(
                     (lambda rank: controller.batch_plan.get(rank, 0))
@@ -176,10 +172,6 @@ class Supervisor:
         self._done = asyncio.Event()
         self._agents: dict[str, AgentProcess] = {}
         self._launch_tasks: set[asyncio.Task[None]] = set()
-        self._greeted: set[int] = set()  # worker ranks that said Hello to this supervisor
-        # rank -> the identity of the attempt that said Hello last: where what is
-        # meant for "worker r" goes (a retiring attempt may still talk meanwhile).
-        self._worker_peers: dict[int, bytes] = {}
         self._tasks: asyncio.TaskGroup | None = None
         self._ping_seq = 0
         self._signals = 0
@@ -469,12 +461,12 @@ class Supervisor:
         """Data-sharding requests; each runs as its own task so that many share
         one WAL fsync (group commit). Queue changes happen in arrival order,
         before each task's first await."""
-        who = self._worker_of(peer)
+        who = self._workers.worker_of(peer)
         if who is None:
             self._refuse(peer, f"{type(msg).__name__} from no worker of this job")
             return
         rank, attempt = who
-        if not self._attempt_counts(rank, attempt):
+        if not self._workers.attempt_counts(rank, attempt):
             # A stale attempt, e.g. on a host that was cut off while its rank
             # restarted elsewhere: it is being fenced; it must not pass for the rank.
             self._refuse(peer, f"{type(msg).__name__} from a replaced attempt of worker {rank}")
@@ -483,8 +475,7 @@ class Supervisor:
             if msg.run_id != self._run_id:
                 log.warning("worker %d belongs to run %s; ignored", rank, msg.run_id)
                 return
-            self._greeted.add(rank)
-            self._worker_peers[rank] = peer
+            self._workers.hello(rank, peer)
             await self._router.send(
                 peer, Welcome(run_id=self._run_id, heartbeat_interval=self._interval)
             )
@@ -492,7 +483,7 @@ class Supervisor:
             self._serve(
                 self._dds.worker_hello(rank, msg.attempt, list(msg.leases)), f"hello-{rank}", peer
             )
-        elif rank not in self._greeted:
+        elif rank not in self._workers.greeted:
             # A worker we have not heard Hello from (we were resumed): it must say
             # which leases it holds before it is served, or shards granted just
             # before the crash, whose answer it never got, would stay its forever.
@@ -522,34 +513,8 @@ class Supervisor:
             if msg.reports:
                 self.state.worker_progressed(rank)
 
-    def _worker_of(self, peer: bytes) -> tuple[int, int] | None:
-        """``(rank, attempt)`` from ``worker:<rank>@<attempt>`` when it names a worker
-        of this job, else None. Checked here, at the boundary: a rank the node table
-        does not hold would otherwise reach the queue (and the WAL) before anything
-        noticed it."""
-        who = parse_worker_identity(peer)
-        if who is None or f"worker-{who[0]}" not in self.state.procs:
-            return None
-        return who
-
-    def _attempt_counts(self, rank: int, attempt: int) -> bool:
-        """The rank's current attempt (or a later one a resumed supervisor has not
-        heard of yet), or its replaced one that trains on until its prewarmed
-        replacement joins; not an attempt given up for another."""
-        proc_id = f"worker-{rank}"
-        retiring = self.state.retiring.get(proc_id)
-        return attempt >= self.state.procs[proc_id].attempt or (
-            retiring is not None and retiring[1] == attempt
-        )
-
-    def _worker_peer(self, rank: int) -> bytes:
-        """Where a message for worker ``rank`` goes: the attempt that said Hello
-        last, else the current attempt."""
-        slot = self.state.procs.get(f"worker-{rank}")
-        return self._worker_peers.get(rank) or worker_identity(rank, slot.attempt if slot else 0)
-
     async def _send_to_worker(self, rank: int, msg: Message) -> None:
-        await self._router.send(self._worker_peer(rank), msg)
+        await self._router.send(self._workers.peer_of(rank), msg)
 
     def _refuse(self, peer: bytes, why: str) -> None:
         """Log a dropped message, at most once per second per peer: a peer that

@@ -47,15 +47,11 @@ __all__ = [
     "ReportIntake",
     "ServerMover",
     "WorkerReplacer",
-    "parse_worker_identity",
     "to_message",
-    "worker_identity",
 ]
 
 log = logging.getLogger(__name__)
 
-WORKER_PREFIX = b"worker:"
-MAX_RANK_DIGITS = 9  # a billion workers, a billion restarts: anything longer is garbage
 RECENT_STEPS = 32  # per node, for the stall watchdog's adaptive bound
 
 
@@ -71,26 +67,6 @@ def to_message(action: AdjustBatchSize | AdjustLR) -> wire.AdjustBatchSize | wir
         factors=[wire.RankFactor(rank=r, factor=f) for r, f in sorted(action.factors.items())],
         apply_at_step=action.apply_at_step,
     )
-
-
-def worker_identity(rank: int, attempt: int) -> bytes:
-    """The ZeroMQ routing identity of attempt ``attempt`` of worker ``rank``'s SDK
-    (``dtlaunch.runtime.client`` builds the same). The attempt is part of it so
-    that a stale attempt (its host was cut off, the rank restarted elsewhere)
-    neither takes the new attempt's connection over nor passes for it."""
-    return WORKER_PREFIX + f"{rank}@{attempt}".encode()
-
-
-def parse_worker_identity(peer: bytes) -> tuple[int, int] | None:
-    """``(rank, attempt)`` from a worker identity in canonical form, else None."""
-    rank_text, at, attempt_text = peer[len(WORKER_PREFIX) :].partition(b"@")
-    if not peer.startswith(WORKER_PREFIX) or not at:
-        return None
-    for digits in (rank_text, attempt_text):
-        if not digits.isdigit() or len(digits) > MAX_RANK_DIGITS:
-            return None
-    rank, attempt = int(rank_text), int(attempt_text)
-    return (rank, attempt) if worker_identity(rank, attempt) == peer else None
 
 
 class ServerMover(Protocol):

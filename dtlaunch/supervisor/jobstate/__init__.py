@@ -3,7 +3,8 @@
 Stimuli go in through :class:`JobState`'s methods; each returns the commands the
 supervisor carries out (:data:`Command`). ``nodes`` holds the vocabulary (states,
 commands, records), ``failures`` classifies a process exit, ``machine`` the
-transitions.
+transitions, ``workers`` the workers' identities (``worker:<rank>@<attempt>``)
+and which of them still count.
 """
 
 from dtlaunch.supervisor.jobstate.machine import (
@@ -21,6 +22,7 @@ from dtlaunch.supervisor.jobstate.machine import (
     Timing,
     WorkerGone,
 )
+from dtlaunch.supervisor.jobstate.workers import WorkerPeers
 
 __all__ = [
     "SERVERS_PER_HOST_MAX",
@@ -36,4 +38,5 @@ __all__ = [
     "SendToAgent",
     "Timing",
     "WorkerGone",
+    "WorkerPeers",
 ]
