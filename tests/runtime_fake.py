@@ -20,6 +20,7 @@ import zmq.asyncio
 
 from dtlaunch.runtime.data import lease_records
 from dtlaunch.sharding import DatasetSpec, epoch_order
+from dtlaunch.supervisor.jobstate.workers import parse_worker_identity
 from dtlaunch.wire.keys import create_run_keys, write_peer_keys
 from dtlaunch.wire.messages import (
     AckDone,
@@ -199,7 +200,7 @@ class FakeSupervisor:
             peer, msg = await router.recv()
             now = time.monotonic()
             self.log.append((now, msg))
-            rank = int(peer.split(b":")[1])
+            rank, _attempt = parse_worker_identity(peer) or (-1, -1)
             if isinstance(msg, Hello):
                 self.known.add(peer)
                 self.hellos.append((msg, self.dds.doing_of(rank), set(self.dds.done)))
