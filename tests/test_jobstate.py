@@ -543,3 +543,36 @@ def test_only_the_current_attempt_or_a_retiring_one_counts():
     assert peers.attempt_counts(1, 1) and not peers.attempt_counts(1, 0)
     peers.hello(1, b"worker:1@1")
     assert peers.peer_of(1) == b"worker:1@1"
+
+
+def test_a_new_agent_reporting_nothing_restarts_the_whole_group_instead_of_waiting_forever():
+    """Found by the chaos harness (allreduce, supervisor killed 5 times): a new
+    agent replaced the one that ran both workers and reported neither. Worker 0's
+    loss restarted the group, which sent worker 1 a Kill and waited for its Exited;
+    the agent ignored the Kill ("not running") and the job sat for 120 s. A stopping
+    process the agent does not report is gone: its stop is done."""
+    hosts = [HostSpec(label="h0", hostname="127.0.0.1", slots=2)]
+    state = make_state(workers=2, scope="group", hosts=hosts)
+    state.start(0.0)
+    out = state.agent_hello("h0", 0.1, free_ports=[5000, 5001], host_addr="", procs=[], pid=111)
+    for spawn in sent(out, Spawn):
+        state.spawned("h0", spawn.proc_id, spawn.attempt, 100, 0.2)
+    out = state.agent_hello("h0", 2.0, free_ports=[5000, 5001], host_addr="", procs=[], pid=222)
+    assert sorted((s.proc_id, s.attempt) for s in sent(out, Spawn)) == [
+        ("worker-0", 1),
+        ("worker-1", 1),
+    ]
+    assert state.phase is Phase.RUNNING
+
+
+def test_a_spawn_sent_to_an_agent_that_was_replaced_is_retried():
+    hosts = [HostSpec(label="h0", hostname="127.0.0.1", slots=2)]
+    state = make_state(workers=2, scope="process", hosts=hosts)
+    state.start(0.0)
+    out = state.agent_hello("h0", 0.1, free_ports=[5000, 5001], host_addr="", procs=[], pid=111)
+    assert len(sent(out, Spawn)) == 2  # no Spawned yet: both STARTING
+    out = state.agent_hello("h0", 2.0, free_ports=[5000, 5001], host_addr="", procs=[], pid=222)
+    assert sorted((s.proc_id, s.attempt) for s in sent(out, Spawn)) == [
+        ("worker-0", 1),
+        ("worker-1", 1),
+    ]

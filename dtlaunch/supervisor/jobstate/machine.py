@@ -288,6 +288,7 @@ class JobState:
         if agent.lost_at and pid != agent.pid:
             out += self._stopped_with_their_agent(agent, procs)
         agent.stale_attempts.clear()
+        replaced = agent.pid not in (0, pid)
         agent.pid = pid
         was = agent.state
         agent.state = AgentState.UP
@@ -306,7 +307,7 @@ class JobState:
             )
         elif was is AgentState.UNRESPONSIVE:
             out.append(EmitEvent(kind="heartbeat_recovered", host=host, role="agent"))
-        out += self._adopt_reported(host, procs, now)
+        out += self._adopt_reported(host, procs, now, replaced=replaced)
         if self.phase is Phase.STOPPING:
             out.append(self._shutdown_message(host))
             return out
@@ -503,14 +504,27 @@ class JobState:
             EmitEvent(kind="agent_launch", host=agent.host, data={"launch": agent.launches}),
         ]
 
-    def _adopt_reported(self, host: str, procs: list[ProcReport], now: float) -> list[Command]:
-        """Reconcile what a (re)connecting agent runs with what we believe."""
+    def _adopt_reported(
+        self, host: str, procs: list[ProcReport], now: float, *, replaced: bool = False
+    ) -> list[Command]:
+        """Reconcile what a (re)connecting agent runs with what we believe.
+        ``replaced``: a new agent took over from the one we knew (it stopped its
+        predecessor's processes), so a spawn sent to that one never happened."""
         out: list[Command] = []
         by_id = {p.proc_id: p for p in procs}
         for slot in self.procs.values():
             if slot.host != host:
                 continue
             report = by_id.get(slot.proc_id)
+            gone = report is None or report.attempt != slot.attempt
+            if slot.state is ProcState.STOPPING and gone:
+                # Being stopped (often by the group restart that a sibling's loss
+                # started in this same loop) and already gone: no agent will ever
+                # send its Exited, so its stop is done here, or the group waits forever.
+                out += self._exited(host, self._gone_while_unreachable(slot), now)
+                continue
+            # A spawn that went to the replaced agent never happened: lost too.
+            lost_spawn = slot.state is ProcState.STARTING and replaced and report is None
             if slot.state is ProcState.PENDING and report is not None and slot.bump_before_spawn:
                 if report.attempt >= slot.attempt:
                     # Still running from before the supervisor restarted: adopt it.
@@ -526,9 +540,9 @@ class JobState:
                         out.append(self._stop_then_restart(slot, slot.restart_if_found))
                     slot.restart_if_found = ""
                 continue
-            if slot.state is not ProcState.RUNNING:
+            if slot.state is not ProcState.RUNNING and not lost_spawn:
                 continue
-            if report is None or report.attempt != slot.attempt:
+            if gone:
                 # It ended while we could not hear about it; its Exited was lost.
                 verdict = ExitVerdict(
                     succeeded=False,
@@ -539,6 +553,19 @@ class JobState:
                 out += self._gone(slot)
                 out += self._on_failure(slot, verdict, None, None, [], now)
         return out + self._fence_stale(host, procs)
+
+    @staticmethod
+    def _gone_while_unreachable(slot: ProcSlot) -> Exited:
+        return Exited(
+            proc_id=slot.proc_id,
+            attempt=slot.attempt,
+            pid=slot.pid,
+            exit_code=None,
+            signal=None,
+            runtime_s=0.0,
+            stderr_tail=[f"{slot.proc_id} was gone when its agent reconnected"],
+            requested=True,
+        )
 
     def _stopped_with_their_agent(self, agent: AgentSlot, procs: list[ProcReport]) -> list[Command]:
         """A lost host says hello again through a new agent, which stopped its
