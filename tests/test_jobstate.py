@@ -576,3 +576,11 @@ def test_a_spawn_sent_to_an_agent_that_was_replaced_is_retried():
         ("worker-0", 1),
         ("worker-1", 1),
     ]
+
+
+def test_an_agent_seen_to_die_took_its_processes_along_and_nothing_is_recorded_as_fenced():
+    state = make_state(workers=2, scope="process", hosts=SPARE_HOSTS, spare_hosts=["h2"])
+    bring_up(state)
+    state.agent_exited("h1", 1.0, definite=True, detail="killed by SIGKILL")
+    out = state.agent_hello("h1", 3.0, free_ports=[9000], host_addr="", procs=[], pid=4242)
+    assert events(out, "fenced") == []

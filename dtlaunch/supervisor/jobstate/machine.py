@@ -431,7 +431,7 @@ class JobState:
             return [
                 EmitEvent(kind="agent_exit", host=host, data={"detail": detail, "definite": False})
             ]
-        return self._agent_lost(agent, f"agent on {host} died ({detail})", now)
+        return self._agent_lost(agent, f"agent on {host} died ({detail})", now, may_live=False)
 
     def agent_bye(self, host: str, reason: str, now: float) -> list[Command]:
         agent = self.agents.get(host)
@@ -441,7 +441,7 @@ class JobState:
             agent.state = AgentState.GONE
             gone = EmitEvent(kind="agent_exit", host=host, data={"detail": reason})
             return [gone, *self._maybe_finish(now)]
-        return self._agent_lost(agent, f"agent on {host} exited: {reason}", now)
+        return self._agent_lost(agent, f"agent on {host} exited: {reason}", now, may_live=False)
 
     def agent_launch_failed(self, host: str, error: str, now: float) -> list[Command]:
         """The agent could not even be started (ssh, python, workdir): stop the job."""
@@ -622,7 +622,12 @@ class JobState:
             out.append(self._kill(report.proc_id, host, report.attempt))
         return out
 
-    def _agent_lost(self, agent: AgentSlot, reason: str, now: float) -> list[Command]:
+    def _agent_lost(
+        self, agent: AgentSlot, reason: str, now: float, *, may_live: bool = True
+    ) -> list[Command]:
+        """``may_live``: the agent was given up for its silence and may still run
+        its processes (a network cut), which are then fenced when it is heard
+        again; an agent seen to die took its processes with it."""
         agent.state = AgentState.LOST
         agent.lost_at = agent.lost_at or now
         # Its fenced processes go with it (a new agent stops its predecessor's).
@@ -636,9 +641,11 @@ class JobState:
         lost = [
             s for s in self.procs.values() if s.host == agent.host and s.state in LIVE_PROC_STATES
         ]
-        agent.stale_attempts.update({slot.proc_id: slot.attempt for slot in lost})
+        attempts_at_loss = {slot.proc_id: slot.attempt for slot in lost}
+        if may_live:
+            agent.stale_attempts.update(attempts_at_loss)
         for slot in lost:
-            if slot.attempt != agent.stale_attempts[slot.proc_id]:
+            if slot.attempt != attempts_at_loss[slot.proc_id]:
                 # Restarted already with an earlier one's group (and maybe
                 # moved to a spare and started there): not lost any more.
                 continue
