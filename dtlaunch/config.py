@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dtlaunch.errors import ConfigError
-from dtlaunch.hostfile import HostSpec, load_hosts
+from dtlaunch.hostfile import HostSpec, load_hosts, select_hosts, with_processes_per_host
 from dtlaunch.sharding import DatasetSpec
 
 MODES = ("allreduce", "ps")
@@ -250,7 +250,10 @@ class RunOptions:
     script_args: list[str] | None
     module: bool
     hosts: str | None  # hostfile path or inline list; None: embedded mode
-    workers: int
+    include: str | None  # DeepSpeed's host filters over the hostfile
+    exclude: str | None
+    workers: int | None  # None: nproc_per_node x hosts, else 1
+    nproc_per_node: int | None  # torchrun's: workers on every host
     servers: int
     mode: str | None
     ps_server: str
@@ -295,6 +298,7 @@ class RunOptions:
             ConfigError: an option, or a combination of them, is invalid.
         """
         mode = self.mode or ("ps" if self.servers > 0 else "allreduce")
+        hosts, workers = self._hosts_and_workers()
         run_id = new_run_id()
         return JobSpec(
             run_id=run_id,
@@ -302,8 +306,8 @@ class RunOptions:
             script=self.script,
             script_args=tuple(self.script_args or ()),
             module=self.module,
-            hosts=tuple(load_hosts(self.hosts)) if self.hosts else (),
-            workers=self.workers,
+            hosts=tuple(hosts),
+            workers=workers,
             servers=self.servers,
             mode=mode,
             policy=self.policy,
@@ -335,6 +339,35 @@ class RunOptions:
             ps_snapshot_interval=self.ps_snapshot_interval,
             created=time.time(),
         ).validate()
+
+    def _hosts_and_workers(self) -> tuple[list[HostSpec], int]:
+        """The hosts the job runs on and its worker count, from ``-H``, the host
+        filters, ``--workers`` and ``--nproc-per-node``.
+
+        Raises:
+            HostfileError: the hostfile is invalid or a filter names no host of it.
+            ConfigError: the filters or ``--nproc-per-node`` do not fit the other options.
+        """
+        if not self.hosts and (self.include or self.exclude):
+            raise ConfigError(
+                "--include/--exclude select hosts of a hostfile; give one with -H/--hostfile"
+            )
+        hosts = load_hosts(self.hosts) if self.hosts else []
+        if hosts:
+            hosts = select_hosts(hosts, include=self.include, exclude=self.exclude)
+        if self.nproc_per_node is None:
+            return hosts, 1 if self.workers is None else self.workers
+        if self.nproc_per_node < 1:
+            raise ConfigError(f"--nproc-per-node must be at least 1, got {self.nproc_per_node}")
+        if self.workers is not None:
+            raise ConfigError(
+                "--nproc-per-node and --workers/-np both set the worker count; give one: "
+                "--nproc-per-node N runs N workers on every host, --workers N runs N in all"
+            )
+        running = [h for h in hosts if not h.spare]
+        return with_processes_per_host(hosts, self.nproc_per_node), self.nproc_per_node * max(
+            1, len(running)
+        )
 
 
 def parse_env_pairs(pairs: list[str], env_file: Path | None) -> dict[str, str]:

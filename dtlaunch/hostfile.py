@@ -23,6 +23,7 @@ inside one :class:`~dtlaunch.errors.HostfileError`.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import ipaddress
 import re
@@ -31,7 +32,15 @@ from pathlib import Path
 
 from dtlaunch.errors import HostfileError
 
-__all__ = ["MAX_SLOTS", "HostSpec", "load_hosts", "parse_hostfile", "parse_inline"]
+__all__ = [
+    "MAX_SLOTS",
+    "HostSpec",
+    "load_hosts",
+    "parse_hostfile",
+    "parse_inline",
+    "select_hosts",
+    "with_processes_per_host",
+]
 
 # A sanity bound: a bigger number is a typo, not a machine.
 MAX_SLOTS = 4096
@@ -493,3 +502,56 @@ def _is_duplicate(
         "(merge the two, or give a second sshd on that machine its own port)",
     )
     return True
+
+
+def select_hosts(
+    hosts: list[HostSpec], *, include: str | None = None, exclude: str | None = None
+) -> list[HostSpec]:
+    """The hosts ``--include``/``--exclude`` keep, in hostfile order (DeepSpeed's filters).
+
+    Both take host names separated by ``@`` (DeepSpeed's form) or ``,``; a name is
+    a host's label (``node1``, or ``node1:2222`` when it has a port) or its host
+    name. Only whole hosts are selected: dtlaunch places processes by ``slots=``.
+
+    Raises:
+        HostfileError: a name is no host of the list (the nearest ones are named),
+            or no host is left.
+    """
+    kept = list(hosts)
+    for option, text, keep in (("--include", include, True), ("--exclude", exclude, False)):
+        if text is None:
+            continue
+        chosen = _named_hosts(hosts, option, text)
+        kept = [h for h in kept if (h.label in chosen) == keep]
+    if not kept:
+        labels = ", ".join(h.label for h in hosts)
+        raise HostfileError([f"--include/--exclude left no host to run on; hosts: {labels}"])
+    return kept
+
+
+def _named_hosts(hosts: list[HostSpec], option: str, text: str) -> set[str]:
+    """The labels of the hosts ``text`` names."""
+    by_name = {h.label: h.label for h in hosts} | {h.hostname: h.label for h in hosts}
+    names = [n.strip() for n in re.split(r"[@,]", text)]
+    problems: list[str] = []
+    chosen: set[str] = set()
+    for name in names:
+        if not name:
+            problems.append(f"{option} {text!r}: empty host name; expected NAME@NAME or NAME,NAME")
+        elif name in by_name:
+            chosen.add(by_name[name])
+        else:
+            nearest = difflib.get_close_matches(name, list(by_name), n=1)
+            hint = f" (did you mean {nearest[0]}?)" if nearest else ""
+            known = ", ".join(h.label for h in hosts)
+            problems.append(f"{option}: {name!r} is not a host of the list{hint}; hosts: {known}")
+    if problems:
+        raise HostfileError(problems)
+    return chosen
+
+
+def with_processes_per_host(hosts: list[HostSpec], count: int) -> list[HostSpec]:
+    """Every host with room for exactly ``count`` workers beside its servers quota:
+    ``--nproc-per-node`` (torchrun's meaning) overrides the hostfile's ``slots=``.
+    Spare hosts get the same room, as they stand in for a host."""
+    return [dataclasses.replace(h, slots=count + h.servers) for h in hosts]

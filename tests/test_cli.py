@@ -48,13 +48,65 @@ def test_bad_hostfile_reports_every_problem_with_file_line_col(tmp_path):
         (["--env", "NOEQUALS"], "expected KEY=VALUE"),
         (["--output", "bogus"], "--output"),
         (["--orphan-timeout", "1"], "--orphan-timeout must be longer"),
+        (["--nproc-per-node", "2", "-np", "4"], "both set the worker count; give one"),
+        (["--nproc-per-node", "0"], "--nproc-per-node must be at least 1"),
+        (["--include", "node1"], "give one with -H/--hostfile"),
+        (["-H", "node1:2,node2:2", "--include", "node3"], "'node3' is not a host of the list"),
+        (["-H", "node1:2,node2:2", "--exclude", "node11"], "(did you mean node1?)"),
+        (["-H", "node1:2,node2:2", "--exclude", "node1@node2"], "left no host to run on"),
     ],
 )
 def test_bad_options_are_refused_before_anything_starts(tmp_path, args, message):
     result = runner.invoke(app, ["run", "--run-dir", str(tmp_path / "run"), *args, "train.py"])
     assert result.exit_code == 2
-    assert message in result.stderr.replace("\n", " ")
+    assert message in " ".join(result.stderr.split())  # unwrapped from the terminal width
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [
+        (["--nprocs-per-node", "2"], "--nprocs-per-node (did you mean --nproc-per-node?)"),
+        (["--worker", "2"], "--worker (did you mean --workers?)"),
+        (["--host-file=h.txt"], "--host-file (did you mean --hostfile?)"),
+        (["--zzzzzz"], "--zzzzzz;"),
+    ],
+)
+def test_an_unknown_option_before_the_script_is_refused_and_nothing_starts(
+    tmp_path, args, shown
+):
+    # click would pass the unknown option through as SCRIPT: python would be run
+    # as `python --worker 2 train.py` and fail on every host.
+    result = run(["run", *args, "train.py", "--lr", "0.1"], env={}, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    text = " ".join(result.stderr.split())
+    assert f"no such option for dtlaunch run: {shown}" in text
+    assert "nothing was started" in text
+    assert list(tmp_path.iterdir()) == []  # no runs/ directory, no run dir
+
+
+def test_nproc_per_node_sets_every_hosts_room_and_the_worker_count(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("a slots=8\nb slots=1 servers=1\nc slots=4 spare\nd slots=2\n")
+    fields = {name: None for name in inspect.signature(RunOptions).parameters}
+    given = fields | {
+        "script": "t.py", "module": False, "hosts": str(hosts), "exclude": "d",
+        "nproc_per_node": 3, "servers": 0, "ps_server": "builtin", "ps_consistency": "bsp",
+        "ps_block_bytes": 1 << 22, "ps_snapshot_interval": 30.0, "policy": "none",
+        "control_interval": 10.0, "max_restarts": 3, "heartbeat_interval": 1.0,
+        "dead_after": 3, "orphan_timeout": 60.0, "agent_timeout": 60.0, "kill_grace": 5.0,
+        "output": "all", "insecure_no_host_key_check": False, "dataset_size": 0,
+        "shard_size": 0, "epochs": 1, "global_batch": 0, "seed": 0,
+        "run_dir": tmp_path / "run",
+    }  # fmt: skip
+    spec = RunOptions(**given).job_spec()
+    # Two running hosts (c is spare, d excluded): 3 workers each, servers kept apart.
+    assert spec.workers == 6
+    assert [(h.label, h.slots, h.spare) for h in spec.hosts] == [
+        ("a", 3, False),
+        ("b", 4, False),
+        ("c", 3, True),
+    ]
 
 
 def test_too_few_slots_is_a_clear_error(tmp_path):
@@ -216,5 +268,5 @@ def test_help_lists_the_commands_in_their_order():
 
 
 def test_run_options_are_the_run_commands_options():
-    params = set(inspect.signature(run_command).parameters) - {"resume", "verbose"}
+    params = set(inspect.signature(run_command).parameters) - {"ctx", "resume", "verbose"}
     assert params == {f.name for f in dataclasses.fields(RunOptions)}

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dtlaunch.errors import ConfigError, HostfileError
-from dtlaunch.hostfile import HostSpec, load_hosts, parse_hostfile, parse_inline
+from dtlaunch.hostfile import HostSpec, load_hosts, parse_hostfile, parse_inline, select_hosts
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -376,3 +376,19 @@ def test_example_hostfile_in_the_repo_parses():
 def test_hand_built_hostspec_is_checked(kwargs, fragment):
     with pytest.raises(HostfileError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         HostSpec(label="x", hostname="x", **kwargs)
+
+
+def test_include_and_exclude_select_whole_hosts_in_hostfile_order():
+    hosts = parse_hostfile("a slots=2\nb:2222 slots=2\nc slots=2\nd slots=2 spare\n")
+    # DeepSpeed's '@' separator, a label with its port, and a bare host name all name hosts.
+    kept = select_hosts(hosts, include="d@b:2222,a")
+    assert [h.label for h in kept] == ["a", "b:2222", "d"]
+    kept = select_hosts(hosts, include="a@b@d", exclude="b")
+    assert [h.label for h in kept] == ["a", "d"]
+    with pytest.raises(HostfileError) as caught:
+        select_hosts(hosts, include="a@@c", exclude="x")
+    assert "empty host name" in str(caught.value)
+    with pytest.raises(HostfileError) as caught:
+        select_hosts(hosts, exclude="x")
+    assert "'x' is not a host of the list" in str(caught.value)
+    assert "hosts: a, b:2222, c, d" in str(caught.value)

@@ -19,7 +19,7 @@ def test_torchrun_script_runs_unmodified_and_allreduce_is_correct(tmp_path):
     result = run(
         [
             "run",
-            "--workers",
+            "--nproc-per-node",  # torchrun's spelling: on this one host, 3 workers
             "3",
             "--run-dir",
             str(run_dir),

@@ -29,11 +29,14 @@ pytestmark = pytest.mark.integration
 
 
 def test_torchrun_env_and_allreduce_across_three_ssh_hosts(sshd, tmp_path):
+    # Spelled as a DeepSpeed/mpirun user would: --hostfile, --exclude, -np. Nothing
+    # listens on the excluded host, so the job would fail if it were contacted.
     hosts = hostfile(
         sshd,
         tmp_path / "hosts",
         [
             f"{sshd.addresses[0]} slots=2",
+            "127.0.0.99 slots=8",
             f"{sshd.addresses[1]} slots=1",
             f"{sshd.addresses[2]} slots=1",
         ],
@@ -44,9 +47,11 @@ def test_torchrun_env_and_allreduce_across_three_ssh_hosts(sshd, tmp_path):
     result = run(
         [
             "run",
-            "-H",
+            "--hostfile",
             str(hosts),
-            "--workers",
+            "--exclude",
+            "127.0.0.99",
+            "-np",
             "4",
             "--run-dir",
             str(run_dir),

@@ -8,6 +8,7 @@ list of what it takes; ``dtlaunch.config.RunOptions`` turns them into a validate
 from __future__ import annotations
 
 import asyncio
+import difflib
 import logging
 from pathlib import Path
 from typing import Annotated, Any
@@ -37,11 +38,47 @@ HostsOption = Annotated[
     typer.Option(
         "--hosts",
         "-H",
+        "--hostfile",
         envvar="DTLAUNCH_HOSTS",
-        help="Hostfile path or inline list h1:4,h2:4. Absent: embedded mode on this machine.",
+        help="Hostfile path or inline list h1:4,h2:4 (--hostfile as in DeepSpeed). "
+        "Absent: embedded mode on this machine.",
     ),
 ]
-WorkersOption = Annotated[int, typer.Option(envvar="DTLAUNCH_WORKERS", help="Worker processes.")]
+IncludeOption = Annotated[
+    str | None,
+    typer.Option(
+        envvar="DTLAUNCH_INCLUDE",
+        help="Run only on these hosts of the hostfile: NAME@NAME or NAME,NAME (DeepSpeed).",
+    ),
+]
+ExcludeOption = Annotated[
+    str | None,
+    typer.Option(
+        envvar="DTLAUNCH_EXCLUDE",
+        help="Leave these hosts of the hostfile out: NAME@NAME or NAME,NAME (DeepSpeed).",
+    ),
+]
+WorkersOption = Annotated[
+    int | None,
+    typer.Option(
+        "--workers",
+        "-np",
+        envvar="DTLAUNCH_WORKERS",
+        help="Worker processes in all (-np as in mpirun/horovodrun). "
+        "Default: 1, or --nproc-per-node x hosts.",
+        show_default=False,
+    ),
+]
+NprocPerNodeOption = Annotated[
+    int | None,
+    typer.Option(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        envvar="DTLAUNCH_NPROC_PER_NODE",
+        help="Workers on every host, as in torchrun (overrides the hostfile's slots=).",
+        show_default=False,
+    ),
+]
 ServersOption = Annotated[
     int, typer.Option(envvar="DTLAUNCH_SERVERS", help="Parameter servers (0: allreduce).")
 ]
@@ -202,10 +239,14 @@ VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logg
 
 
 def run(
+    ctx: typer.Context,
     script: ScriptOption = None,
     script_args: ScriptArgsOption = None,
     hosts: HostsOption = None,
-    workers: WorkersOption = 1,
+    include: IncludeOption = None,
+    exclude: ExcludeOption = None,
+    workers: WorkersOption = None,
+    nproc_per_node: NprocPerNodeOption = None,
     servers: ServersOption = 0,
     mode: ModeOption = None,
     ps_server: PsServerOption = "builtin",
@@ -243,12 +284,16 @@ def run(
 ) -> None:
     """Run SCRIPT as a supervised distributed job (or --resume a killed supervisor's job)."""
     options = dict(locals())
-    del options["resume"], options["verbose"]
+    del options["ctx"], options["resume"], options["verbose"]
     setup_logging(verbose)
     if resume is not None:
         _resume(resume)
     if script is None:
         raise fail("no SCRIPT given; usage: dtlaunch run [OPTIONS] SCRIPT [ARGS]...")
+    if script.startswith("-"):
+        # Options after SCRIPT are the script's, so click passes an unknown one
+        # through as the "script": refuse it here, before anything exists on disk.
+        raise fail(_unknown_option_message(ctx, script))
     try:
         _refuse_early(policy, inject, insecure_no_host_key_check=insecure_no_host_key_check)
         spec = RunOptions(**options).job_spec()
@@ -257,6 +302,26 @@ def run(
     except KeyboardInterrupt:
         raise fail("interrupted before the job started; nothing is running", 130) from None
     _run_to_end(spec, resume=False)
+
+
+def _unknown_option_message(ctx: typer.Context, word: str) -> str:
+    """``word`` (an option ``dtlaunch run`` does not have) named with the nearest
+    option it does have, if any is close."""
+    name = word.split("=", 1)[0]
+    known = sorted(
+        opt
+        for param in ctx.command.params
+        if param.param_type_name == "option"
+        for opt in (*param.opts, *param.secondary_opts)
+    )
+    message = f"no such option for dtlaunch run: {name}"
+    nearest = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    if nearest:
+        message += f" (did you mean {nearest[0]}?)"
+    return (
+        f"{message}; options of dtlaunch run go before SCRIPT (see dtlaunch run --help), "
+        "options after SCRIPT go to the script; nothing was started"
+    )
 
 
 def _refuse_early(
