@@ -38,8 +38,9 @@ test: $(STAMP) sshd-deps lint
 test-slow: $(STAMP) sshd-deps
 	$(BIN)/pytest -m slow -q
 
+# The same job twice, a worker 3x slower: plain BSP, then --policy nd; a comparison at the end.
 demo: $(STAMP)
-	$(BIN)/dtlaunch run --workers 2 --output 0 examples/train_allreduce.py --steps 60
+	$(BIN)/python examples/demo.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from dtlaunch.version import __version__
 
 if TYPE_CHECKING:
+    from dtlaunch.launch_api import LaunchResult
     from dtlaunch.runtime import Job
 
-__all__ = ["__version__", "init"]
+__all__ = ["LaunchResult", "__version__", "init", "launch"]
 
 
 def init(
@@ -36,3 +38,24 @@ def init(
         seed=seed,
         prefetch=prefetch,
     )
+
+
+def launch(
+    target: str | Callable[..., Any], args: Sequence[Any] = (), **options: Any
+) -> LaunchResult:
+    """Run ``target`` as a supervised job from Python; see ``dtlaunch.launch_api.launch``.
+
+    Imported lazily: a training process that imports dtlaunch does not load the
+    supervisor.
+    """
+    from dtlaunch.launch_api import launch as launch_job
+
+    return launch_job(target, args, **options)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LaunchResult":  # the result type, without importing the launcher eagerly
+        from dtlaunch.launch_api import LaunchResult
+
+        return LaunchResult
+    raise AttributeError(f"module 'dtlaunch' has no attribute {name!r}")

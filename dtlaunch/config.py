@@ -97,6 +97,9 @@ class JobSpec:
     python: str = ""
     output: OutputSpec = field(default_factory=OutputSpec)
     bind: str = ""  # supervisor ROUTER address; "" = loopback (embedded) or all interfaces
+    # Prometheus endpoint on the --bind address (else loopback); 0: any free port;
+    # None: none. Kept in job.json, so a resumed supervisor serves it again.
+    metrics_port: int | None = None
     ssh_config: tuple[str, ...] = ()
     verify_host_keys: bool = True
     inject: tuple[str, ...] = ()
@@ -192,6 +195,11 @@ class JobSpec:
                     f"--bind {self.bind!r}: expected ADDR:PORT, e.g. 10.0.0.5:0 "
                     "(port 0: any free port)"
                 )
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(
+                f"--metrics-port must be a TCP port from 1 to 65535 (or 0: any free port), "
+                f"got {self.metrics_port}"
+            )
         if self.control_interval <= 0:
             raise ConfigError(f"--control-interval must be positive, got {self.control_interval}")
         if self.dead_after < 2:
@@ -244,47 +252,51 @@ class JobSpec:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunOptions:
     """``dtlaunch run``'s options as given, by option name (None or empty: not
-    given), before the defaults that depend on other options are filled in."""
+    given), before the defaults that depend on other options are filled in.
+
+    The defaults are the command line's (``tests/test_cli.py`` holds the two
+    equal), so ``dtlaunch.launch`` and ``dtlaunch run`` start the same job."""
 
     script: str
-    script_args: list[str] | None
-    module: bool
-    hosts: str | None  # hostfile path or inline list; None: embedded mode
-    include: str | None  # DeepSpeed's host filters over the hostfile
-    exclude: str | None
-    workers: int | None  # None: nproc_per_node x hosts, else 1
-    nproc_per_node: int | None  # torchrun's: workers on every host
-    servers: int
-    mode: str | None
-    ps_server: str
-    ps_consistency: str
-    ps_block_bytes: int
-    ps_snapshot_interval: float
-    policy: str
-    control_interval: float
-    inject: list[str] | None
-    run_dir: Path | None
-    max_restarts: int
-    restart_scope: str | None
-    heartbeat_interval: float
-    dead_after: int
-    orphan_timeout: float
-    agent_timeout: float
-    kill_grace: float
-    stall_timeout: float | None
-    env: list[str] | None
-    env_file: Path | None
-    workdir: str | None
-    python: str | None
-    output: str
-    bind: str | None
-    ssh_config: list[Path] | None
-    insecure_no_host_key_check: bool
-    dataset_size: int
-    shard_size: int
-    epochs: int
-    global_batch: int
-    seed: int
+    script_args: list[str] | None = None
+    module: bool = False
+    hosts: str | None = None  # hostfile path or inline list; None: embedded mode
+    include: str | None = None  # DeepSpeed's host filters over the hostfile
+    exclude: str | None = None
+    workers: int | None = None  # None: nproc_per_node x hosts, else 1
+    nproc_per_node: int | None = None  # torchrun's: workers on every host
+    servers: int = 0
+    mode: str | None = None
+    ps_server: str = "builtin"
+    ps_consistency: str = "bsp"
+    ps_block_bytes: int = DEFAULT_PS_BLOCK_BYTES
+    ps_snapshot_interval: float = 30.0
+    policy: str = "none"
+    control_interval: float = 10.0
+    inject: list[str] | None = None
+    run_dir: Path | None = None
+    max_restarts: int = 3
+    restart_scope: str | None = None
+    heartbeat_interval: float = 1.0
+    dead_after: int = 3
+    orphan_timeout: float = 60.0
+    agent_timeout: float = 60.0
+    kill_grace: float = 5.0
+    stall_timeout: float | None = None
+    env: list[str] | None = None
+    env_file: Path | None = None
+    workdir: str | None = None
+    python: str | None = None
+    output: str = "all"
+    bind: str | None = None
+    metrics_port: int | None = None
+    ssh_config: list[Path] | None = None
+    insecure_no_host_key_check: bool = False
+    dataset_size: int = 0
+    shard_size: int = 0
+    epochs: int = 1
+    global_batch: int = 0
+    seed: int = 0
 
     def job_spec(self) -> JobSpec:
         """The validated ``JobSpec`` of these options under a new run id.
@@ -324,6 +336,7 @@ class RunOptions:
             python=self.python or sys.executable,
             output=OutputSpec.parse(self.output),
             bind=self.bind or "",
+            metrics_port=self.metrics_port,
             ssh_config=tuple(str(p.expanduser()) for p in self.ssh_config or []),
             verify_host_keys=not self.insecure_no_host_key_check,
             dataset_size=self.dataset_size,

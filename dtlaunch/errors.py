@@ -11,6 +11,7 @@
     │   └── SshConnectError       the same, saying which kind it was (``kind``: SshFailure)
     ├── HostCheckError            a ``dtlaunch check`` stage failed on a host (caught there)
     ├── LaunchError               an agent or process could not be started
+    ├── JobFailed                 ``dtlaunch.launch``: the job ended failed (its ``summary``)
     ├── RunDirError               a run directory is missing, locked or malformed
     │   └── LockHeldError         another process holds a lock file (``holder``)
     ├── WalError                  the data-sharding write-ahead log cannot be used
@@ -36,7 +37,7 @@ raiser passes in.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -48,6 +49,7 @@ __all__ = [
     "HostCheckError",
     "HostfileError",
     "InfeasibleError",
+    "JobFailed",
     "KeyFileError",
     "LaunchError",
     "LockHeldError",
@@ -176,6 +178,20 @@ class HostCheckError(DtlaunchError):
 
 class LaunchError(DtlaunchError):
     """An agent or a training process could not be started."""
+
+
+class JobFailed(DtlaunchError):
+    """``dtlaunch.launch``'s job ended without succeeding.
+
+    ``summary`` is the run's ``summary.json`` (its ``failures`` put the root cause
+    first), ``run_dir`` where the logs and events are; the message names the root
+    cause the way ``dtlaunch run``'s failure table does.
+    """
+
+    def __init__(self, message: str, summary: dict[str, Any], run_dir: Path) -> None:
+        super().__init__(message)
+        self.summary = summary
+        self.run_dir = run_dir
 
 
 # ---------------------------------------------------------------- run directory and WAL

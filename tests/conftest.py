@@ -11,6 +11,7 @@ from dtlaunch.wire.keys import RunKeys
 from tests.elastic_run import ElasticRun, run_elastic_job
 from tests.runtime_fake import make_keys
 from tests.sshd import SshdServer, running_sshd
+from tests.wheel_venv import WheelVenv, build_wheel_venv
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +26,13 @@ def elastic_run(sshd: SshdServer, tmp_path_factory: pytest.TempPathFactory) -> E
     """A finished allreduce job in which nd replaced a host-bound straggler on the
     spare host (see tests/elastic_run.py)."""
     return run_elastic_job(sshd, tmp_path_factory.mktemp("elastic"))
+
+
+@pytest.fixture(scope="session")
+def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> WheelVenv:
+    """``python -m build``'s wheel installed, without extras, in a fresh venv (see
+    tests/wheel_venv.py); built once, for tests/test_wheel.py and tests/test_no_torch.py."""
+    return build_wheel_venv(tmp_path_factory.mktemp("wheel"))
 
 
 @pytest.fixture

@@ -5,6 +5,10 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import typer
@@ -264,9 +268,47 @@ def test_help_lists_the_commands_in_their_order():
     group = typer.main.get_command(app)
     assert isinstance(group, typer.core.TyperGroup)
     names = group.list_commands(typer.Context(group))
-    assert names == ["run", "check", "stop", "replay", "status", "wal"]
+    assert names == ["run", "check", "stop", "replay", "status", "logs", "wal"]
 
 
 def test_run_options_are_the_run_commands_options():
-    params = set(inspect.signature(run_command).parameters) - {"ctx", "resume", "verbose"}
+    not_run_options = {"ctx", "resume", "verbose", "config", "print_config"}
+    params = set(inspect.signature(run_command).parameters) - not_run_options
     assert params == {f.name for f in dataclasses.fields(RunOptions)}
+
+
+def test_shell_completion_completes_commands_and_run_options():
+    dtlaunch = Path(sys.executable).parent / "dtlaunch"  # the installed entry point
+
+    def complete(words: str) -> list[str]:
+        env = {
+            **os.environ,
+            "_DTLAUNCH_COMPLETE": "complete_bash",
+            "COMP_WORDS": words,
+            "COMP_CWORD": str(len(words.split()) - 1),
+        }
+        result = subprocess.run(
+            [str(dtlaunch)], env=env, capture_output=True, text=True, timeout=30, check=True
+        )
+        return result.stdout.split()
+
+    assert complete("dtlaunch re") == ["replay"]
+    assert "--nproc-per-node" in complete("dtlaunch run --nproc")
+    assert complete("dtlaunch run --polic") == ["--policy"]
+    shown = subprocess.run(
+        [str(dtlaunch), "--show-completion", "bash"],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    assert "_DTLAUNCH_COMPLETE=complete_bash" in shown.stdout
+
+
+def test_run_options_defaults_are_the_command_lines():
+    # dtlaunch.launch() builds RunOptions directly: it must start the job `dtlaunch run` would.
+    cli_defaults = {
+        name: param.default
+        for name, param in inspect.signature(run_command).parameters.items()
+        if param.default is not inspect.Parameter.empty
+    }
+    for field in dataclasses.fields(RunOptions):
+        if field.name != "script":
+            assert field.default == cli_defaults[field.name], field.name

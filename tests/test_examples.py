@@ -70,3 +70,26 @@ def test_train_allreduce_is_a_torchrun_script(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "done: final loss" in result.stdout
+
+
+def test_the_demo_compares_bsp_with_nd_and_says_where_to_look(tmp_path):
+    # `make demo` at a smaller size: two real jobs, the comparison, the pointers.
+    result = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "demo.py"), "--workers", "2", "--steps", "12",
+         "--runs", str(tmp_path / "runs")],
+        cwd=tmp_path, env={**os.environ, "COLUMNS": "120"}, capture_output=True, text=True,
+        timeout=240, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = " ".join(result.stdout.split())
+    assert text.count("watch it live in another terminal:") == 2
+    assert "dtlaunch status runs/demo-bsp-" in text and "dtlaunch status runs/demo-nd-" in text
+    for row in ("job time (JCT)", "training time", "records trained 384 384", "actions taken"):
+        assert row in text, text
+    bsp_dir, nd_dir = sorted((tmp_path / "runs").iterdir())  # bsp sorts before nd
+    for run_dir in (bsp_dir, nd_dir):
+        assert summary(run_dir)["status"] == "succeeded"
+        assert (run_dir / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+        assert f"plot {run_dir.relative_to(tmp_path)}/timeline.png" in text
+    assert summary(bsp_dir)["actions"] == {}
+    assert "nd trained the same 384 records" in text

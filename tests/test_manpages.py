@@ -43,7 +43,8 @@ def test_committed_pages_match_the_command_line(tmp_path: Path) -> None:
 def test_pages_cover_every_command_and_option() -> None:
     pages = {page.filename: page.text for page in generate(app)}
     expected = {"dtlaunch.1", "dtlaunch-run.1", "dtlaunch-check.1", "dtlaunch-stop.1",
-                "dtlaunch-replay.1", "dtlaunch-wal.1", "dtlaunch-wal-repair.1"}  # fmt: skip
+                "dtlaunch-replay.1", "dtlaunch-logs.1", "dtlaunch-wal.1",
+                "dtlaunch-wal-repair.1"}  # fmt: skip
     assert expected <= set(pages)
 
     def walk(path: list[str], command) -> None:
@@ -65,6 +66,7 @@ def test_pages_cover_every_command_and_option() -> None:
     assert '.TH "DTLAUNCH\\-RUN" 1 "" "dtlaunch ' + __version__ + '"' in run_page
     assert "[OPTIONS] [SCRIPT] [SCRIPT_ARGS]..." in run_page
     assert "[OPTIONS] RUN_DIR" in pages["dtlaunch-replay.1"]
+    assert "[OPTIONS] RUN_DIR [ROLE] [RANK]" in pages["dtlaunch-logs.1"]
 
 
 def test_output_is_deterministic(tmp_path: Path) -> None:

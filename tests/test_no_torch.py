@@ -1,20 +1,17 @@
 """The supervisor, the agent and the CLI never import torch or tensorflow.
 
 Two levels: a fast check that imports every module of those layers with ``import
-torch`` / ``import tensorflow`` made to fail, and a real one that installs dtlaunch in
-a fresh venv without torch and runs a DDS job and a ``--ps-server script`` job with it.
+torch`` / ``import tensorflow`` made to fail, and a real one that runs a DDS job and a
+``--ps-server script`` job with dtlaunch as ``python -m build``'s wheel installs it, in
+a fresh venv without torch.
 """
 
 from __future__ import annotations
 
 import collections
 import json
-import os
-import shutil
 import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +19,7 @@ import pytest
 
 import dtlaunch.ps
 from tests.jobs import REPO, SCRIPTS, summary
+from tests.wheel_venv import PROBE_ENV, WheelVenv, clean_env
 
 BLOCKED = ("torch", "tensorflow")
 
@@ -122,120 +120,11 @@ def test_ps_package_still_offers_client_and_submodules() -> None:
 
 
 # ------------------------------------------------------------ a real venv without torch
-
-# Installed as a .pth hook in the fresh venv: when DTLAUNCH_TEST_PROBE_DIR is set, every
-# Python process of a job records its modules, and every attempt to import torch or
-# tensorflow (even one a try/except would hide), in <dir>/<pid>.json at exit.
-_PROBE = """\
-import atexit
-import json
-import os
-import sys
-
-_DIR = os.environ.get("DTLAUNCH_TEST_PROBE_DIR")
+# The `wheel_venv` fixture (tests/conftest.py, tests/wheel_venv.py): the built wheel,
+# installed without extras in a fresh venv, with an import probe (PROBE_ENV).
 
 
-class _Recorder:
-    def __init__(self):
-        self.attempted = []
-
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in ("torch", "tensorflow"):
-            self.attempted.append(name)
-        return None
-
-
-def _dump(recorder):
-    dtlaunch = sys.modules.get("dtlaunch")
-    record = {
-        "argv": sys.argv,
-        "orig_argv": getattr(sys, "orig_argv", []),
-        "modules": sorted(sys.modules),
-        "attempted": recorder.attempted,
-        "dtlaunch_file": getattr(dtlaunch, "__file__", None),
-    }
-    with open(os.path.join(_DIR, f"{os.getpid()}.json"), "w") as f:
-        json.dump(record, f)
-
-
-if _DIR:
-    _recorder = _Recorder()
-    sys.meta_path.insert(0, _recorder)
-    atexit.register(_dump, _recorder)
-"""
-
-
-@dataclass(frozen=True)
-class Venv:
-    root: Path
-    site_packages: Path
-
-    @property
-    def python(self) -> Path:
-        return self.root / "bin" / "python"
-
-    @property
-    def dtlaunch(self) -> Path:
-        return self.root / "bin" / "dtlaunch"
-
-
-def _copy_sources(dest: Path) -> Path:
-    """The repository's package sources, so that building the wheel writes no build/ or
-    egg-info into the working tree (and picks up no stale build/lib files)."""
-    dest.mkdir()
-    for name in ("pyproject.toml", "README.md", "setup.py", "setup.cfg", "MANIFEST.in"):
-        if (REPO / name).exists():
-            shutil.copy2(REPO / name, dest / name)
-    for path in REPO.glob("LICEN[CS]E*"):
-        shutil.copy2(path, dest / path.name)
-    shutil.copytree(
-        REPO / "dtlaunch", dest / "dtlaunch", ignore=shutil.ignore_patterns("__pycache__")
-    )
-    return dest
-
-
-def _clean_env(**extra: str) -> dict[str, str]:
-    """The caller's environment without anything that points at the dev venv or a job."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("DTLAUNCH_") and k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
-    }
-    env.update(PYTHONUNBUFFERED="1", COLUMNS="200", **extra)
-    return env
-
-
-@pytest.fixture(scope="module")
-def no_torch_venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
-    """dtlaunch installed (plain, no extras) in a fresh venv; built once for this module."""
-    base = tmp_path_factory.mktemp("no-torch")
-    src = _copy_sources(base / "src")
-    root = base / "venv"
-    started = time.monotonic()
-    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=120)
-    # --no-compile: byte-compiling every dependency costs more than the jobs need.
-    pip = [str(root / "bin" / "pip"), "install", "-q", "--no-compile", str(src)]
-    result = subprocess.run(
-        pip, env=_clean_env(), capture_output=True, text=True, timeout=540, check=False
-    )
-    assert result.returncode == 0, f"pip install failed:\n{result.stdout}\n{result.stderr}"
-    print(f"no-torch venv built in {time.monotonic() - started:.1f}s")
-    site_packages = Path(
-        subprocess.check_output(
-            [
-                str(root / "bin" / "python"),
-                "-c",
-                "import sysconfig; print(sysconfig.get_path('purelib'))",
-            ],
-            text=True,
-        ).strip()
-    )
-    (site_packages / "_dtlaunch_import_probe.py").write_text(_PROBE)
-    (site_packages / "_dtlaunch_import_probe.pth").write_text("import _dtlaunch_import_probe\n")
-    return Venv(root=root, site_packages=site_packages)
-
-
-def _run_job(venv: Venv, tmp_path: Path, args: list[str]) -> tuple[Path, list[dict[str, Any]]]:
+def _run_job(venv: WheelVenv, tmp_path: Path, args: list[str]) -> tuple[Path, list[dict[str, Any]]]:
     """``dtlaunch run ARGS`` with the venv's own ``dtlaunch``, from a directory outside the
     repository (the agent runs ``python -m dtlaunch.agent`` there, which must not find
     the repository's sources). Returns the run directory and every process's probe."""
@@ -245,7 +134,7 @@ def _run_job(venv: Venv, tmp_path: Path, args: list[str]) -> tuple[Path, list[di
     result = subprocess.run(
         [str(venv.dtlaunch), "run", "--run-dir", str(run_dir), *args],
         cwd=work,
-        env=_clean_env(DTLAUNCH_TEST_PROBE_DIR=str(probes)),
+        env=clean_env(**{PROBE_ENV: str(probes)}),
         capture_output=True,
         text=True,
         timeout=120,
@@ -255,7 +144,7 @@ def _run_job(venv: Venv, tmp_path: Path, args: list[str]) -> tuple[Path, list[di
     return run_dir, [json.loads(p.read_text()) for p in sorted(probes.glob("*.json"))]
 
 
-def _check_no_torch(venv: Venv, probes: list[dict[str, Any]]) -> None:
+def _check_no_torch(venv: WheelVenv, probes: list[dict[str, Any]]) -> None:
     """The supervisor and the agent ran from the venv and never tried to import torch."""
     supervisor = [p for p in probes if Path(p["argv"][0]) == venv.dtlaunch]
     agent = [p for p in probes if "dtlaunch.agent" in p["orig_argv"]]
@@ -271,12 +160,12 @@ def _check_no_torch(venv: Venv, probes: list[dict[str, Any]]) -> None:
 
 @pytest.mark.integration
 @pytest.mark.timeout(600)  # the first test builds the venv
-def test_the_venv_has_no_torch(no_torch_venv: Venv) -> None:
+def test_the_venv_has_no_torch(wheel_venv: WheelVenv) -> None:
     for module in BLOCKED:
         result = subprocess.run(
-            [str(no_torch_venv.python), "-c", f"import {module}"],
-            env=_clean_env(),
-            cwd=no_torch_venv.root,
+            [str(wheel_venv.python), "-c", f"import {module}"],
+            env=clean_env(),
+            cwd=wheel_venv.root,
             capture_output=True,
             text=True,
             timeout=60,
@@ -288,11 +177,11 @@ def test_the_venv_has_no_torch(no_torch_venv: Venv) -> None:
 
 @pytest.mark.integration
 @pytest.mark.timeout(600)
-def test_a_dds_job_runs_without_torch(no_torch_venv: Venv, tmp_path: Path) -> None:
+def test_a_dds_job_runs_without_torch(wheel_venv: WheelVenv, tmp_path: Path) -> None:
     ledger = tmp_path / "ledger"
     ledger.mkdir()
     run_dir, probes = _run_job(
-        no_torch_venv,
+        wheel_venv,
         tmp_path,
         [
             "--workers", "2",
@@ -307,16 +196,16 @@ def test_a_dds_job_runs_without_torch(no_torch_venv: Venv, tmp_path: Path) -> No
             counts.update(int(x) for x in line.split())
     assert counts == dict.fromkeys(range(200), 2)  # every record, once per epoch
     assert summary(run_dir)["status"] == "succeeded"
-    _check_no_torch(no_torch_venv, probes)
+    _check_no_torch(wheel_venv, probes)
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(600)
-def test_a_script_ps_server_job_runs_without_torch(no_torch_venv: Venv, tmp_path: Path) -> None:
+def test_a_script_ps_server_job_runs_without_torch(wheel_venv: WheelVenv, tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     run_dir, probes = _run_job(
-        no_torch_venv,
+        wheel_venv,
         tmp_path,
         [
             "--workers", "2", "--servers", "1", "--ps-server", "script", "--kill-grace", "2",
@@ -331,4 +220,4 @@ def test_a_script_ps_server_job_runs_without_torch(no_torch_venv: Venv, tmp_path
     data = summary(run_dir)
     assert (data["status"], data["mode"], data["servers"]) == ("succeeded", "ps", 1)
     assert data["failures"] == []
-    _check_no_torch(no_torch_venv, probes)
+    _check_no_torch(wheel_venv, probes)

@@ -280,3 +280,26 @@ def test_server_reports_and_injected_delays_are_summed_and_a_server_move_is_told
     ]
     text = to_plain(render_summary(builder, None))
     assert "reported by server: 1: 3" in text and "straggler delay: server 1: 0.8s" in text
+
+
+def test_a_decision_reads_as_one_short_line_of_what_a_person_compares() -> None:
+    inputs = {
+        "now": 24077.7, "l_trans": 1.0, "lambda": 1.5,
+        "bpt_short": {"3": 0.3241, "0": 0.111, "1": 0.0959, "2": 0.11},
+        "current_sizes": {"0": 17, "1": 14, "2": 17, "3": 16},
+        "solver_sizes": {"0": 19, "1": 20, "2": 19, "3": 6},
+        "throughput": {"0": 140.1, "1": 121.7, "2": 140.7, "3": 130.1},
+    }  # fmt: skip
+    decided = _event("decision", 1.0, policy="nd", action="ADJUST_BS",
+                     reason="transient straggler worker 3 (lambda 1.5)", inputs=inputs,
+                     sizes={"0": 19, "1": 20, "2": 19, "3": 6}, apply_at_step=5)  # fmt: skip
+    quiet = _event("decision", 2.0, policy="custom", action=None, reason="nothing to do",
+                   inputs={"bpt_short": "not a dict"})  # fmt: skip
+    builder = TimelineBuilder()
+    lines = [line for e in (decided, quiet) for line in builder.add(e)] + builder.flush()
+    assert [line.text for line in lines] == [
+        "ADJUST_BS (nd): transient straggler worker 3 (lambda 1.5); "
+        "BPT w0 0.111 w1 0.0959 w2 0.11 w3 0.324 s; batch 17,14,17,16 -> 19,20,19,6; "
+        "apply_at_step=5",
+        "no action (custom): nothing to do",
+    ]

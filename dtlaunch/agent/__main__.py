@@ -25,6 +25,7 @@ from pathlib import Path
 
 from dtlaunch.agent.agent import run_agent
 from dtlaunch.errors import DtlaunchError, WireError
+from dtlaunch.proctitle import name_this_process
 from dtlaunch.wire.codec import from_dict
 from dtlaunch.wire.messages import AgentBootstrap
 
@@ -95,6 +96,7 @@ def main() -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_BOOTSTRAP
+    name_this_process("agent", boot.run_id, f"host={boot.host}")
     state_dir = Path(boot.state_dir)
     try:
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ app = typer.Typer(
     name="dtlaunch",
     help="Launch and supervise distributed training on plain SSH clusters.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 err_console = Console(stderr=True)

@@ -16,8 +16,14 @@ from typing import Annotated, Any
 import typer
 
 from dtlaunch.cli.app import err_console, fail, setup_logging
+from dtlaunch.cli.jobfile import (
+    args_of_the_given_script,
+    load_job_file,
+    show_resolved_options,
+)
 from dtlaunch.config import DEFAULT_PS_BLOCK_BYTES, JobSpec, RunOptions
 from dtlaunch.errors import DtlaunchError
+from dtlaunch.proctitle import name_this_process
 
 __all__ = ["CONTEXT_SETTINGS", "run"]
 
@@ -208,6 +214,14 @@ BindOption = Annotated[
         envvar="DTLAUNCH_BIND", help="Supervisor address ADDR[:PORT] agents connect to."
     ),
 ]
+MetricsPortOption = Annotated[
+    int | None,
+    typer.Option(
+        envvar="DTLAUNCH_METRICS_PORT",
+        help="Serve Prometheus metrics of the job on this port (0: any free port, written "
+        "to RUN_DIR/metrics.json), on the --bind address, else 127.0.0.1.",
+    ),
+]
 SshConfigOption = Annotated[
     list[Path] | None,
     typer.Option(envvar="DTLAUNCH_SSH_CONFIG", help="ssh_config file (default ~/.ssh/config)."),
@@ -236,6 +250,23 @@ ResumeOption = Annotated[
     ),
 ]
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        envvar="DTLAUNCH_CONFIG",
+        is_eager=True,
+        callback=load_job_file,
+        help="Job file (TOML) of run options: command line > DTLAUNCH_* > file > defaults.",
+    ),
+]
+PrintConfigOption = Annotated[
+    bool,
+    typer.Option(
+        "--print-config",
+        help="Print every option's resolved value and where it came from; run nothing.",
+    ),
+]
 
 
 def run(
@@ -272,6 +303,7 @@ def run(
     module: ModuleOption = False,
     output: OutputOption = "all",
     bind: BindOption = None,
+    metrics_port: MetricsPortOption = None,
     ssh_config: SshConfigOption = None,
     insecure_no_host_key_check: InsecureNoHostKeyCheckOption = False,
     dataset_size: DatasetSizeOption = 0,
@@ -281,10 +313,17 @@ def run(
     seed: SeedOption = 0,
     resume: ResumeOption = None,
     verbose: VerboseOption = False,
+    config: ConfigOption = None,
+    print_config: PrintConfigOption = False,
 ) -> None:
     """Run SCRIPT as a supervised distributed job (or --resume a killed supervisor's job)."""
+    script_args = args_of_the_given_script(ctx, script_args)
     options = dict(locals())
-    del options["ctx"], options["resume"], options["verbose"]
+    if print_config:
+        show_resolved_options(ctx, options)
+        raise typer.Exit(0)
+    for name in ("ctx", "resume", "verbose", "config", "print_config"):
+        del options[name]
     setup_logging(verbose)
     if resume is not None:
         _resume(resume)
@@ -356,6 +395,7 @@ def _resume(run_dir: Path) -> None:
 
 
 def _run_to_end(spec: JobSpec, *, resume: bool) -> None:
+    name_this_process("supervisor", spec.run_id, str(spec.run_dir))
     try:
         from dtlaunch.supervisor.job import run_job  # heavy imports only when running
 

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from types import FrameType
 
 from dtlaunch.errors import DtlaunchError
+from dtlaunch.proctitle import name_this_process
 from dtlaunch.ps.config import server_config
 from dtlaunch.ps.server import PsServer
 from dtlaunch.wire.keys import load_peer_keys
@@ -81,4 +82,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
 
 if __name__ == "__main__":
+    name_this_process(
+        "server",
+        os.environ.get("DTLAUNCH_RUN_ID", "?"),
+        os.environ.get("DTLAUNCH_RANK", os.environ.get("DMLC_SERVER_ID", "")),
+    )
     sys.exit(main())

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from dtlaunch.errors import ConfigError
 from dtlaunch.inject import parse_injections
+from dtlaunch.proctitle import name_this_process
 from dtlaunch.runtime.client import Connection, SupervisorClient
 from dtlaunch.runtime.data import BatchStream, LeaseSource, local_batch_size
 from dtlaunch.runtime.dataset_args import check_args_agree, dataset_from_args, given_dataset_args
@@ -46,6 +47,7 @@ ENV_SUPERVISOR = "DTLAUNCH_SUPERVISOR"
 ENV_KEYS = "DTLAUNCH_KEYS"
 ENV_RUN_ID = "DTLAUNCH_RUN_ID"
 ENV_RANK = "DTLAUNCH_RANK"
+ENV_ROLE = "DTLAUNCH_ROLE"
 ENV_HEARTBEAT = "DTLAUNCH_HEARTBEAT_INTERVAL"
 ENV_INIT_TIMEOUT = "DTLAUNCH_INIT_TIMEOUT"
 ENV_REPORT_INTERVAL = "DTLAUNCH_REPORT_INTERVAL"
@@ -134,6 +136,12 @@ def init(
     if not endpoint:
         raise ConfigError(f"{ENV_SUPERVISOR} is set but empty; it must be tcp://HOST:PORT")
     conn = _connection(os.environ, endpoint, restart_count)
+    name_this_process(
+        os.environ.get(ENV_ROLE, "worker"),
+        conn.run_id,
+        f"{conn.rank}@{restart_count}",
+        keep_command=True,
+    )
     world_size = _env_int(os.environ, "WORLD_SIZE", default=None)
     if world_size < 1 or not 0 <= conn.rank < world_size:
         raise ConfigError(
@@ -182,7 +190,7 @@ class Job:
         self._source = source
         self._stream = BatchStream(source, dataset, local_batch_size(dataset, rank, world_size))
         self._timer = StepTimer(
-            role=os.environ.get("DTLAUNCH_ROLE", "worker"),
+            role=os.environ.get(ENV_ROLE, "worker"),
             rank=rank,
             host=os.environ.get("DTLAUNCH_HOST", socket.gethostname()),
             injections=parse_injections(

@@ -35,6 +35,7 @@ from dtlaunch.supervisor.psfleet import PlacementKeeper
 from dtlaunch.supervisor.regroup import RegroupCoordinator
 from dtlaunch.supervisor.rundir import RunDir
 from dtlaunch.supervisor.status import StatusTracker
+from dtlaunch.supervisor.status.metrics import JobMetrics, LiveJob, serve_metrics
 from dtlaunch.supervisor.summary import build_summary
 from dtlaunch.supervisor.supervisor import JobServices, Supervisor
 from dtlaunch.supervisor.wal import WalFsyncError
@@ -84,17 +85,28 @@ async def run_job(
     replay its WAL, rebind its endpoint and let its agents and workers reconnect.
 
     Raises:
-        ConfigError: when the processes do not fit the hosts.
+        ConfigError: when the processes do not fit the hosts, or the metrics
+            port cannot be bound.
         RunDirError: when the run directory already holds a job (or, resuming,
             when it has ended, is locked by a live supervisor, or is corrupt).
     """
     stops = _StopRequests()
     with _signals_to(stops):
-        return await _run_job(spec, console=console or sys.stdout, resume=resume, stops=stops)
+        # The metrics port is bound before the run directory exists: a port in use
+        # stops the job before anything is created or launched.
+        async with serve_metrics(spec) as metrics:
+            return await _run_job(
+                spec, console=console or sys.stdout, resume=resume, stops=stops, metrics=metrics
+            )
 
 
 async def _run_job(
-    spec: JobSpec, *, console: TextIO, resume: bool, stops: _StopRequests
+    spec: JobSpec,
+    *,
+    console: TextIO,
+    resume: bool,
+    stops: _StopRequests,
+    metrics: JobMetrics | None,
 ) -> JobResult:
     hosts = list(spec.hosts) or embedded_hosts(spec)
     assignments = place(hosts, workers=spec.workers, servers=spec.servers)
@@ -131,7 +143,13 @@ async def _run_job(
     async def send(peer: bytes, msg: Message) -> None:
         await router_box[0].send(peer, msg)
 
-    dds = DdsService(run_dir=run.path, options=spec.dataset(), send=send, recorder=recorder)
+    dds = DdsService(
+        run_dir=run.path,
+        options=spec.dataset(),
+        send=send,
+        recorder=recorder,
+        on_wal_fsync=metrics.observe_wal_fsync if metrics is not None else None,
+    )
     try:
         dds.open()  # takes the WAL lock first: a second supervisor stops here
         async with Router(ctx, keys, bind=bind) as router:
@@ -148,6 +166,8 @@ async def _run_job(
                 embedded=spec.embedded,
                 resumed=resume,
             )
+            if metrics is not None:
+                metrics.announce(run, recorder)
             services = JobServices(
                 recorder=recorder,
                 output=output,
@@ -166,6 +186,10 @@ async def _run_job(
                 spec, hosts, assignments, keys, router, run, services, history
             )
             state = supervisor.state
+            if metrics is not None:
+                metrics.watch(
+                    LiveJob(state=state, status=status, dds=dds, controller=services.controller)
+                )
             try:
                 if stops.attach(supervisor):
                     await supervisor.run()

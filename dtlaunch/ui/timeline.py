@@ -276,7 +276,7 @@ def _describe(event: Event, decided: str = "") -> tuple[str, str]:
     if kind == "decision":
         if "status" in data:
             return "decision", f"{data['status']}: {data.get('reason', '')}"
-        return "decision", _extra(data)
+        return "decision", _decision_text(data)
     if kind == "stall":
         return "STALL", _stall_text(data)
     if kind == "fenced":
@@ -315,6 +315,43 @@ def _describe(event: Event, decided: str = "") -> tuple[str, str]:
         return "data", f"WAL torn tail cut off: {data.get('detail', '')}"
     rest = _extra(data)
     return kind[:_LABEL_WIDTH], f"{who}" + (f": {rest}" if rest else "")
+
+
+def _decision_text(data: dict[str, Any]) -> str:
+    """A decision in one readable line: the action, the policy's reason, and of its
+    inputs the ones a person compares (recent BPT per worker, the batch sizes before
+    and after). ``replay --json`` keeps the whole inputs dict."""
+    text = f"{data.get('action') or 'no action'} ({data.get('policy', '?')})"
+    if data.get("reason"):
+        text += f": {data['reason']}"
+    inputs = data.get("inputs")
+    shown = ["policy", "action", "reason", "inputs"]
+    if isinstance(inputs, dict):
+        bpt = _by_rank(inputs.get("bpt_short"))
+        if bpt:
+            text += "; BPT " + " ".join(f"w{r} {_seconds(v)}" for r, v in bpt) + " s"
+        before, after = _by_rank(inputs.get("current_sizes")), _by_rank(inputs.get("solver_sizes"))
+        if before:
+            text += "; batch " + ",".join(str(v) for _, v in before)
+            if after and data.get("action") == "ADJUST_BS":
+                text += " -> " + ",".join(str(v) for _, v in after)
+                shown.append("sizes")  # the action's sizes: the batches just shown
+    rest = _extra(data, skip=shown)
+    return text + (f"; {rest}" if rest else "")
+
+
+def _by_rank(values: object) -> list[tuple[int, Any]]:
+    """``{"3": v, "0": w}`` (JSON keys are strings) as ``[(0, w), (3, v)]``."""
+    if not isinstance(values, dict):
+        return []
+    try:
+        return sorted((int(rank), value) for rank, value in values.items())
+    except (TypeError, ValueError):
+        return []
+
+
+def _seconds(value: object) -> str:
+    return f"{value:.3g}" if isinstance(value, int | float) else str(value)
 
 
 def _stall_text(data: dict[str, Any]) -> str:

@@ -25,7 +25,7 @@ from dtlaunch.supervisor.dds.records import (
     encode_transition,
 )
 from dtlaunch.supervisor.rundir import write_json_atomic
-from dtlaunch.supervisor.wal.log import GroupCommitter, Wal
+from dtlaunch.supervisor.wal.log import FsyncObserver, GroupCommitter, Wal
 from dtlaunch.wire.messages import (
     AckDone,
     AckShards,
@@ -55,8 +55,15 @@ SNAPSHOT_LOG_RATIO = 8
 
 class DdsService:
     def __init__(
-        self, *, run_dir: Path, options: DatasetSpec | None, send: Send, recorder: EventRecorder
+        self,
+        *,
+        run_dir: Path,
+        options: DatasetSpec | None,
+        send: Send,
+        recorder: EventRecorder,
+        on_wal_fsync: FsyncObserver | None = None,
     ) -> None:
+        self._on_wal_fsync = on_wal_fsync  # the job's metrics, when it serves them
         self._dataset_path = run_dir / "dataset.json"
         self._over_fetched: set[int] = set()  # workers warned about asking for too much
         self._wal_dir = run_dir / "wal"
@@ -90,7 +97,7 @@ class DdsService:
             )
         self.spec = stored or self._options
         self._wal_dir.mkdir(mode=0o700, exist_ok=True)
-        wal, recovered = Wal.open(self._wal_dir)
+        wal, recovered = Wal.open(self._wal_dir, on_fsync=self._on_wal_fsync)
         self._wal = wal
         self._committer = GroupCommitter(wal)
         if recovered.torn_tail is not None:

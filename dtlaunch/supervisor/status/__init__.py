@@ -4,6 +4,9 @@
                ``dtlaunch status`` replays an ended job's events through it too)
 - ``tracker``  :class:`StatusTracker`: the read-only endpoint's answers, adding
                what only the live supervisor knows (node table, queue, Monitor)
+- ``metrics``  ``--metrics-port``: the same live view, read on the loop at each
+               scrape, as a Prometheus endpoint (imported by ``job.py`` only, so
+               that ``dtlaunch status`` does not load prometheus_client)
 """
 
 from dtlaunch.supervisor.status.fold import StatusFold

@@ -27,6 +27,8 @@ import logging
 import os
 import socket
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -87,6 +89,10 @@ log = logging.getLogger(__name__)
 
 LOCK_NAME = "LOCK"
 
+# Told the seconds each group commit's fsync took (in the thread that synced). The
+# job wires its metrics in here, so that this package knows no metrics library.
+FsyncObserver = Callable[[float], None]
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Recovered:
@@ -124,9 +130,11 @@ class Wal:
         last_seq: int,
         snapshot_seq: int,
         record_bytes: int,
+        on_fsync: FsyncObserver | None = None,
     ) -> None:
         """Use :meth:`open`."""
         self._dir = directory
+        self._on_fsync = on_fsync
         self._files = files
         self._segment_bytes = segment_bytes
         self._lock_handle = lock
@@ -145,9 +153,16 @@ class Wal:
 
     @classmethod
     def open(
-        cls, directory: Path, *, files: FileLayer | None = None, segment_bytes: int = 64 << 20
+        cls,
+        directory: Path,
+        *,
+        files: FileLayer | None = None,
+        segment_bytes: int = 64 << 20,
+        on_fsync: FsyncObserver | None = None,
     ) -> tuple[Wal, Recovered]:
         """Lock ``directory`` (``<run_dir>/wal``, created if missing) and recover it.
+
+        ``on_fsync`` is told how long each sync's fsync of the records took.
 
         Raises:
             RunDirError: another live process holds the WAL's lock.
@@ -197,6 +212,7 @@ class Wal:
             last_seq=state.last_seq,
             snapshot_seq=state.snapshot_seq,
             record_bytes=state.record_bytes,
+            on_fsync=on_fsync,
         )
         return wal, Recovered(snapshot=state.snapshot, records=state.records, torn_tail=torn)
 
@@ -356,12 +372,19 @@ class Wal:
             data = b"".join(batch)
             self._files.write(self._segment, data)
             self._segment_size += len(data)
+            fsync_began = time.perf_counter()
             self._files.fsync(self._segment)
+            fsync_s = time.perf_counter() - fsync_began
             if started:  # seq ``first`` is durable now: the log may never end before it
                 write_durably(self._files, high_water_path(self._dir), encode_high_water(first))
         except OSError as err:
             raise self._fail("write/fsync", err) from err
         self._durable_seq = last
+        if self._on_fsync is not None:
+            try:
+                self._on_fsync(fsync_s)
+            except Exception:  # the records are durable: a broken observer must not fail them
+                log.exception("the WAL's fsync observer failed")
         return last
 
     def _start_segment(self, first_seq: int) -> None:
