@@ -20,6 +20,7 @@ from dtlaunch import __version__
 from dtlaunch.cli import app
 from dtlaunch.cli.run import run as run_command
 from dtlaunch.config import RunOptions
+from dtlaunch.wire.keys import create_run_keys, load_run_keys
 from tests.jobs import SCRIPTS, hostfile, run, summary
 
 runner = CliRunner()
@@ -197,30 +198,42 @@ def test_a_run_dir_whose_supervisor_died_before_job_json_says_to_start_again(tmp
     assert run(argv, env={}).returncode == 0
 
 
-def test_a_run_dir_whose_supervisor_died_before_binding_resumes_as_a_fresh_start(tmp_path):
-    """Found by benchmarks/chaos.py: a supervisor SIGKILLed after job.json but
-    before it bound its endpoint (no supervisor.json, no keys yet) left a run
-    that --resume refused with 'no supervisor information'. No agent ever heard
-    of it, so resuming starts it afresh in the same directory."""
-    out, done_dir, run_dir = tmp_path / "out", tmp_path / "done", tmp_path / "run"
+@pytest.mark.parametrize(
+    "keys",
+    [
+        {},  # killed before its keys
+        {"server.key_secret": "whole"},  # killed between the two key files
+        {"server.key_secret": "torn", "client.key_secret": "whole"},  # killed mid-write
+    ],
+    ids=["no-keys", "server-key-only", "torn-key"],
+)
+def test_a_run_dir_whose_supervisor_died_before_binding_resumes_as_a_fresh_start(
+    tmp_path, keys
+):
+    """Found by benchmarks/chaos.py, twice: a supervisor SIGKILLed after job.json
+    but before it bound its endpoint (no supervisor.json) left a run that --resume
+    refused, first with 'no supervisor information', then, killed while writing
+    its keys, with 'the run's keys are incomplete'. No agent ever heard of the job
+    or its keys, so resuming starts it afresh in the same directory, with new keys."""
+    out, run_dir = tmp_path / "out", tmp_path / "run"
     out.mkdir()
-    argv = [
-        "run",
-        "--run-dir",
-        str(done_dir),
-        str(SCRIPTS / "flaky.py"),
-        str(out),
-        "none",
-        "9",
-        "0",
-    ]
-    assert run(argv, env={}).returncode == 0
+    spec = RunOptions(
+        script=str(SCRIPTS / "flaky.py"), script_args=[str(out), "none", "9", "0"],
+        run_dir=run_dir,
+    ).job_spec()  # fmt: skip
     (run_dir / "logs").mkdir(parents=True)  # what RunDir.create leaves before its keys
-    job_json = (done_dir / "job.json").read_text().replace(str(done_dir), str(run_dir))
-    (run_dir / "job.json").write_text(job_json)
+    (run_dir / "job.json").write_text(spec.to_json())
+    if keys:
+        create_run_keys(tmp_path / "donor")  # real key files to copy or tear
+        (run_dir / "keys").mkdir(mode=0o700)
+        for name, state in keys.items():
+            text = (tmp_path / "donor" / name).read_bytes()
+            (run_dir / "keys" / name).write_bytes(text if state == "whole" else text[:40])
+            (run_dir / "keys" / name).chmod(0o600)
     resumed = run(["run", "--resume", str(run_dir)], env={})
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "succeeded"
+    assert load_run_keys(run_dir / "keys")  # a whole new pair replaced the pieces
 
 
 # ------------------------------------------- user text is not markup (issue 12, defect 6)

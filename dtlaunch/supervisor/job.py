@@ -17,7 +17,7 @@ from typing import Any, TextIO, TypeVar
 import zmq.asyncio
 
 from dtlaunch.config import JobSpec
-from dtlaunch.errors import ConfigError, RunDirError
+from dtlaunch.errors import ConfigError, KeyFileError, RunDirError
 from dtlaunch.events import EventRecorder, JsonlEventLog
 from dtlaunch.hostfile import HostSpec
 from dtlaunch.sshconn import SshOptions
@@ -39,7 +39,13 @@ from dtlaunch.supervisor.status.metrics import JobMetrics, LiveJob, serve_metric
 from dtlaunch.supervisor.summary import build_summary
 from dtlaunch.supervisor.supervisor import JobServices, Supervisor
 from dtlaunch.supervisor.wal import WalFsyncError
-from dtlaunch.wire.keys import RunKeys, create_run_keys, load_run_keys, run_keys_exist
+from dtlaunch.wire.keys import (
+    RunKeys,
+    create_run_keys,
+    discard_run_keys,
+    load_run_keys,
+    run_keys_exist,
+)
 from dtlaunch.wire.messages import Message, Spawn
 from dtlaunch.wire.sockets import Router
 
@@ -125,8 +131,7 @@ async def _run_job(
             # Its supervisor stopped before binding: no agent ever heard of this
             # job, so it starts as new in the same run directory.
             log.info("%s: no supervisor had started; starting the job afresh", run.path)
-            made = run_keys_exist(run.keys)
-            keys = load_run_keys(run.keys) if made else create_run_keys(run.keys)
+            keys = _keys_of_a_fresh_start(run)
             bind = _bind_address(spec)
     else:
         run = RunDir.create(spec)
@@ -384,6 +389,24 @@ class _StopRequests:
         """Route later signals to ``supervisor``; False when a stop came first."""
         self._supervisor = supervisor
         return not self.early
+
+
+def _keys_of_a_fresh_start(run: RunDir) -> RunKeys:
+    """The run's keys when its supervisor died before binding: the ones it wrote,
+    or new ones when it was killed while writing them (one file, or a torn one).
+    Nobody ever received those keys, as no agent was started, so replacing them
+    is safe.
+
+    Raises:
+        KeyFileError: the keys directory cannot be made private or written.
+    """
+    if run_keys_exist(run.keys):
+        try:
+            return load_run_keys(run.keys)
+        except KeyFileError as err:
+            log.info("%s: replacing the keys its supervisor left unfinished (%s)", run.path, err)
+            discard_run_keys(run.keys)
+    return create_run_keys(run.keys)
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ __all__ = [
     "PeerKeys",
     "RunKeys",
     "create_run_keys",
+    "discard_run_keys",
     "load_peer_keys",
     "load_run_keys",
     "run_keys_exist",
@@ -133,6 +134,16 @@ def create_run_keys(keys_dir: Path) -> RunKeys:
 def run_keys_exist(keys_dir: Path) -> bool:
     """Whether ``create_run_keys`` wrote any key file in ``keys_dir``."""
     return any((keys_dir / name).exists() for name in (SERVER_SECRET_FILE, CLIENT_SECRET_FILE))
+
+
+def discard_run_keys(keys_dir: Path) -> None:
+    """Remove the key files ``create_run_keys`` writes, whole or not.
+
+    Only for keys that were never handed out: a supervisor killed while writing
+    them, before it bound its endpoint or started any agent.
+    """
+    for name in (SERVER_SECRET_FILE, CLIENT_SECRET_FILE):
+        (keys_dir / name).unlink(missing_ok=True)
 
 
 def load_run_keys(keys_dir: Path) -> RunKeys:
