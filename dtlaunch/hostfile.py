@@ -7,9 +7,10 @@ A hostfile line is a superset of DeepSpeed, OpenMPI and Horovod hostfile lines::
     deploy@node2:2222 slots=2 servers=1
     node3 slots=4 spare               # spare capacity: relaunch / scale-out target
     node4 slots=2 class=v100          # device class, used by AntDT-DD grouping
+    node5 slots=4 gpus=4              # 4 GPUs: each worker gets one (CUDA_VISIBLE_DEVICES)
     [fd00::7]:2222 slots=8            # IPv6 goes in brackets
 
-Grammar: ``[user@]host[:port] [slots=N] [servers=N] [spare] [class=NAME]``.
+Grammar: ``[user@]host[:port] [slots=N] [servers=N] [spare] [class=NAME] [gpus=N]``.
 ``host`` is an IPv4 address, an RFC 1123 host name or a bracketed IPv6 address.
 
 The inline form (``-H node1:4,node2:4``) holds ``[user@]host[:slots]`` entries;
@@ -45,10 +46,15 @@ __all__ = [
 # A sanity bound: a bigger number is a typo, not a machine.
 MAX_SLOTS = 4096
 
-_VALUE_FORMS = {"slots": "slots=N", "servers": "servers=N", "class": "class=NAME"}
+_VALUE_FORMS = {
+    "slots": "slots=N",
+    "servers": "servers=N",
+    "class": "class=NAME",
+    "gpus": "gpus=N",
+}
 _VALUE_KEYS = tuple(_VALUE_FORMS)
 _FLAG_KEYS = ("spare",)
-_OPTIONS_HELP = "slots=N, servers=N, spare, class=NAME"
+_OPTIONS_HELP = "slots=N, servers=N, spare, class=NAME, gpus=N"
 _HOST_HELP = "[user@]host[:port] (e.g. node1, deploy@10.0.0.2:2222, [fd00::1]:2222)"
 _INLINE_HELP = "[user@]host[:slots] (e.g. node1:4,deploy@node2:2)"
 # POSIX portable user names, plus the trailing '$' Samba machine accounts use.
@@ -73,6 +79,9 @@ class HostSpec:
     servers: int = 0  # how many of those slots are preferred for parameter servers
     spare: bool = False  # not used at start; relaunch / scale-out target
     device_class: str | None = None  # `class=v100`
+    # `gpus=N`: the host's GPUs 0..N-1; each worker there is given one (LOCAL_RANK
+    # indexes CUDA_VISIBLE_DEVICES, as DeepSpeed's launcher does). 0: no GPUs declared.
+    gpus: int = 0
     origin: str = ""  # "file:line" where it was defined, or "-H" for inline
 
     def __post_init__(self) -> None:
@@ -85,6 +94,8 @@ class HostSpec:
             )
         if self.port is not None and not 1 <= self.port <= 65535:
             raise HostfileError([f"{self.label}: port {self.port}; expected 1..65535"])
+        if not 0 <= self.gpus <= MAX_SLOTS:
+            raise HostfileError([f"{self.label}: gpus={self.gpus}; expected 0..{MAX_SLOTS}"])
 
 
 @dataclass(slots=True)
@@ -267,7 +278,7 @@ def _parse_line(
     if part is not None and part.suffix is not None:
         port = _parse_int(part.suffix, line, part.suffix_col, problems, "port", 1, 65535)
 
-    values: dict[str, int | str | None] = {"slots": 1, "servers": 0, "class": None}
+    values: dict[str, int | str | None] = {"slots": 1, "servers": 0, "class": None, "gpus": 0}
     key_cols: dict[str, int] = {}
     for col, token in tokens[1:]:
         key, eq, value = token.partition("=")
@@ -307,8 +318,9 @@ def _parse_line(
         label = _label(part, port)
     if label is None or part is None or problems.count() > before:
         return label, None
-    if not isinstance(slots, int) or not isinstance(servers, int):  # unreachable: reported
-        return label, None
+    gpus = values["gpus"]
+    if not isinstance(slots, int) or not isinstance(servers, int) or not isinstance(gpus, int):
+        return label, None  # unreachable: each bad value was reported
     device_class = values["class"]
     return label, HostSpec(
         label=label,
@@ -319,6 +331,7 @@ def _parse_line(
         servers=servers,
         spare="spare" in key_cols,
         device_class=device_class if isinstance(device_class, str) else None,
+        gpus=gpus,
         origin=f"{filename}:{line}",
     )
 
@@ -331,6 +344,8 @@ def _parse_value(
         return _parse_int(value, line, col, problems, "slots", 1, MAX_SLOTS)
     if key == "servers":
         return _parse_int(value, line, col, problems, "servers", 0, MAX_SLOTS)
+    if key == "gpus":
+        return _parse_int(value, line, col, problems, "gpus", 0, MAX_SLOTS)
     if not _CLASS_RE.fullmatch(value):
         problems.add(
             line,

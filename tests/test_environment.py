@@ -114,3 +114,22 @@ def test_script_servers_keep_the_users_program():
     spawn = build_spawn(ctx, _slot(role="server", rank=0), "10.0.0.9", 29500)
     assert spawn.argv[-3:] == ["train.py", "--lr", "1"]
     assert not any(k.startswith("DTLAUNCH_PS_") for k in spawn.env)
+
+
+def test_gpu_hosts_show_workers_their_gpus_and_local_rank_names_the_one_given():
+    """DeepSpeed's contract on a host with gpus=: CUDA_VISIBLE_DEVICES lists the
+    host's GPUs, LOCAL_RANK indexes it; servers see none; --env may override."""
+    from dtlaunch.hostfile import HostSpec
+
+    hosts = (HostSpec(label="h1", hostname="10.0.0.1", slots=4, gpus=3),)
+    ctx = _ctx(workers=4, hosts=hosts)
+    worker = _slot()
+    worker.gpu = 2  # e.g. moved here: not its local rank (1)
+    env = build_spawn(ctx, worker, "10.0.0.9", 29500).env
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2" and env["LOCAL_RANK"] == "2"
+    server = build_spawn(_ctx(workers=2, servers=1, hosts=hosts), _slot("server", 0), "a", 1)
+    assert server.env["CUDA_VISIBLE_DEVICES"] == ""
+    chosen = _ctx(workers=4, hosts=hosts, env={"CUDA_VISIBLE_DEVICES": "5"})
+    assert build_spawn(chosen, worker, "a", 1).env["CUDA_VISIBLE_DEVICES"] == "5"
+    plain = build_spawn(_ctx(workers=4), _slot(), "a", 1).env
+    assert "CUDA_VISIBLE_DEVICES" not in plain and plain["LOCAL_RANK"] == "1"

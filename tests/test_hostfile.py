@@ -46,6 +46,7 @@ GOOD_LINES = [
     ("node3 spare slots=4", dict(label="node3", slots=4, spare=True)),
     ("node4 slots=2 class=v100", dict(label="node4", slots=2, device_class="v100")),
     ("node4 class=a100-80gb", dict(device_class="a100-80gb")),
+    ("node5 slots=4 gpus=4", dict(label="node5", slots=4, gpus=4)),
     ("node1 slots=4 # trailing comment", dict(label="node1", slots=4)),
     ("node1 slots=4#comment without space", dict(label="node1", slots=4)),
     ("10.0.0.1", dict(label="10.0.0.1", hostname="10.0.0.1")),
@@ -119,6 +120,7 @@ BAD = [
     ("node1 slots", [("h:1:7", "'slots' needs a value; expected slots=N")]),
     ("node1 class", [("h:1:7", "'class' needs a value; expected class=NAME")]),
     ("node1 servers=x", [("h:1:15", "servers 'x' is not a whole number")]),
+    ("node1 gpus=two", [("h:1:12", "gpus 'two' is not a whole number")]),
     (
         "node1 slots=2 servers=3",
         [("h:1:23", "servers=3 exceeds slots=2; expected servers <= slots")],

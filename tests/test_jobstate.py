@@ -53,6 +53,7 @@ def make_state(workers=3, servers=0, scope="group", max_restarts=2, hosts=HOSTS,
         master_addr_of=lambda label, reported: label + "-addr",
         spare_hosts=spare_hosts,
         host_slots={h.label: h.slots for h in hosts},
+        host_gpus={h.label: h.gpus for h in hosts if h.gpus},
     )
 
 
@@ -508,6 +509,33 @@ def test_a_spare_host_takes_as_many_workers_of_a_lost_host_as_it_has_slots():
         ("h1", 1, 1),
     ]
     assert len(events(out, "failure")) == 1 and state.phase is Phase.RUNNING
+
+
+def test_workers_hold_one_gpu_each_and_a_moved_worker_takes_a_free_one_on_the_spare():
+    """gpus=: at start a worker's GPU is its local rank (DeepSpeed's convention);
+    moved to a spare it takes the lowest GPU no other worker there holds, and a
+    spare whose GPUs are all held takes no more workers even with slots free."""
+    hosts = [
+        HostSpec(label="h0", hostname="127.0.0.1", slots=2, gpus=2),
+        HostSpec(label="h1", hostname="127.0.0.2", slots=2, gpus=2),
+        HostSpec(label="h2", hostname="127.0.0.3", slots=4, gpus=2, spare=True),
+    ]
+    state = make_state(workers=4, scope="process", hosts=hosts, spare_hosts=["h2"])
+    out = bring_up(state)
+    assert {e.rank: (e.host, e.data["gpu"]) for e in events(out, "spawn")} == {
+        0: ("h0", 0),
+        1: ("h0", 1),
+        2: ("h1", 0),
+        3: ("h1", 1),
+    }
+    out = lose(state, "h1", 1.0)
+    assert sorted((e.rank, e.host, e.data["gpu"]) for e in events(out, "spawn")) == [
+        (2, "h2", 0),
+        (3, "h2", 1),
+    ]
+    out = lose(state, "h0", 10.0)
+    assert events(out, "moved") == []  # h2 has 2 slots free but no free GPU
+    assert {state.procs[f"worker-{r}"].host for r in (0, 1)} == {"h0"}
 
 
 @pytest.mark.parametrize(

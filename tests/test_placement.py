@@ -132,6 +132,15 @@ def test_capacity_error_says_needed_available_and_fix():
     )
 
 
+def test_a_host_with_gpus_runs_no_more_workers_than_it_has_gpus():
+    assert len(place(_hosts("a slots=3 servers=1 gpus=2"), workers=2, servers=1)) == 3
+    with pytest.raises(ConfigError) as info:
+        place(_hosts("a slots=4 gpus=2\nb slots=2"), workers=4, servers=0)
+    message = str(info.value)
+    assert "a would run 4 workers but declares gpus=2" in message
+    assert "Fix: set slots= (or --nproc-per-node) to at most the GPU count" in message
+
+
 def test_capacity_error_without_spare_hosts_and_one_host():
     with pytest.raises(ConfigError) as info:
         place(_hosts("a slots=2"), workers=3, servers=0)

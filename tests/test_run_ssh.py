@@ -35,7 +35,7 @@ def test_torchrun_env_and_allreduce_across_three_ssh_hosts(sshd, tmp_path):
         sshd,
         tmp_path / "hosts",
         [
-            f"{sshd.addresses[0]} slots=2",
+            f"{sshd.addresses[0]} slots=2 gpus=2",
             "127.0.0.99 slots=8",
             f"{sshd.addresses[1]} slots=1",
             f"{sshd.addresses[2]} slots=1",
@@ -76,6 +76,8 @@ def test_torchrun_env_and_allreduce_across_three_ssh_hosts(sshd, tmp_path):
         assert env["LOCAL_RANK"] == str(local_rank)
         assert env["LOCAL_WORLD_SIZE"] == str(local_world)
         assert env["GROUP_RANK"] == str(group_rank)
+        # gpus=2 on the first host: DeepSpeed's contract, the others declare none.
+        assert env["CUDA_VISIBLE_DEVICES"] == ("0,1" if host == "127.0.0.1" else None)
         assert env["MASTER_ADDR"] == "127.0.0.1"
         assert env["DTLAUNCH_KEYS"].startswith(str(Path.home() / ".cache" / "dtlaunch"))
         assert f"[worker{rank}@{host}] rank {rank} ok" in result.stdout

@@ -91,6 +91,7 @@ def process_env(
     if a.local_world_size > 1:
         # As torchrun does: several processes on one host must not each take every core.
         env["OMP_NUM_THREADS"] = "1"
+    env.update(gpu_env(ctx.spec, slot))
     if spec.mode == "ps":
         env.update(
             {
@@ -108,8 +109,32 @@ def process_env(
     # The user's --env wins over ours except where ours is the job's identity.
     for key, value in spec.env.items():
         env.setdefault(key, value)
-        if key == "OMP_NUM_THREADS":
+        if key in _USER_MAY_OVERRIDE:
             env[key] = value
+    return env
+
+
+# Resource choices the user may make for every process with --env.
+_USER_MAY_OVERRIDE = ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+
+
+def gpu_env(spec: JobSpec, slot: ProcSlot) -> dict[str, str]:
+    """GPU visibility on a host whose hostfile line declares ``gpus=N``.
+
+    As DeepSpeed's launcher does, every worker there sees the host's GPUs and
+    LOCAL_RANK names its own, so ``torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))``
+    works unmodified; a worker moved to another host gets the LOCAL_RANK of the
+    GPU it was given there. Servers keep off the GPUs. Hosts without ``gpus=``
+    are left alone (the process sees what the machine shows it).
+    """
+    count = next((h.gpus for h in spec.hosts if h.label == slot.host), 0)
+    if count == 0:
+        return {}
+    if slot.role != "worker":
+        return {"CUDA_VISIBLE_DEVICES": ""}
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in range(count))}
+    if slot.gpu >= 0:
+        env["LOCAL_RANK"] = str(slot.gpu)
     return env
 
 

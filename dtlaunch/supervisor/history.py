@@ -19,6 +19,7 @@ class History:
     attempts: dict[str, int] = field(default_factory=dict)  # proc id -> last attempt spawned
     # proc id -> host of its last spawn (a KILL_RESTART may have moved it to a spare host)
     hosts: dict[str, str] = field(default_factory=dict)
+    gpus: dict[str, int] = field(default_factory=dict)  # proc id -> GPU of its last spawn
     restarts: list[RestartRecord] = field(default_factory=list)
     failures: list[FailureRecord] = field(default_factory=list)
     elapsed_s: float = 0.0  # supervised time before this supervisor took over
@@ -54,6 +55,10 @@ def load_history(events_path: Path) -> History:
             history.attempts[proc_id] = max(history.attempts.get(proc_id, 0), attempt)
             if event.host:
                 history.hosts[proc_id] = event.host
+            if "gpu" in event.data:
+                history.gpus[proc_id] = int(event.data["gpu"])
+            elif event.kind == "spawn":
+                history.gpus.pop(proc_id, None)
         elif event.kind == "restart":
             history.restarts.append(
                 RestartRecord(

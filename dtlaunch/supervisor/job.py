@@ -343,6 +343,7 @@ def _build_supervisor(
         master_addr_of=master_addr_of,
         spare_hosts=[h.label for h in hosts if h.spare],
         host_slots={h.label: h.slots for h in hosts},
+        host_gpus={h.label: h.gpus for h in hosts if h.gpus},
     )
     resume = (
         ResumePlan(

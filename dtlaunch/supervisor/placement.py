@@ -6,6 +6,7 @@ Rules (deterministic, so ranks stay the same across supervisor restarts):
 * servers first go to hosts with a ``servers=`` quota, in hostfile order, up to
   the quota; servers beyond all quotas take free slots, hosts in hostfile order;
 * workers then fill the remaining free slots host by host in hostfile order;
+* a host that declares ``gpus=N`` runs at most N workers (one GPU each);
 * ranks are given in blocks per role, hosts in hostfile order (like ``mpirun``
   by-slot mapping or torchrun node ranks): ranks ``0..k-1`` on the first host
   running that role, and so on.
@@ -61,6 +62,7 @@ def place(hosts: Sequence[HostSpec], *, workers: int, servers: int) -> list[Assi
     _fill(active, free, server_counts, remaining)  # beyond quotas: any free slot
     worker_counts = dict.fromkeys(free, 0)
     _fill(active, free, worker_counts, workers)  # _check_request made sure all fit
+    _check_gpus(active, worker_counts)
     return _ranks(ROLE_WORKER, active, worker_counts) + _ranks(ROLE_SERVER, active, server_counts)
 
 
@@ -93,6 +95,22 @@ def _ranks(role: str, active: Sequence[HostSpec], counts: dict[str, int]) -> lis
                 )
             )
     return assignments
+
+
+def _check_gpus(active: Sequence[HostSpec], worker_counts: dict[str, int]) -> None:
+    """Each worker on a host with declared GPUs gets one of its own."""
+    crowded = [h for h in active if h.gpus and worker_counts[h.label] > h.gpus]
+    if not crowded:
+        return
+    detail = "; ".join(
+        f"{h.label} would run {worker_counts[h.label]} workers but declares gpus={h.gpus}"
+        for h in crowded
+    )
+    raise ConfigError(
+        f"more workers than GPUs: {detail}. Each worker on a host with gpus= takes one GPU. "
+        "Fix: set slots= (or --nproc-per-node) to at most the GPU count plus servers=, "
+        "or lower --workers."
+    )
 
 
 def _check_request(hosts: Sequence[HostSpec], *, workers: int, servers: int) -> None:

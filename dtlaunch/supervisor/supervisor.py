@@ -200,6 +200,7 @@ class Supervisor:
                         self._clock(),
                         attempts=history.attempts,
                         hosts=history.hosts,
+                        gpus=history.gpus,
                         restarts=history.restarts,
                         failures=history.failures,
                         adopt=self._resume.adopt,

@@ -40,7 +40,7 @@ one_hot[rank] = 1.0
 dist.all_reduce(one_hot)
 report = {
     "missing": missing,
-    "env": {k: os.environ.get(k) for k in REQUIRED},
+    "env": {k: os.environ.get(k) for k in [*REQUIRED, "CUDA_VISIBLE_DEVICES"]},
     "dist_rank": rank,
     "dist_world": world,
     "allreduce": one_hot.tolist(),

@@ -108,6 +108,7 @@ class JobState:
         master_addr_of: Callable[[str, str], str],
         spare_hosts: Sequence[str] = (),
         host_slots: Mapping[str, int] | None = None,
+        host_gpus: Mapping[str, int] | None = None,
     ) -> None:
         self.timing = timing
         self.max_restarts = max_restarts
@@ -122,6 +123,8 @@ class JobState:
         self.spare_hosts = list(spare_hosts)
         # Slots per host (the hostfile's): how many moved workers a spare takes.
         self.host_slots = dict(host_slots or {})
+        # GPUs per host (the hostfile's gpus=): each worker there holds one.
+        self.host_gpus = dict(host_gpus or {})
         # Built-in PS: which of a host's free ports each server binds, by index,
         # kept for the job (a server moving away must not shift the others').
         self.ps_port_index: dict[tuple[str, int], int] = {}
@@ -180,6 +183,7 @@ class JobState:
         adopt: set[str],
         restart_workers: str = "",
         hosts: dict[str, str] | None = None,
+        gpus: dict[str, int] | None = None,
     ) -> list[Command]:
         """A supervisor restarted with --resume: the agents in ``adopt`` (those the
         dead supervisor had started) are expected to reconnect; others are launched.
@@ -195,6 +199,7 @@ class JobState:
             moved_to = (hosts or {}).get(slot.proc_id, slot.host)
             if moved_to in self.agents:  # replaced on a spare host before the crash
                 slot.host = moved_to
+            slot.gpu = (gpus or {}).get(slot.proc_id, -1)
             slot.bump_before_spawn = slot.proc_id in attempts
             if slot.role == "worker":
                 slot.restart_if_found = restart_workers
@@ -532,8 +537,11 @@ class JobState:
                     slot.state = ProcState.RUNNING
                     slot.pid = report.pid
                     slot.bump_before_spawn = False
+                    gpu = {"gpu": slot.gpu} if slot.gpu >= 0 else {}
                     out.append(
-                        self._proc_event("adopted", slot, pid=report.pid, attempt=slot.attempt)
+                        self._proc_event(
+                            "adopted", slot, pid=report.pid, attempt=slot.attempt, **gpu
+                        )
                     )
                     if slot.restart_if_found:
                         # Its state no longer matches ours: stop it, start it afresh.
@@ -973,12 +981,43 @@ class JobState:
                 slot.bump_before_spawn = False
                 out.append(self._restart(slot, "lost while the supervisor was down", now))
             slot.state = ProcState.STARTING
+            if slot.role == "worker":
+                slot.gpu = self._gpu_for(slot)
             spawn = self._build_spawn(slot, master_addr, master_port)
             slot.join = None  # only this attempt joins the survivors
             slot.prewarm = False
             out.append(SendToAgent(host=slot.host, message=spawn))
-            out.append(self._proc_event("spawn", slot, attempt=slot.attempt, argv=spawn.argv))
+            gpu = {"gpu": slot.gpu} if slot.gpu >= 0 else {}
+            out.append(
+                self._proc_event("spawn", slot, attempt=slot.attempt, argv=spawn.argv, **gpu)
+            )
         return out
+
+    def _gpu_for(self, slot: ProcSlot) -> int:
+        """The GPU a worker's next attempt runs on, -1 when its host declares none.
+
+        The one its local rank names while that is free (DeepSpeed's convention,
+        which unmodified scripts rely on through LOCAL_RANK); a worker moved to
+        another host takes the lowest GPU no other worker there holds. Placement
+        and the spare-room check keep workers per host within its GPUs, so a
+        free one exists; if not, the local rank's GPU is shared rather than none.
+        """
+        count = self.host_gpus.get(slot.host, 0)
+        if count == 0:
+            return -1
+        held = {
+            other.gpu
+            for other in self.procs.values()
+            if other is not slot
+            and other.role == "worker"
+            and other.host == slot.host
+            and other.gpu >= 0
+            and other.state in _BUSY_PROC_STATES
+        }
+        home = slot.assignment.local_rank % count
+        if slot.host == slot.assignment.host and home not in held:
+            return home
+        return next((gpu for gpu in range(count) if gpu not in held), home)
 
     def _move_off_lost_host(self, slot: ProcSlot) -> list[Command]:
         """A pending worker whose host was lost starts on a free spare host instead
@@ -1007,7 +1046,15 @@ class JobState:
                 1 for s in self.procs.values() if s.host == host and s.state in _BUSY_PROC_STATES
             )
             used += sum(1 for held, _ in self.retiring.values() if held == host)
-            if used < self.host_slots.get(host, 1):
+            if used >= self.host_slots.get(host, 1):
+                continue
+            gpus = self.host_gpus.get(host, 0)
+            workers = sum(
+                1
+                for s in self.procs.values()
+                if s.host == host and s.role == "worker" and s.state in _BUSY_PROC_STATES
+            )
+            if not gpus or workers < gpus:  # a moved worker needs a GPU of its own
                 return host
         return None
 

@@ -125,6 +125,8 @@ class ProcSlot:
     # the running attempt has made progress (reported a step) since it started.
     failure_signature: str = ""
     progressed: bool = False
+    # The GPU (index into its host's gpus=) the current attempt runs on; -1: none.
+    gpu: int = -1
 
     @property
     def proc_id(self) -> str:
