@@ -24,12 +24,12 @@ import logging
 from dataclasses import dataclass, field
 
 import asyncssh
-from rich.table import Table
 from rich.text import Text
 
 from dtlaunch.errors import ConfigError, HostCheckError, SshError
 from dtlaunch.hostfile import HostSpec
 from dtlaunch.sshconn import SshConnectError, SshFailure, SshOptions, connect, run_remote
+from dtlaunch.ui.fit import FitTable
 
 __all__ = ["CHECKS", "OK", "SKIPPED", "UNVERIFIED", "HostCheck", "check_hosts", "render_checks"]
 
@@ -335,24 +335,22 @@ def _cell(value: str) -> Text:
     return Text(value, style="red")
 
 
-def render_checks(results: list[HostCheck]) -> Table:
-    """One table: a row per host, a column per check, then status and fix."""
+def render_checks(results: list[HostCheck]) -> FitTable:
+    """A row per host, a column per check, then status and fix; in a narrow
+    terminal an entry per host with its fix below (see :class:`FitTable`)."""
     failed = sum(not r.ok for r in results)
-    table = Table(
+    table = FitTable(
         title=f"dtlaunch check: {len(results) - failed} of {len(results)} hosts OK",
-        show_lines=False,
+        columns=("host", *CHECKS, "status"),
+        long_header="fix",
+        no_wrap=frozenset({"host", "status"}),
     )
-    table.add_column("host", style="bold", no_wrap=True)
-    for name in CHECKS:
-        table.add_column(name)
-    table.add_column("status", no_wrap=True)
-    table.add_column("fix", overflow="fold")
     for result in results:
         status = Text("OK", style="bold green") if result.ok else Text("FAIL", style="bold red")
         table.add_row(
-            result.host,
+            Text(result.host, style="bold"),
             *(_cell(result.items.get(name, SKIPPED)) for name in CHECKS),
             status,
-            result.fix,
+            long=result.fix,
         )
     return table

@@ -186,3 +186,22 @@ def test_render_checks_shows_one_row_per_host_with_status_and_fix():
     assert "FAIL" in row2
     assert "start sshd on n2" in row2
     assert row2.count("skipped") == len(CHECKS) - 1
+
+
+def test_render_checks_at_80_columns_gives_each_host_an_entry_with_its_fix_readable():
+    """In a narrow terminal the fix is not folded into a strip of a few letters."""
+    items = dict.fromkeys(CHECKS, SKIPPED) | {"ssh": "refused (port 2222)"}
+    fix = (
+        "check that sshd runs on n2 and listens on port 2222 (set the port as host:PORT "
+        "in the hostfile or Port in ~/.ssh/config)"
+    )
+    bad = HostCheck(host="n2", ok=False, items=items, fix=fix, version="")
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(render_checks([bad]))
+    lines = out.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in lines), lines
+    assert lines[1].startswith("n2: ssh refused (port 2222), host key skipped")
+    assert "status FAIL" in out.getvalue()
+    assert any(
+        line.startswith("  check that sshd runs on n2 and listens on port 2222") for line in lines
+    )

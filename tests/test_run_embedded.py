@@ -51,13 +51,13 @@ def test_torchrun_script_runs_unmodified_and_allreduce_is_correct(tmp_path):
         assert (run_dir / "logs" / f"worker-{rank}.log").exists()
 
 
-def _flaky(tmp_path, mode, fail_rank, fail_attempts, *extra):
+def _flaky(tmp_path, mode, fail_rank, fail_attempts, *extra, columns=200):
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     run_dir = tmp_path / "run"
     args = ["run", "--workers", "2", "--run-dir", str(run_dir), *extra]
     args += [str(SCRIPTS / "flaky.py"), str(out), mode, str(fail_rank), str(fail_attempts)]
-    return run(args, env={}), run_dir, out
+    return run(args, env={"COLUMNS": str(columns)}), run_dir, out
 
 
 def test_killed_process_restarts_with_same_rank_and_bumped_restart_count(tmp_path):
@@ -85,7 +85,8 @@ def test_group_scope_restarts_every_worker(tmp_path):
     [("import", "ModuleNotFoundError"), ("argparse", "unrecognized arguments")],
 )
 def test_unretryable_failure_stops_the_job_at_once_with_a_root_cause_table(tmp_path, mode, error):
-    result, run_dir, out = _flaky(tmp_path, mode, 1, 5, "--max-restarts", "3")
+    # At 80 columns, the error stays one readable line (not folded into a strip).
+    result, run_dir, out = _flaky(tmp_path, mode, 1, 5, "--max-restarts", "3", columns=80)
     assert result.returncode == 1
     assert not (out / "1-1.json").exists()  # never restarted
     data = summary(run_dir)
@@ -95,6 +96,9 @@ def test_unretryable_failure_stops_the_job_at_once_with_a_root_cause_table(tmp_p
     assert len(root) == 1 and root[0]["rank"] == 1 and not root[0]["retryable"]
     assert error in root[0]["error"]
     assert "root cause" in result.stderr and error in result.stderr
+    report = result.stderr[result.stderr.index("root cause first") :].splitlines()
+    assert all(len(line) <= 80 for line in report), report
+    assert any(line.strip().startswith(root[0]["error"][:60]) for line in report), report
     assert "localhost" in result.stderr
 
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.table import Table
-from rich.text import Text
-
 from dtlaunch.supervisor.jobstate.failures import signal_name
+from dtlaunch.ui.fit import FitTable
 
 
 def _exit_text(failure: dict[str, Any]) -> str:
@@ -40,10 +38,11 @@ def _folded(failures: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int, f
     return rows
 
 
-def failures_table(summary: dict[str, Any]) -> Table:
+def failures_table(summary: dict[str, Any]) -> FitTable:
     """One row per failure, identical ones of a process folded (``x3``). A failed
     job marks its root cause (the first failure); a job that succeeded lists the
-    failures it recovered from."""
+    failures it recovered from. In a narrow terminal each failure is an entry
+    with its error below it (see :class:`FitTable`)."""
     failed = summary["status"] != "succeeded"
     count = len(summary["failures"])
     title = (
@@ -51,9 +50,9 @@ def failures_table(summary: dict[str, Any]) -> Table:
         if failed
         else f"dtlaunch: job {summary['run_id']} recovered from {count} failure(s)"
     )
-    table = Table(title=title, expand=False)
-    for column in ("", "host", "process", "exit", "time", "retry", "error"):
-        table.add_column(column, overflow="fold")
+    table = FitTable(
+        title=title, columns=("", "host", "process", "exit", "time", "retry"), long_header="error"
+    )
     for failure, count, last_at in _folded(summary["failures"]):
         rank = failure["rank"]
         process = failure["role"] + (str(rank) if rank >= 0 else "")
@@ -65,7 +64,7 @@ def failures_table(summary: dict[str, Any]) -> Table:
             _exit_text(failure),
             when,
             "yes" if failure.get("retryable") else "no",
-            Text(_error_text(failure)),
+            long=_error_text(failure),
         )
     return table
 
