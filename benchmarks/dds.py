@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import os
 import signal
@@ -29,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+import dtlaunch
 from dtlaunch.sharding import DatasetSpec
 from dtlaunch.supervisor.dds.queue import ShardQueue
 from dtlaunch.supervisor.dds.records import Grant, encode_transition
@@ -193,19 +195,18 @@ def _shards_track_speed(folder: Path) -> dict[str, Any]:
     worker = REPO / "tests" / "scripts" / "dds_worker.py"
     ledger = folder / "ledger"
     ledger.mkdir()
-    subprocess.run(
-        [
-            sys.executable, "-m", "dtlaunch", "run", "--workers", "6", "--restart-scope",
-            "process", "--run-dir", str(run_dir), "--dataset-size", "7200", "--shard-size",
-            "40", "--global-batch", "60", "--output", "none", str(worker), str(ledger), "0.01",
-            ",".join(f"{r}:{f}" for r, f in slowdown.items()),
-        ],
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        timeout=300,
-    )  # fmt: skip
-    summary = json.loads((run_dir / "summary.json").read_text())
+    result = dtlaunch.launch(
+        str(worker),
+        [str(ledger), "0.01", ",".join(f"{r}:{f}" for r, f in slowdown.items())],
+        workers=6,
+        restart_scope="process",
+        run_dir=str(run_dir),
+        dataset_size=7200,
+        shard_size=40,
+        global_batch=60,
+        console=io.StringIO(),  # the workers' output is not the benchmark's
+    )
+    summary = result.summary
     shards = [summary["shards_by_worker"][str(r)] for r in range(6)]
     speeds = [1 / slowdown[r] for r in range(6)]
     rho = float(np.corrcoef(np.argsort(np.argsort(speeds)), np.argsort(np.argsort(shards)))[0, 1])

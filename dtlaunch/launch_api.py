@@ -26,6 +26,7 @@ import asyncio
 import dataclasses
 import difflib
 import json
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -79,12 +80,27 @@ def launch(
             nearest = difflib.get_close_matches(name, sorted(known), n=1)
             hint = f"; did you mean {nearest[0]}=?" if nearest else ""
             raise ConfigError(f"dtlaunch.launch() has no option {name!r}{hint}")
+    options = _paths_as_paths(options)
     script, script_args, module = _command(target, args, bool(options.pop("module", False)))
     spec = RunOptions(script=script, script_args=script_args, module=module, **options).job_spec()
     summary = _run(spec, console)
     if summary["status"] != "succeeded":
         raise JobFailed(_failure_message(summary, spec.run_dir), summary, spec.run_dir)
     return LaunchResult(run_dir=spec.run_dir, summary=summary)
+
+
+def _paths_as_paths(options: dict[str, Any]) -> dict[str, Any]:
+    """Path options given as ``str`` (as most callers write them) become ``Path``."""
+    fixed = dict(options)
+    for name in ("run_dir", "env_file"):
+        if isinstance(fixed.get(name), str | os.PathLike):
+            fixed[name] = Path(fixed[name])
+    configs = fixed.get("ssh_config")
+    if isinstance(configs, str | os.PathLike):
+        configs = [configs]
+    if isinstance(configs, list | tuple):
+        fixed["ssh_config"] = [Path(c) for c in configs]
+    return fixed
 
 
 def _command(

@@ -34,9 +34,12 @@ def test_a_function_runs_in_every_worker_even_from_a_running_event_loop(tmp_path
 
 
 def test_a_failed_job_raises_with_its_root_cause(tmp_path):
-    with pytest.raises(JobFailed) as caught:
+    with pytest.raises(JobFailed) as caught:  # paths as str, as most callers write them
         dtlaunch.launch(
-            str(SCRIPTS / "needs_env.py"), max_restarts=0, run_dir=tmp_path / "run", output="none"
+            str(SCRIPTS / "needs_env.py"),
+            max_restarts=0,
+            run_dir=str(tmp_path / "run"),
+            output="none",
         )
     failed = caught.value
     assert failed.summary["status"] == "failed" and failed.run_dir == tmp_path / "run"
