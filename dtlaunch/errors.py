@@ -311,7 +311,8 @@ class ServerRestarted(PsError):
 
 
 class InfeasibleError(DtlaunchError, ValueError):
-    """The batch-balancing problem has no solution or its inputs are invalid.
+    """A solver's problem (batch balancing, AntDT-DD, PSLD) has no solution or its
+    inputs are invalid.
 
     Also a ``ValueError``, as it always was, for callers that catch that.
     """
