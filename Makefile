@@ -32,8 +32,12 @@ lint: $(STAMP)
 
 typecheck: lint
 
+# Two test processes, one per core of the reference machine; every test owns its
+# ports, run dirs and network namespaces, so they may run side by side.
+TEST_PROCESSES ?= 2
+
 test: $(STAMP) sshd-deps lint
-	$(BIN)/pytest -m "not slow" -q
+	$(BIN)/pytest -m "not slow" -q -n $(TEST_PROCESSES) --dist worksteal
 
 test-slow: $(STAMP) sshd-deps
 	$(BIN)/pytest -m slow -q

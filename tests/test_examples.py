@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -81,7 +82,7 @@ def test_the_demo_compares_bsp_with_nd_and_says_where_to_look(tmp_path):
         timeout=240, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    text = " ".join(result.stdout.split())
+    text = " ".join(re.sub("[│┃]", " ", result.stdout).split())  # table rows as words
     assert text.count("watch it live in another terminal:") == 2
     assert "dtlaunch status runs/demo-bsp-" in text and "dtlaunch status runs/demo-nd-" in text
     for row in ("job time (JCT)", "training time", "records trained 384 384", "actions taken"):
