@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -162,6 +163,15 @@ def alive(pid: int, create_time: float) -> bool:
         )
     except psutil.NoSuchProcess:
         return False
+
+
+def read_line(proc: subprocess.Popen[str], deadline: float, what: str) -> str:
+    """The next line of ``proc``'s stdout, failing with ``what`` past ``deadline``
+    (a monotonic time) instead of blocking on a process that prints nothing."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], max(deadline - time.monotonic(), 0))
+    assert ready, f"no output from {what} in time"
+    return proc.stdout.readline()
 
 
 def wait_until(cond: Callable[[], bool], *, timeout: float, what: str) -> None:

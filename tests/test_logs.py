@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import os
-import select
 import signal
 import subprocess
 import time
@@ -17,7 +16,7 @@ from typer.testing import CliRunner
 from dtlaunch.cli import app
 from dtlaunch.errors import ConfigError
 from dtlaunch.ui.logs import RunLogs, Selection, follow_logs, parse_selection
-from tests.jobs import SCRIPTS, dtlaunch_argv, job_env, run, started, wait_until
+from tests.jobs import SCRIPTS, dtlaunch_argv, job_env, read_line, run, started, wait_until
 
 pytestmark = pytest.mark.integration
 runner = CliRunner()
@@ -145,13 +144,6 @@ def test_bad_regex_unknown_rank_and_missing_run_dir_exit_2_naming_the_fix(
     assert f"{tmp_path / 'nope'} does not exist; pass the run directory of a job" in err
 
 
-def _read_line(proc: subprocess.Popen[str], deadline: float) -> str:
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], max(deadline - time.monotonic(), 0))
-    assert ready, "no output from logs --follow in time"
-    return proc.stdout.readline()
-
-
 def test_follow_prints_a_running_jobs_lines_and_ends_with_the_job(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     (tmp_path / "ledger").mkdir()
@@ -169,7 +161,7 @@ def test_follow_prints_a_running_jobs_lines_and_ends_with_the_job(tmp_path: Path
             text=True,
         ) as follow:
             try:
-                first = _read_line(follow, time.monotonic() + 30)
+                first = read_line(follow, time.monotonic() + 30, "logs --follow")
                 # Printed while the job still runs: its workers print only at their end.
                 assert first.startswith("[worker0@localhost] === dtlaunch: worker-0 attempt 0")
                 assert job.proc.poll() is None
@@ -209,10 +201,16 @@ def test_follow_picks_up_a_new_log_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     ) as follow:
         try:
-            assert _read_line(follow, time.monotonic() + 20) == "[worker0@node1] first\n"
+            assert (
+                read_line(follow, time.monotonic() + 20, "logs --follow")
+                == "[worker0@node1] first\n"
+            )
             marker = MARKER.format(proc="worker-1", attempt=0, host="node2")
             (run_dir / "logs" / "worker-1.log").write_text(f"{marker}\nlater\n")
-            assert _read_line(follow, time.monotonic() + 20) == "[worker1@node2] later\n"
+            assert (
+                read_line(follow, time.monotonic() + 20, "logs --follow")
+                == "[worker1@node2] later\n"
+            )
             os.kill(follow.pid, signal.SIGINT)
             _, err = follow.communicate(timeout=10)
         finally:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -21,7 +20,7 @@ from dtlaunch.ui.timeline import (
     timeline_lines,
     to_plain,
 )
-from tests.jobs import SCRIPTS, dtlaunch_argv, events, job_env, run, started, wait_until
+from tests.jobs import SCRIPTS, dtlaunch_argv, events, job_env, read_line, run, started, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -166,13 +165,6 @@ def test_job_without_events_and_follow_with_json_exit_2(tmp_path: Path) -> None:
     assert "--follow and --json" in result.stderr
 
 
-def _read_line(proc: subprocess.Popen[str], deadline: float) -> str:
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], max(deadline - time.monotonic(), 0))
-    assert ready, "no output from replay --follow in time"
-    return proc.stdout.readline()
-
-
 def test_follow_prints_events_as_they_come_and_exits_after_the_end(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     args = _dds_args(run_dir, tmp_path / "ledger", "0.03")  # 100 steps: about 3 s
@@ -186,7 +178,7 @@ def test_follow_prints_events_as_they_come_and_exits_after_the_end(tmp_path: Pat
             text=True,
         ) as follow:
             try:
-                first = _read_line(follow, time.monotonic() + 30)
+                first = read_line(follow, time.monotonic() + 30, "replay --follow")
                 # Printed while the job still runs: the log has no job_end yet.
                 assert "start" in first and "job" in first
                 assert job.proc.poll() is None
@@ -224,7 +216,7 @@ def test_follow_stops_on_ctrl_c(tmp_path: Path) -> None:
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         ) as follow:
             try:
-                _read_line(follow, time.monotonic() + 30)
+                read_line(follow, time.monotonic() + 30, "replay --follow")
                 os.kill(follow.pid, signal.SIGINT)
                 _, err = follow.communicate(timeout=10)
             finally:
