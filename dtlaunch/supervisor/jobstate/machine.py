@@ -91,6 +91,11 @@ _REACHABLE_AGENT_STATES = (AgentState.UP, AgentState.UNRESPONSIVE, AgentState.LA
 _BUSY_PROC_STATES = (*LIVE_PROC_STATES, ProcState.PENDING)
 
 
+def _gpu_of(slot: ProcSlot) -> dict[str, int]:
+    """The ``gpu`` field of a process event: present only on a GPU host."""
+    return {"gpu": slot.gpu} if slot.gpu >= 0 else {}
+
+
 class JobState:
     """All the supervisor knows about the job's agents and processes."""
 
@@ -537,10 +542,9 @@ class JobState:
                     slot.state = ProcState.RUNNING
                     slot.pid = report.pid
                     slot.bump_before_spawn = False
-                    gpu = {"gpu": slot.gpu} if slot.gpu >= 0 else {}
                     out.append(
                         self._proc_event(
-                            "adopted", slot, pid=report.pid, attempt=slot.attempt, **gpu
+                            "adopted", slot, pid=report.pid, attempt=slot.attempt, **_gpu_of(slot)
                         )
                     )
                     if slot.restart_if_found:
@@ -987,9 +991,10 @@ class JobState:
             slot.join = None  # only this attempt joins the survivors
             slot.prewarm = False
             out.append(SendToAgent(host=slot.host, message=spawn))
-            gpu = {"gpu": slot.gpu} if slot.gpu >= 0 else {}
             out.append(
-                self._proc_event("spawn", slot, attempt=slot.attempt, argv=spawn.argv, **gpu)
+                self._proc_event(
+                    "spawn", slot, attempt=slot.attempt, argv=spawn.argv, **_gpu_of(slot)
+                )
             )
         return out
 
@@ -1005,19 +1010,19 @@ class JobState:
         count = self.host_gpus.get(slot.host, 0)
         if count == 0:
             return -1
-        held = {
-            other.gpu
-            for other in self.procs.values()
-            if other is not slot
-            and other.role == "worker"
-            and other.host == slot.host
-            and other.gpu >= 0
-            and other.state in _BUSY_PROC_STATES
-        }
+        held = {o.gpu for o in self._busy_workers_on(slot.host) if o is not slot and o.gpu >= 0}
         home = slot.assignment.local_rank % count
         if slot.host == slot.assignment.host and home not in held:
             return home
         return next((gpu for gpu in range(count) if gpu not in held), home)
+
+    def _busy_workers_on(self, host: str) -> list[ProcSlot]:
+        """Workers running, starting or waiting to start on ``host``."""
+        return [
+            s
+            for s in self.procs.values()
+            if s.host == host and s.role == "worker" and s.state in _BUSY_PROC_STATES
+        ]
 
     def _move_off_lost_host(self, slot: ProcSlot) -> list[Command]:
         """A pending worker whose host was lost starts on a free spare host instead
@@ -1049,12 +1054,7 @@ class JobState:
             if used >= self.host_slots.get(host, 1):
                 continue
             gpus = self.host_gpus.get(host, 0)
-            workers = sum(
-                1
-                for s in self.procs.values()
-                if s.host == host and s.role == "worker" and s.state in _BUSY_PROC_STATES
-            )
-            if not gpus or workers < gpus:  # a moved worker needs a GPU of its own
+            if not gpus or len(self._busy_workers_on(host)) < gpus:  # a GPU of its own
                 return host
         return None
 
