@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from dtlaunch.errors import ConfigError
-from dtlaunch.hostfile import HostSpec, load_hosts, select_hosts, with_processes_per_host
+from dtlaunch.hostfile import HostSpec, load_hosts
+from dtlaunch.hostselect import select_hosts, with_processes_per_host
 from dtlaunch.sharding import DatasetSpec
 
 MODES = ("allreduce", "ps")
@@ -180,9 +181,7 @@ class JobSpec:
             if getattr(self, name) <= 0:
                 opt = "--" + name.replace("_", "-")
                 raise ConfigError(f"{opt} must be positive, got {getattr(self, name)}")
-        if self.stall_timeout is not None and not (
-            0 <= self.stall_timeout < float("inf")
-        ):
+        if self.stall_timeout is not None and not (0 <= self.stall_timeout < float("inf")):
             raise ConfigError(
                 "--stall-timeout must be 0 (never) or a number of seconds, "
                 f"got {self.stall_timeout}"

@@ -6,11 +6,12 @@ A hostfile line is a superset of DeepSpeed, OpenMPI and Horovod hostfile lines::
     node1 slots=4                     # 4 processes may run here
     deploy@node2:2222 slots=2 servers=1
     node3 slots=4 spare               # spare capacity: relaunch / scale-out target
-    node4 slots=2 class=v100          # device class, used by AntDT-DD grouping
+    node4 slots=2 class=v100 bmax=96  # device class and its batch bounds (AntDT-DD)
     node5 slots=4 gpus=4              # 4 GPUs: each worker gets one (CUDA_VISIBLE_DEVICES)
     [fd00::7]:2222 slots=8            # IPv6 goes in brackets
 
-Grammar: ``[user@]host[:port] [slots=N] [servers=N] [spare] [class=NAME] [gpus=N]``.
+Grammar: ``[user@]host[:port] [slots=N] [servers=N] [spare] [class=NAME] [gpus=N]
+[bmin=N] [bmax=N]``.
 ``host`` is an IPv4 address, an RFC 1123 host name or a bracketed IPv6 address.
 
 The inline form (``-H node1:4,node2:4``) holds ``[user@]host[:slots]`` entries;
@@ -24,7 +25,6 @@ inside one :class:`~dtlaunch.errors.HostfileError`.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import ipaddress
 import re
@@ -39,8 +39,6 @@ __all__ = [
     "load_hosts",
     "parse_hostfile",
     "parse_inline",
-    "select_hosts",
-    "with_processes_per_host",
 ]
 
 # A sanity bound: a bigger number is a typo, not a machine.
@@ -51,10 +49,14 @@ _VALUE_FORMS = {
     "servers": "servers=N",
     "class": "class=NAME",
     "gpus": "gpus=N",
+    "bmin": "bmin=N",
+    "bmax": "bmax=N",
 }
 _VALUE_KEYS = tuple(_VALUE_FORMS)
 _FLAG_KEYS = ("spare",)
-_OPTIONS_HELP = "slots=N, servers=N, spare, class=NAME, gpus=N"
+_OPTIONS_HELP = "slots=N, servers=N, spare, class=NAME, gpus=N, bmin=N, bmax=N"
+# A per-device micro-batch above this is a typo, not a memory size.
+MAX_DEVICE_BATCH = 1 << 24
 _HOST_HELP = "[user@]host[:port] (e.g. node1, deploy@10.0.0.2:2222, [fd00::1]:2222)"
 _INLINE_HELP = "[user@]host[:slots] (e.g. node1:4,deploy@node2:2)"
 # POSIX portable user names, plus the trailing '$' Samba machine accounts use.
@@ -82,6 +84,10 @@ class HostSpec:
     # `gpus=N`: the host's GPUs 0..N-1; each worker there is given one (LOCAL_RANK
     # indexes CUDA_VISIBLE_DEVICES, as DeepSpeed's launcher does). 0: no GPUs declared.
     gpus: int = 0
+    # `bmin=`/`bmax=`: the device's micro-batch bounds for AntDT-DD and lb-bsp:
+    # its saturation point and the largest batch its memory holds. None: not given.
+    min_batch: int | None = None
+    max_batch: int | None = None
     origin: str = ""  # "file:line" where it was defined, or "-H" for inline
 
     def __post_init__(self) -> None:
@@ -96,6 +102,14 @@ class HostSpec:
             raise HostfileError([f"{self.label}: port {self.port}; expected 1..65535"])
         if not 0 <= self.gpus <= MAX_SLOTS:
             raise HostfileError([f"{self.label}: gpus={self.gpus}; expected 0..{MAX_SLOTS}"])
+        for key, bound in (("bmin", self.min_batch), ("bmax", self.max_batch)):
+            if bound is not None and not 1 <= bound <= MAX_DEVICE_BATCH:
+                raise HostfileError(
+                    [f"{self.label}: {key}={bound}; expected 1..{MAX_DEVICE_BATCH}"]
+                )
+        low, high = self.min_batch, self.max_batch
+        if low is not None and high is not None and low > high:
+            raise HostfileError([f"{self.label}: bmin={low} exceeds bmax={high}"])
 
 
 @dataclass(slots=True)
@@ -138,6 +152,7 @@ def parse_hostfile(text: str, filename: str = "<hostfile>") -> list[HostSpec]:
     problems = _Problems(filename)
     hosts: list[HostSpec] = []
     first_seen: dict[str, str] = {}
+    class_bounds: dict[str, tuple[int | None, int | None, int]] = {}
     saw_host_line = False
     text = text.removeprefix("\ufeff")
     # split("\n"), not splitlines(): editors number lines by '\n' only, and
@@ -155,6 +170,7 @@ def parse_hostfile(text: str, filename: str = "<hostfile>") -> list[HostSpec]:
         duplicate = _is_duplicate(label, first_seen, here, line_no, tokens[0][0], problems)
         if spec is not None and not duplicate:
             hosts.append(spec)
+            _check_class_bounds(spec, line_no, tokens[0][0], class_bounds, problems)
     if not saw_host_line:
         problems.add(1, 1, "no hosts in this hostfile; expected lines like 'node1 slots=4'")
     problems.raise_if_any()
@@ -278,7 +294,14 @@ def _parse_line(
     if part is not None and part.suffix is not None:
         port = _parse_int(part.suffix, line, part.suffix_col, problems, "port", 1, 65535)
 
-    values: dict[str, int | str | None] = {"slots": 1, "servers": 0, "class": None, "gpus": 0}
+    values: dict[str, int | str | None] = {
+        "slots": 1,
+        "servers": 0,
+        "class": None,
+        "gpus": 0,
+        "bmin": None,
+        "bmax": None,
+    }
     key_cols: dict[str, int] = {}
     for col, token in tokens[1:]:
         key, eq, value = token.partition("=")
@@ -313,6 +336,14 @@ def _parse_line(
             f"servers={servers} exceeds slots={slots}{slots_note}; "
             "expected servers <= slots (servers take slots from the same host)",
         )
+    bmin, bmax = values["bmin"], values["bmax"]
+    if isinstance(bmin, int) and isinstance(bmax, int) and bmin > bmax:
+        problems.add(
+            line,
+            key_cols["bmin"] + len("bmin="),
+            f"bmin={bmin} exceeds bmax={bmax}; expected bmin (the device's saturation "
+            "batch) <= bmax (the largest batch its memory holds)",
+        )
     label = None
     if part is not None and (part.suffix is None or port is not None):
         label = _label(part, port)
@@ -332,6 +363,8 @@ def _parse_line(
         spare="spare" in key_cols,
         device_class=device_class if isinstance(device_class, str) else None,
         gpus=gpus,
+        min_batch=bmin if isinstance(bmin, int) else None,
+        max_batch=bmax if isinstance(bmax, int) else None,
         origin=f"{filename}:{line}",
     )
 
@@ -346,6 +379,8 @@ def _parse_value(
         return _parse_int(value, line, col, problems, "servers", 0, MAX_SLOTS)
     if key == "gpus":
         return _parse_int(value, line, col, problems, "gpus", 0, MAX_SLOTS)
+    if key in ("bmin", "bmax"):
+        return _parse_int(value, line, col, problems, key, 1, MAX_DEVICE_BATCH)
     if not _CLASS_RE.fullmatch(value):
         problems.add(
             line,
@@ -519,54 +554,29 @@ def _is_duplicate(
     return True
 
 
-def select_hosts(
-    hosts: list[HostSpec], *, include: str | None = None, exclude: str | None = None
-) -> list[HostSpec]:
-    """The hosts ``--include``/``--exclude`` keep, in hostfile order (DeepSpeed's filters).
+def _check_class_bounds(
+    spec: HostSpec,
+    line: int,
+    col: int,
+    seen: dict[str, tuple[int | None, int | None, int]],
+    problems: _Problems,
+) -> None:
+    """One device class has one pair of batch bounds: AntDT-DD gives every device
+    of a class the same micro-batch, so two values would leave one of them wrong."""
+    if spec.device_class is None:
+        return
+    bounds = (spec.min_batch, spec.max_batch)
+    first = seen.setdefault(spec.device_class, (*bounds, line))
+    if first[:2] == bounds:
+        return
 
-    Both take host names separated by ``@`` (DeepSpeed's form) or ``,``; a name is
-    a host's label (``node1``, or ``node1:2222`` when it has a port) or its host
-    name. Only whole hosts are selected: dtlaunch places processes by ``slots=``.
+    def shown(b: tuple[int | None, int | None]) -> str:
+        return " ".join(f"{k}={v}" for k, v in zip(("bmin", "bmax"), b, strict=True) if v)
 
-    Raises:
-        HostfileError: a name is no host of the list (the nearest ones are named),
-            or no host is left.
-    """
-    kept = list(hosts)
-    for option, text, keep in (("--include", include, True), ("--exclude", exclude, False)):
-        if text is None:
-            continue
-        chosen = _named_hosts(hosts, option, text)
-        kept = [h for h in kept if (h.label in chosen) == keep]
-    if not kept:
-        labels = ", ".join(h.label for h in hosts)
-        raise HostfileError([f"--include/--exclude left no host to run on; hosts: {labels}"])
-    return kept
-
-
-def _named_hosts(hosts: list[HostSpec], option: str, text: str) -> set[str]:
-    """The labels of the hosts ``text`` names."""
-    by_name = {h.label: h.label for h in hosts} | {h.hostname: h.label for h in hosts}
-    names = [n.strip() for n in re.split(r"[@,]", text)]
-    problems: list[str] = []
-    chosen: set[str] = set()
-    for name in names:
-        if not name:
-            problems.append(f"{option} {text!r}: empty host name; expected NAME@NAME or NAME,NAME")
-        elif name in by_name:
-            chosen.add(by_name[name])
-        else:
-            nearest = difflib.get_close_matches(name, list(by_name), n=1)
-            hint = f" (did you mean {nearest[0]}?)" if nearest else ""
-            known = ", ".join(h.label for h in hosts)
-            problems.append(f"{option}: {name!r} is not a host of the list{hint}; hosts: {known}")
-    if problems:
-        raise HostfileError(problems)
-    return chosen
-
-
-def with_processes_per_host(hosts: list[HostSpec], count: int) -> list[HostSpec]:
-    """Every host with room for exactly ``count`` workers beside its servers quota:
-    ``--nproc-per-node`` (torchrun's meaning) overrides the hostfile's ``slots=``.
-    Spare hosts get the same room, as they stand in for a host."""
-    return [dataclasses.replace(h, slots=count + h.servers) for h in hosts]
+    problems.add(
+        line,
+        col,
+        f"class={spec.device_class} has {shown(bounds) or 'no bmin/bmax'} here but "
+        f"{shown(first[:2]) or 'no bmin/bmax'} on line {first[2]}; expected the same "
+        "bmin=/bmax= on every host of a class (they describe the device)",
+    )

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from dtlaunch.errors import ConfigError, HostfileError
-from dtlaunch.hostfile import HostSpec, load_hosts, parse_hostfile, parse_inline, select_hosts
+from dtlaunch.hostfile import HostSpec, load_hosts, parse_hostfile, parse_inline
+from dtlaunch.hostselect import select_hosts
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -110,6 +110,7 @@ def test_hostfile_page_examples_are_what_the_parser_accepts_and_says() -> None:
     assert [h.label for h in hosts] == ["node1", "node2:2222", "node3", "node4", "[fd00::7]:2222"]
     assert hosts[1].user == "deploy" and hosts[1].servers == 1
     assert hosts[2].spare and hosts[3].device_class == "v100" and hosts[3].gpus == 2
+    assert hosts[3].max_batch == 96
     (inline,) = _nf_blocks("INLINE FORM")
     assert [h.slots for h in parse_inline(inline.split()[3])] == [4, 2, 8]
     # The ERRORS section quotes real messages of the parser (long ones shortened).
