@@ -7,6 +7,7 @@ windows, AntDT §V-D) and carries out what it returns, under the same names from
 the decision to the wire (AntDT Table II)::
 
     AdjustBatchSize(sizes, apply_at_step)   ADJUST_BS: rank -> local batch size
+                                            (accumulations: rank -> passes, dd)
     AdjustLR(factors, apply_at_step)        ADJUST_LR: rank -> learning-rate factor
     BackupWorkers(count)                    BACKUP_WORKERS: PS steps skip the slowest
     KillRestart(role, rank, target_host)    KILL_RESTART: replace a node
@@ -35,7 +36,12 @@ from dtlaunch.supervisor.control.actions import (
     NoAction,
     action_name,
 )
-from dtlaunch.supervisor.control.monitor import MonitorSnapshot, NodeInfo, WindowStats
+from dtlaunch.supervisor.control.monitor import (
+    MonitorSnapshot,
+    NodeInfo,
+    WindowStats,
+    WorkerDevice,
+)
 from dtlaunch.supervisor.control.policies.base import Policy
 
 __all__ = [
@@ -49,5 +55,6 @@ __all__ = [
     "NodeInfo",
     "Policy",
     "WindowStats",
+    "WorkerDevice",
     "action_name",
 ]

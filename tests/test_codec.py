@@ -143,7 +143,7 @@ SAMPLES = [
         ]
     ),
     AdjustBatchSize(
-        sizes=[RankBatch(rank=0, batch_size=24), RankBatch(rank=1, batch_size=72)],
+        sizes=[RankBatch(rank=0, batch_size=24, accumulation=3), RankBatch(rank=1, batch_size=72)],
         apply_at_step=120,
     ),
     AdjustLR(factors=[RankFactor(rank=1, factor=0.5)], apply_at_step=120),

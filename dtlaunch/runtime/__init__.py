@@ -1,6 +1,8 @@
 """The SDK inside training processes: ``dtlaunch.init()`` and the ``Job`` it returns.
 
-* ``context`` — ``init`` and ``Job``: identity, batches, ``step``, ``close``.
+* ``context`` — ``init`` and ``Job``: identity, batches (and AntDT-DD's
+  micro-batches in ``bsp_batches``), ``step``, ``close``.
+* ``environ`` — the variables ``dtlaunch run`` sets for the process, read and checked.
 * ``dataset_args`` — the data set a script passes to ``init``: checked, compared.
 * ``data`` — leases cut into batches; which leases a ``step()`` acks.
 * ``client`` — the supervisor connection (one background thread, asyncio, ZeroMQ).

@@ -19,21 +19,29 @@ import atexit
 import logging
 import os
 import socket
-from collections.abc import Iterator, Mapping
-from pathlib import Path
+from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from dtlaunch.errors import ConfigError
 from dtlaunch.inject import parse_injections
 from dtlaunch.proctitle import name_this_process
-from dtlaunch.runtime.client import Connection, SupervisorClient
+from dtlaunch.runtime.client import SupervisorClient
 from dtlaunch.runtime.data import BatchStream, LeaseSource, local_batch_size
 from dtlaunch.runtime.dataset_args import check_args_agree, dataset_from_args, given_dataset_args
+from dtlaunch.runtime.environ import (
+    DEFAULT_INIT_TIMEOUT_S,
+    ENV_INIT_TIMEOUT,
+    ENV_REPORT_INTERVAL,
+    ENV_ROLE,
+    ENV_SUPERVISOR,
+    connection_from_env,
+    env_float,
+    env_int,
+)
 from dtlaunch.runtime.standalone import StandaloneSource
 from dtlaunch.runtime.steps import REPORT_EVERY_S, StepTimer
 from dtlaunch.sharding import DatasetSpec, dataset_info
-from dtlaunch.wire.keys import load_peer_keys
 from dtlaunch.wire.messages import AdjustBatchSize, AdjustLR, Attached, PsPlacementMap, Regroup
 
 if TYPE_CHECKING:  # torch is optional: only attach() and bsp_batches() need it
@@ -43,17 +51,6 @@ __all__ = ["DataWaitListener", "Job", "current_job", "init"]
 
 logger = logging.getLogger(__name__)
 
-ENV_SUPERVISOR = "DTLAUNCH_SUPERVISOR"
-ENV_KEYS = "DTLAUNCH_KEYS"
-ENV_RUN_ID = "DTLAUNCH_RUN_ID"
-ENV_RANK = "DTLAUNCH_RANK"
-ENV_ROLE = "DTLAUNCH_ROLE"
-ENV_HEARTBEAT = "DTLAUNCH_HEARTBEAT_INTERVAL"
-ENV_INIT_TIMEOUT = "DTLAUNCH_INIT_TIMEOUT"
-ENV_REPORT_INTERVAL = "DTLAUNCH_REPORT_INTERVAL"
-DEFAULT_HEARTBEAT_S = 1.0
-# Long enough for a supervisor restarted with --resume to come back.
-DEFAULT_INIT_TIMEOUT_S = 300.0
 DEFAULT_CLOSE_TIMEOUT_S = 10.0
 # How long batches() waits for a lease before its listeners hear that it waits for
 # data, and how often they hear it again while it still does.
@@ -120,7 +117,7 @@ def init(
     if type(prefetch) is not int or prefetch < 0:
         raise ConfigError(f"prefetch must be an int of 0 or more (shards), got {prefetch!r}")
     endpoint = os.environ.get(ENV_SUPERVISOR)
-    restart_count = _env_int(os.environ, "TORCHELASTIC_RESTART_COUNT", default=0)
+    restart_count = env_int(os.environ, "TORCHELASTIC_RESTART_COUNT", default=0)
     if endpoint is None:
         spec = dataset_from_args(given)
         if spec is None:
@@ -135,21 +132,21 @@ def init(
         return Job(rank=0, world_size=1, restart_count=restart_count, dataset=spec, source=source)
     if not endpoint:
         raise ConfigError(f"{ENV_SUPERVISOR} is set but empty; it must be tcp://HOST:PORT")
-    conn = _connection(os.environ, endpoint, restart_count)
+    conn = connection_from_env(os.environ, endpoint, restart_count)
     name_this_process(
         os.environ.get(ENV_ROLE, "worker"),
         conn.run_id,
         f"{conn.rank}@{restart_count}",
         keep_command=True,
     )
-    world_size = _env_int(os.environ, "WORLD_SIZE", default=None)
+    world_size = env_int(os.environ, "WORLD_SIZE", default=None)
     if world_size < 1 or not 0 <= conn.rank < world_size:
         raise ConfigError(
             f"rank {conn.rank} does not fit WORLD_SIZE={world_size}; "
             "run the script with dtlaunch run, which sets both"
         )
     wanted = dataset_from_args(given)
-    timeout = _env_float(os.environ, ENV_INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT_S)
+    timeout = env_float(os.environ, ENV_INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT_S)
     client = SupervisorClient(conn, prefetch=prefetch)
     try:
         spec = client.negotiate(dataset_info(wanted) if wanted else None, timeout)
@@ -196,9 +193,9 @@ class Job:
             injections=parse_injections(
                 t for t in os.environ.get("DTLAUNCH_INJECT", "").split(";") if t.strip()
             ),
-            job_start_wall=_env_float(os.environ, "DTLAUNCH_JOB_START", 0.0),
+            job_start_wall=env_float(os.environ, "DTLAUNCH_JOB_START", 0.0),
             seed=dataset.seed,
-            report_every_s=_env_float(os.environ, ENV_REPORT_INTERVAL, REPORT_EVERY_S),
+            report_every_s=env_float(os.environ, ENV_REPORT_INTERVAL, REPORT_EVERY_S),
         )
         self._pending_actions: list[AdjustBatchSize | AdjustLR] = []
         self._regroups: list[Regroup] = []  # heard, not yet handed to the elastic group
@@ -207,6 +204,11 @@ class Job:
         self._data_listeners: list[DataWaitListener] = []
         self._dropped = False  # mark_dropped(): the coming step() releases, not acks
         self._global_batch = dataset.global_batch
+        # AntDT-DD (ADJUST_BS from --policy dd): passes per step in force, and the
+        # micro-batches of the current step that bsp_batches() has yet to yield.
+        self._accumulation = 1
+        self._micro_weight = 1.0
+        self._micro_left = 0
         self._closed = False
         self._pid = os.getpid()
         atexit.register(self.close)
@@ -303,6 +305,13 @@ class Job:
         """
         if self._closed:
             raise RuntimeError("Job.step() after Job.close()")
+        if self._micro_left:
+            raise RuntimeError(
+                f"Job.step() with {self._micro_left} micro-batch(es) of this step still to "
+                f"come: the plan in force makes {self._accumulation} passes per step "
+                "(--policy dd); accumulate the gradients and call allreduce_gradients(), "
+                "the optimizer and step() only when job.is_accumulation_boundary is True"
+            )
         dropped, self._dropped = self._dropped, False
         step = self._stream.drop_step() if dropped else self._stream.step()
         due = self._timer.end_step(step, self._stream.batch_size)
@@ -320,7 +329,7 @@ class Job:
     def bsp_batches(self, *, wait: float = 0.05) -> Iterator[list[int]]:
         """Batches for a synchronous (BSP) loop over ``torch.distributed``.
 
-        Every worker yields the same number of times, so collectives stay paired:
+        Every worker closes the same number of steps, so collectives stay paired:
         a worker with no data at the moment yields an empty batch (train nothing,
         still join the allreduce with zero samples and call ``step()``). All stop
         together once the data set is done. With dynamic sharding a plain
@@ -328,6 +337,22 @@ class Job:
         loop while the others wait for it in a collective. This is also where a
         group re-forms around its survivors when a straggler is replaced (see
         ``dtlaunch.runtime.elastic``; needs ``attach()``).
+
+        Under ``--policy dd`` (AntDT-DD) a step is ``accumulation`` passes: this
+        yields up to that many micro-batches per step (fewer when the data runs
+        short). Scale each micro-batch's mean loss by ``micro_batch_weight``
+        before ``backward()``, and communicate and step only when
+        ``is_accumulation_boundary`` is True::
+
+            for batch in job.bsp_batches():
+                loss = loss_fn(model(x[batch]), y[batch]) * job.micro_batch_weight
+                loss.backward()
+                if job.is_accumulation_boundary:
+                    job.allreduce_gradients(model)
+                    optimizer.step(); optimizer.zero_grad(); job.step()
+
+        With one pass per step (every other policy) the weight is 1 and every
+        batch is a boundary, so this loop is also the plain BSP loop.
         """
         from dtlaunch.runtime.collective import agree
 
@@ -341,10 +366,46 @@ class Job:
                 done, gen = agree(batch is None, self._heard_gen())
             if done:
                 return  # every shard is DONE: everyone stops at this same step
-            batch = batch or []
-            if batch:
-                self._timer.batch_taken(len(batch))
+            micro = [batch] if batch else []
+            while micro and len(micro) < self._accumulation:
+                more = self._stream.next_batch(first_wait=wait)
+                if not more:  # the data ran out, or no lease at the moment
+                    break
+                micro.append(more)
+            yield from self._micro_batches(micro)
+
+    def _micro_batches(self, micro: list[list[int]]) -> Iterator[list[int]]:
+        """One step's micro-batches, each with its share of the step's records."""
+        records = sum(len(b) for b in micro)
+        if not micro:
+            self._micro_weight, self._micro_left = 0.0, 0
+            yield []
+            return
+        for i, batch in enumerate(micro):
+            self._micro_weight = len(batch) / records
+            self._micro_left = len(micro) - 1 - i
+            self._timer.batch_taken(len(batch))
             yield batch
+        self._micro_left = 0
+
+    @property
+    def accumulation(self) -> int:
+        """Passes per step in the plan in force (AntDT-DD's ``C_i``; 1 unless ``dd``)."""
+        return self._accumulation
+
+    @property
+    def micro_batch_weight(self) -> float:
+        """The last micro-batch's share of this step's records on this worker:
+        scaling each micro-batch's mean loss by it makes the accumulated gradient
+        this worker's mean over the step (1.0 with one pass per step; 0.0 for
+        the empty batch of a step without data)."""
+        return self._micro_weight
+
+    @property
+    def is_accumulation_boundary(self) -> bool:
+        """The micro-batch ``bsp_batches()`` yielded last is its step's last: time
+        to ``allreduce_gradients()``, step the optimizer and call ``step()``."""
+        return self._micro_left == 0
 
     def attach(self, model: Any, optimizer: Any = None) -> None:
         """Register what a worker that replaces another must receive (the model's
@@ -425,7 +486,7 @@ class Job:
         """
         if not isinstance(self._source, SupervisorClient):
             return planned
-        timeout = _env_float(os.environ, ENV_INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT_S)
+        timeout = env_float(os.environ, ENV_INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT_S)
         return self._source.negotiate_placement(planned, timeout)
 
     @property
@@ -458,6 +519,7 @@ class Job:
                 size = action.size_of(self.rank)
                 if size is not None:
                     self._stream.set_batch_size(size)
+                    self._accumulation = action.accumulation_of(self.rank)
                     self._global_batch = action.global_batch
             else:
                 factor = action.factor_of(self.rank)
@@ -515,55 +577,3 @@ class Job:
             f"local_batch_size={self.local_batch_size}, steps={self.step_count}, "
             f"dataset={self._dataset})"
         )
-
-
-# ------------------------------------------------------------------ helpers
-
-
-def _connection(env: Mapping[str, str], endpoint: str, attempt: int) -> Connection:
-    keys_dir = env.get(ENV_KEYS)
-    run_id = env.get(ENV_RUN_ID)
-    if not keys_dir or not run_id:
-        missing = ENV_KEYS if not keys_dir else ENV_RUN_ID
-        raise ConfigError(
-            f"{ENV_SUPERVISOR} is set but {missing} is not; run the script with dtlaunch run "
-            f"(which sets both), or unset {ENV_SUPERVISOR} to run standalone"
-        )
-    rank_var = ENV_RANK if ENV_RANK in env else "RANK"
-    heartbeat = _env_float(env, ENV_HEARTBEAT, DEFAULT_HEARTBEAT_S)
-    return Connection(
-        endpoint=endpoint,
-        keys=load_peer_keys(Path(keys_dir)),
-        run_id=run_id,
-        rank=_env_int(env, rank_var, default=None),
-        attempt=attempt,
-        heartbeat_interval=heartbeat,
-    )
-
-
-def _env_int(env: Mapping[str, str], name: str, *, default: int | None) -> int:
-    raw = env.get(name)
-    if raw is None:
-        if default is None:
-            raise ConfigError(f"{name} is not set; run the script with dtlaunch run")
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not an integer") from None
-    if value < 0:
-        raise ConfigError(f"{name}={raw!r} must be 0 or more")
-    return value
-
-
-def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
-    if not value > 0:
-        raise ConfigError(f"{name}={raw!r} must be more than 0 seconds")
-    return value

@@ -22,13 +22,13 @@ import sys
 
 from dtlaunch.errors import DtlaunchError
 from dtlaunch.runtime.client import SupervisorClient
-from dtlaunch.runtime.context import (
+from dtlaunch.runtime.environ import (
     DEFAULT_INIT_TIMEOUT_S,
     ENV_INIT_TIMEOUT,
     ENV_SUPERVISOR,
-    _connection,
-    _env_float,
-    _env_int,
+    connection_from_env,
+    env_float,
+    env_int,
 )
 
 __all__ = ["main"]
@@ -55,9 +55,9 @@ def _wait_for_the_group() -> None:
     endpoint = os.environ.get(ENV_SUPERVISOR, "")
     if not endpoint:
         raise DtlaunchError(f"{ENV_SUPERVISOR} is not set: this wrapper is started by dtlaunch")
-    attempt = _env_int(os.environ, "TORCHELASTIC_RESTART_COUNT", default=0)
-    conn = _connection(os.environ, endpoint, attempt)
-    timeout = _env_float(os.environ, ENV_INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT_S)
+    attempt = env_int(os.environ, "TORCHELASTIC_RESTART_COUNT", default=0)
+    conn = connection_from_env(os.environ, endpoint, attempt)
+    timeout = env_float(os.environ, ENV_INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT_S)
     client = SupervisorClient(conn, prefetch=0, joining=True)
     try:
         go = client.wait_regroup_go(0, timeout)

@@ -22,7 +22,7 @@ from dtlaunch.events import EventRecorder, JsonlEventLog
 from dtlaunch.hostfile import HostSpec
 from dtlaunch.sshconn import SshOptions
 from dtlaunch.supervisor.agents import AgentStarter
-from dtlaunch.supervisor.control import Controller
+from dtlaunch.supervisor.control import Controller, host_device
 from dtlaunch.supervisor.control.policies import parse_policy
 from dtlaunch.supervisor.dds import DdsService
 from dtlaunch.supervisor.environment import LaunchContext, build_spawn, builtin_ps
@@ -258,7 +258,12 @@ def _controller(spec: JobSpec, hosts: list[HostSpec]) -> Controller | None:
     if policy.name == "none":
         return None
     spare = [h.label for h in hosts if h.spare]
-    return Controller(policy, interval=spec.control_interval, spare_hosts=spare)
+    return Controller(
+        policy,
+        interval=spec.control_interval,
+        spare_hosts=spare,
+        host_devices={h.label: host_device(h) for h in hosts},
+    )
 
 
 # From KILL_RESTART to the survivors' store: they act at their next step.

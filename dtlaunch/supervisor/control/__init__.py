@@ -12,6 +12,6 @@ Everything but ``loop`` is I/O-free and tested with a fake clock. A policy
 written outside dtlaunch imports its types from ``dtlaunch.policy``.
 """
 
-from dtlaunch.supervisor.control.controller import Controller
+from dtlaunch.supervisor.control.controller import Controller, host_device
 
-__all__ = ["Controller"]
+__all__ = ["Controller", "host_device"]

@@ -27,11 +27,17 @@ class Action:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AdjustBatchSize(Action):
-    """Set each worker's local batch size (rank -> size) from ``apply_at_step`` on."""
+    """Set each worker's local batch size (rank -> size) from ``apply_at_step`` on.
+
+    ``accumulations`` (rank -> passes per step, AntDT-DD's ``C_i``) is given only
+    by ``dd``; a rank not in it makes one pass. A step then trains
+    ``accumulations[r] x sizes[r]`` records of worker ``r``.
+    """
 
     NAME: ClassVar[str] = "ADJUST_BS"
     sizes: dict[int, int]
     apply_at_step: int
+    accumulations: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

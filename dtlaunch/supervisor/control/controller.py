@@ -7,7 +7,9 @@ actions out and records each decision, with what it saw, as an event.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 
+from dtlaunch.hostfile import HostSpec
 from dtlaunch.supervisor.control.actions import (
     Action,
     AdjustBatchSize,
@@ -15,13 +17,32 @@ from dtlaunch.supervisor.control.actions import (
     NoAction,
     action_name,
 )
+from dtlaunch.supervisor.control.monitor import WorkerDevice
 from dtlaunch.supervisor.control.policies import monitor_for
 from dtlaunch.supervisor.control.policies.base import Policy
 from dtlaunch.wire.messages import PsUpdate, StepReport
 
 
+def host_device(host: HostSpec) -> WorkerDevice:
+    """The device a hostfile line declares (``class=``, ``bmin=``, ``bmax=``)."""
+    return WorkerDevice(
+        host=host.label,
+        device_class=host.device_class,
+        min_batch=host.min_batch,
+        max_batch=host.max_batch,
+    )
+
+
 class Controller:
-    def __init__(self, policy: Policy, *, interval: float, spare_hosts: list[str]) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        interval: float,
+        spare_hosts: list[str],
+        host_devices: Mapping[str, WorkerDevice] | None = None,
+    ) -> None:
+        """``host_devices``: host -> its device as the hostfile declares it."""
         self.policy = policy
         self.interval = interval
         self.monitor = monitor_for(policy)
@@ -31,6 +52,8 @@ class Controller:
         # The one copy: policies see it in their snapshot, a restarted worker or a
         # regroup's newcomer is given its rank's share of it.
         self.batch_plan: dict[int, int] = {}
+        # rank -> passes per step of the last ADJUST_BS that set them (dd); absent: 1
+        self.accumulation_plan: dict[int, int] = {}
         self._next_decision = 0.0
         self._restarting: set[tuple[str, int]] = set()
         self._moving: set[int] = set()  # servers in a live move (ps_servers)
@@ -40,6 +63,8 @@ class Controller:
         self._replaced: set[int] = set()  # ranks whose old process has ended
         self.restart_cost_s: float | None = None  # workers
         self.server_restart_cost_s: float | None = None  # servers: a move costs another price
+        self._host_devices = dict(host_devices or {})
+        self._worker_hosts: dict[int, str] = {}  # rank -> host it runs on, as last told
 
     def observe(self, rank: int, reports: list[StepReport], now: float) -> None:
         """Feed a worker's step reports (idle ones too: the Monitor knows which
@@ -111,17 +136,21 @@ class Controller:
         *,
         remaining_steps: int | None,
         free_spare_hosts: list[str] | None = None,
+        worker_hosts: Mapping[int, str] | None = None,
     ) -> list[Action]:
         """The policy's actions when a decision is due, else nothing.
 
         ``free_spare_hosts``: the spare hosts with nothing running now (None: keep
         the list given at construction, e.g. when re-deciding offline).
+        ``worker_hosts``: rank -> the host each worker runs on now (None: as last told).
         """
         if now < self._next_decision:
             return []
         self._next_decision = now + self.interval
         if free_spare_hosts is not None:
             self.monitor.set_spare_capacity(len(free_spare_hosts), hosts=free_spare_hosts)
+        if worker_hosts is not None:
+            self._worker_hosts = dict(worker_hosts)
         snap = self.monitor.snapshot(
             now,
             remaining_steps=remaining_steps,
@@ -129,14 +158,25 @@ class Controller:
             restart_cost_s=self.restart_cost_s,
             server_restart_cost_s=self.server_restart_cost_s,
             batch_plan=self.batch_plan,
+            accumulation_plan=self.accumulation_plan,
+            devices=self._devices(),
         )
         actions = [a for a in self.policy.decide(snap) if not isinstance(a, NoAction)]
         for action in actions:
             self.counts[action_name(action)] += 1
             if isinstance(action, AdjustBatchSize):
                 self.batch_plan.update(action.sizes)
+                for rank in action.sizes:
+                    self.accumulation_plan[rank] = action.accumulations.get(rank, 1)
             if isinstance(action, KillRestart):
                 self._restarting.add((action.role, action.rank))
                 if action.role == "worker":
                     self._restart_began[action.rank] = now
         return actions
+
+    def _devices(self) -> dict[int, WorkerDevice]:
+        """rank -> the device of the host it runs on (a bare host when undeclared)."""
+        return {
+            rank: self._host_devices.get(host) or WorkerDevice(host=host)
+            for rank, host in sorted(self._worker_hosts.items())
+        }

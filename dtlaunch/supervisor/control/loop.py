@@ -60,7 +60,10 @@ def to_message(action: AdjustBatchSize | AdjustLR) -> wire.AdjustBatchSize | wir
     plan, without the decision's reason and inputs (those go to the event log)."""
     if isinstance(action, AdjustBatchSize):
         return wire.AdjustBatchSize(
-            sizes=[wire.RankBatch(rank=r, batch_size=b) for r, b in sorted(action.sizes.items())],
+            sizes=[
+                wire.RankBatch(rank=r, batch_size=b, accumulation=action.accumulations.get(r, 1))
+                for r, b in sorted(action.sizes.items())
+            ],
             apply_at_step=action.apply_at_step,
         )
     return wire.AdjustLR(
@@ -230,7 +233,11 @@ class ControlLoop:
             return
         plan = self.controller.batch_plan
         if rank in plan:
-            in_force = AdjustBatchSize(sizes=dict(plan), apply_at_step=0)
+            in_force = AdjustBatchSize(
+                sizes=dict(plan),
+                apply_at_step=0,
+                accumulations=dict(self.controller.accumulation_plan),
+            )
             await self._send_to_worker(rank, to_message(in_force))
 
     # ------------------------------------------------------------- decisions
@@ -254,6 +261,7 @@ class ControlLoop:
             now,
             remaining_steps=self._remaining_steps(),
             free_spare_hosts=self._targets.state.free_spare_hosts(),
+            worker_hosts=self._targets.state.worker_hosts(),
         )
         for action in decided:
             self._recorder.emit(

@@ -113,6 +113,16 @@ class NodeInfo:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerDevice:
+    """The device a worker runs on, as its host's hostfile line declares it."""
+
+    host: str
+    device_class: str | None = None  # class=NAME (None: not declared; dd infers it)
+    min_batch: int | None = None  # bmin=: the saturation batch
+    max_batch: int | None = None  # bmax=: the largest batch the device's memory holds
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MonitorSnapshot:
     """Everything a policy may look at, frozen at ``now``.
 
@@ -146,6 +156,10 @@ class MonitorSnapshot:
     # by the Controller: workers that do not step together report old and new sizes
     # at the same moment, so the plan, not the reports, says what the split is.
     batch_plan: dict[int, int] = dataclasses.field(default_factory=dict)
+    # rank -> passes per step (AntDT-DD's C_i) in the plan in force; absent: 1
+    accumulation_plan: dict[int, int] = dataclasses.field(default_factory=dict)
+    # rank -> the device the worker runs on now (empty when the caller knows no hosts)
+    devices: dict[int, WorkerDevice] = dataclasses.field(default_factory=dict)
 
 
 class Monitor:
@@ -255,6 +269,8 @@ class Monitor:
         server_restart_cost_s: float | None = None,
         restart_pending: bool = False,
         batch_plan: dict[int, int] | None = None,
+        accumulation_plan: dict[int, int] | None = None,
+        devices: dict[int, WorkerDevice] | None = None,
     ) -> MonitorSnapshot:
         """Aggregate the windows ending at ``now`` (see module doc)."""
         for w in self._workers.values():
@@ -308,6 +324,8 @@ class Monitor:
             server_restart_cost_s=server_restart_cost_s,
             restart_pending=restart_pending,
             batch_plan=dict(batch_plan or {}),
+            accumulation_plan=dict(accumulation_plan or {}),
+            devices=dict(devices or {}),
         )
 
     def _prune(self, window: deque[_WorkerReport] | deque[_ServerReport], now: float) -> None:

@@ -1221,6 +1221,13 @@ class JobState:
         up = {h for h, a in self.agents.items() if a.state is AgentState.UP}
         return [h for h in self.spare_hosts if h not in busy and h in up]
 
+    def worker_hosts(self) -> dict[int, str]:
+        """rank -> the host each worker runs on (or will run on next), for the
+        policies that plan by device (AntDT-DD, bmax= bounds)."""
+        return {
+            s.rank: s.next_host or s.host for s in self.procs.values() if s.role == "worker"
+        }
+
     def free_spare(self, preferred: str | None) -> str | None:
         """Where a KILL_RESTART should go: ``preferred`` if it is a spare host with
         nothing running, else the first such spare host; None (its own host) when

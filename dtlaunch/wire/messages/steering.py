@@ -63,10 +63,13 @@ class StepReports(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankBatch(Record):
-    """One worker's local batch size in an ``AdjustBatchSize`` plan."""
+    """One worker's share of an ``AdjustBatchSize`` plan: ``accumulation`` passes
+    of ``batch_size`` records per step (AntDT-DD's ``C_i`` and ``B_i``; 1 pass
+    for every policy but ``dd``)."""
 
     rank: int
     batch_size: int
+    accumulation: int = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,13 +86,17 @@ class AdjustBatchSize(Message):
     apply_at_step: int
 
     def size_of(self, rank: int) -> int | None:
-        """``rank``'s local batch size in this plan; None when it is not in it."""
+        """``rank``'s local (micro-)batch size in this plan; None when it is not in it."""
         return next((s.batch_size for s in self.sizes if s.rank == rank), None)
+
+    def accumulation_of(self, rank: int) -> int:
+        """``rank``'s passes per step in this plan (1 when it is not in it)."""
+        return next((s.accumulation for s in self.sizes if s.rank == rank), 1)
 
     @property
     def global_batch(self) -> int:
-        """The sum of the plan's local sizes, for the weighted gradient average."""
-        return sum(s.batch_size for s in self.sizes)
+        """The records of one step over all workers: each local batch times its passes."""
+        return sum(s.batch_size * s.accumulation for s in self.sizes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

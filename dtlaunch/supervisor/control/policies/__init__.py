@@ -2,7 +2,7 @@
 
 ``--policy`` text forms::
 
-    none | lb-bsp | nd | backup              a built-in with its defaults
+    none | lb-bsp | nd | backup | dd         a built-in with its defaults
     nd:lambda=1.5,l_trans=30,l_per=120       a built-in with parameters
     pkg.mod:MyPolicy[:k=v,...]               a user's class, imported from pkg.mod
 
@@ -30,6 +30,7 @@ from dtlaunch.supervisor.control.policies.base import (
     DEFAULT_LAMBDA,
     Policy,
 )
+from dtlaunch.supervisor.control.policies.dd import DdPolicy
 from dtlaunch.supervisor.control.policies.lb_bsp import LbBspPolicy
 from dtlaunch.supervisor.control.policies.nd import NdPolicy
 from dtlaunch.supervisor.control.policies.none import NonePolicy
@@ -37,6 +38,7 @@ from dtlaunch.supervisor.control.policies.none import NonePolicy
 __all__ = [
     "BUILTIN_POLICIES",
     "BackupPolicy",
+    "DdPolicy",
     "ExternalPolicy",
     "LbBspPolicy",
     "NdPolicy",
@@ -51,6 +53,7 @@ BUILTIN_POLICIES: dict[str, Callable[[dict[str, str]], Policy]] = {
     "lb-bsp": LbBspPolicy,
     "nd": NdPolicy,
     "backup": BackupPolicy,
+    "dd": DdPolicy,
 }
 
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")

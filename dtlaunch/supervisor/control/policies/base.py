@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from dtlaunch.errors import ConfigError
 from dtlaunch.solvers.batch import InfeasibleError, solve_batch_sizes
+from dtlaunch.solvers.dd import solve_dd_workers
 from dtlaunch.supervisor.control.actions import Action, AdjustBatchSize
 from dtlaunch.supervisor.control.monitor import MonitorSnapshot, WindowStats
 
@@ -169,8 +170,10 @@ class Balancer:
         # sizes (workers without a BSP barrier) would let the global batch drift.
         current = [snap.batch_plan.get(r, snap.workers[r].batch_size) for r in ranks]
         total = sum(current)
+        # bmax= in the hostfile: the largest batch a device's memory holds (hard)
+        limits = [d.max_batch if (d := snap.devices.get(r)) else None for r in ranks]
         try:
-            sizes, v = self._solve(models, current)
+            sizes, v = self._solve(models, current, limits)
         except InfeasibleError as err:
             return f"no feasible batch split: {err}"
         now_ms, best_ms = _makespan(models, current), _makespan(models, sizes)
@@ -191,6 +194,7 @@ class Balancer:
             "solver_sizes": dict(zip(ranks, sizes, strict=True)),
             "global_batch": total,
             "min_batch": self.min_batch,
+            **({"max_batch": dict(zip(ranks, limits, strict=True))} if any(limits) else {}),
             "makespan_current_s": now_ms,
             "makespan_optimal_s": best_ms,
             "margin": self.margin,
@@ -210,9 +214,16 @@ class Balancer:
         )
 
     def _solve(
-        self, models: list[tuple[float, float]], current: list[int]
+        self,
+        models: list[tuple[float, float]],
+        current: list[int],
+        limits: list[int | None],
     ) -> tuple[list[int], list[float]]:
         """Eq. 3 over each worker's step line ``T(B) = fixed + per_sample x B``.
+
+        ``limits``: each worker's largest batch (``bmax=``; None: unbounded). With
+        any limit, eq. 3 is eq. 4 with one pass per step, which the AntDT-DD
+        solver solves exactly with per-worker upper bounds.
 
         The exact solver balances ``B / v``; a line with a fixed part makes ``v``
         depend on ``B``. So solve with ``v`` at the current sizes, re-evaluate
@@ -226,7 +237,7 @@ class Balancer:
         for _ in range(MAX_PLAN_ROUNDS):
             rates = [_rate(m, b) for m, b in zip(models, sizes, strict=True)]
             v = within_tolerance(rates, self.tolerance)
-            plan = solve_batch_sizes(v, total, self.min_batch)
+            plan = self._split(v, total, limits)
             span = _makespan(models, plan)
             if best is None or span < best[0]:
                 best = (span, plan, v)
@@ -235,6 +246,15 @@ class Balancer:
             sizes = plan
         assert best is not None  # MAX_PLAN_ROUNDS >= 1
         return best[1], best[2]
+
+    def _split(self, v: list[float], total: int, limits: list[int | None]) -> list[int]:
+        if not any(limits):
+            return solve_batch_sizes(v, total, self.min_batch)
+        highs = [max(limit or total, self.min_batch) for limit in limits]
+        plan = solve_dd_workers(
+            v, self.min_batch, highs, total, min_accumulation=1, max_accumulation=1
+        )
+        return list(plan.batch_sizes)
 
 
 MAX_PLAN_ROUNDS = 8
