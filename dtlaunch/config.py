@@ -201,6 +201,11 @@ class JobSpec:
             )
         if self.control_interval <= 0:
             raise ConfigError(f"--control-interval must be positive, got {self.control_interval}")
+        if self.mode == "ps" and self.policy.partition(":")[0].strip() == "dd":
+            raise ConfigError(
+                "--policy dd plans gradient accumulation for allreduce jobs (job.bsp_batches); "
+                "a parameter-server job has no accumulation passes: use --policy lb-bsp or nd"
+            )
         if self.dead_after < 2:
             raise ConfigError(f"--dead-after must be at least 2 intervals, got {self.dead_after}")
         if self.orphan_timeout < self.heartbeat_interval * self.dead_after:

@@ -144,3 +144,13 @@ def test_hostfile_device_bounds_are_checked_per_line_and_per_class():
     assert "<hostfile>:2:1: class=v has bmax=32 here but bmax=64 on line 1" in text
     assert "<hostfile>:3:8: bmin=9 exceeds bmax=3" in text
     assert "<hostfile>:4:8: bmax 0 is out of range" in text
+
+
+def test_dd_in_a_parameter_server_job_is_refused_with_the_alternatives(tmp_path):
+    from dtlaunch.config import JobSpec
+
+    spec = JobSpec(run_id="r", run_dir=tmp_path, script="t.py", workers=2, servers=1,
+                   mode="ps", policy="dd:cmax=3")  # fmt: skip
+    with pytest.raises(ConfigError, match="use --policy lb-bsp or nd"):
+        spec.validate()
+    JobSpec(run_id="r", run_dir=tmp_path, script="t.py", workers=2, policy="dd").validate()

@@ -246,3 +246,33 @@ def test_events_of_the_real_run_feed_the_what_if_in_process(recorded_run: Path) 
     result = what_if(evs, "lb-bsp:l_trans=2", control_interval=0.5, tick_s=0.5)
     assert result.skipped_reports == 0 and result.decisions >= 4
     assert result.would and result.would[0].action == "ADJUST_BS"
+
+
+def test_replay_with_dd_plans_by_the_hostfile_classes_of_the_recorded_hosts() -> None:
+    """``replay --policy dd`` knows each worker's host from its spawn event and
+    the host's class and bounds from job.json, as the live supervisor does."""
+    from dtlaunch.cli.replay import _host_devices
+
+    hosts = {0: "v1", 1: "v2", 2: "p1"}
+    evs = [_ev("job_start", 0.0)]
+    evs += [Event(kind="spawn", mono=0.05, wall=1000.05, role="worker", rank=r, host=h, data={})
+            for r, h in hosts.items()]  # fmt: skip
+    evs += [_ev("running", 0.1, "worker", r) for r in hosts]
+    for rank in hosts:
+        bpt = 0.64 if rank == 2 else 0.4  # 64 records: v100 160/s, p100 100/s
+        for step in range(1, 12):
+            t = round(0.2 + step * 0.64, 6)
+            evs.append(_ev("reports", t, "worker", rank, step=[step], batch_size=[64],
+                           compute_s=[bpt], comm_s=[0.0], samples=[64], injected_s=[0.0],
+                           t=[t]))  # fmt: skip
+    evs.sort(key=lambda e: e.wall)
+    job = {"hosts": [{"label": "v1", "device_class": "v100", "max_batch": 66},
+                     {"label": "v2", "device_class": "v100", "max_batch": 66},
+                     {"label": "p1", "device_class": "p100", "max_batch": 66}]}  # fmt: skip
+    result = _run(evs, "dd:l_trans=5,l_per=10,profile=3", host_devices=_host_devices(job))
+    [plan] = [a for a in result.would if a.action == "ADJUST_BS"]
+    sizes = {int(k): v for k, v in plan.fields["sizes"].items()}
+    passes = {int(k): v for k, v in plan.fields["accumulations"].items()}
+    assert max(sizes.values()) <= 66 and passes[0] == passes[1] > 1  # v100s accumulate
+    assert sum(sizes[r] * passes[r] for r in hosts) == 192
+    assert "p100" in plan.reason and "v100" in plan.reason  # declared, not inferred

@@ -8,7 +8,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console, RenderableType
@@ -24,6 +24,9 @@ from dtlaunch.ui.timeline import (
     render_timeline,
     to_plain,
 )
+
+if TYPE_CHECKING:
+    from dtlaunch.policy import WorkerDevice
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +197,27 @@ def _plot(run_dir: Path, events: list[Event], path: Path) -> None:
     )
 
 
+def _host_devices(job: dict[str, Any]) -> dict[str, WorkerDevice]:
+    """host -> its device as the run's hostfile declared it (for ``dd``, ``bmax=``)."""
+    from dtlaunch.policy import WorkerDevice
+
+    devices: dict[str, WorkerDevice] = {}
+    for host in job.get("hosts") or []:
+        if not isinstance(host, dict) or not isinstance(host.get("label"), str):
+            continue
+        bounds = {k: host.get(k) for k in ("min_batch", "max_batch")}
+        devices[host["label"]] = WorkerDevice(
+            host=host["label"],
+            device_class=_text_or_none(host.get("device_class")),
+            **{k: v if isinstance(v, int) and v > 0 else None for k, v in bounds.items()},
+        )
+    return devices
+
+
+def _text_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 def _what_if(run_dir: Path, events: list[Event], policy: str, *, as_json: bool) -> None:
     from dtlaunch.ui.whatif import initial_remaining_steps, render_what_if, what_if
 
@@ -214,6 +238,7 @@ def _what_if(run_dir: Path, events: list[Event], policy: str, *, as_json: bool) 
             recorded_policy=str(job.get("policy", "")),
             spare_hosts=spare,
             initial_remaining=initial_remaining_steps(dataset),
+            host_devices=_host_devices(job),
         )
     except (ConfigError, ValueError) as err:
         raise fail(str(err)) from None
@@ -227,9 +252,7 @@ def replay(
     run_dir: Annotated[Path, typer.Argument(help="Run directory of the job (runs/<run-id>).")],
     follow: Annotated[
         bool,
-        typer.Option(
-            "--follow", "-f", help="Keep printing events as a running job writes them."
-        ),
+        typer.Option("--follow", "-f", help="Keep printing events as a running job writes them."),
     ] = False,
     as_json: Annotated[
         bool,

@@ -127,7 +127,8 @@ PolicyOption = Annotated[
     typer.Option(
         envvar="DTLAUNCH_POLICY",
         help="Straggler policy: none | lb-bsp | nd[:lambda=1.5,l_trans=60,l_per=300] "
-        "| backup[:b=1] (PS mode) | module:Class[:k=v].",
+        "| backup[:b=1] (PS mode) | dd[:cmin=1,cmax=5] (mixed devices: micro-batch and "
+        "gradient accumulation per hostfile class=) | module:Class[:k=v].",
     ),
 ]
 ControlIntervalOption = Annotated[

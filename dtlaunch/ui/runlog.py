@@ -88,6 +88,7 @@ class RecordedRun:
     policy: str  # from the decisions ("" when none was taken)
     malformed: int = 0  # reports events whose columns did not fit together
     workers: list[int] = field(default_factory=list)
+    worker_hosts: dict[int, str] = field(default_factory=dict)  # rank -> host of its last spawn
 
     def steps_of(self, rank: int) -> list[StepRow]:
         return [s for s in self.steps if s.rank == rank]
@@ -155,6 +156,7 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
     shards: list[ShardsRow] = []
     ends: list[tuple[float, int]] = []
     first_running: float | None = None
+    worker_hosts: dict[int, str] = {}
     policy = ""
     malformed = 0
     end = 0.0
@@ -196,6 +198,8 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
             ends.append((at, event.rank))
         elif event.kind == "running" and event.role == "worker" and first_running is None:
             first_running = at
+        if event.kind in ("spawn", "adopted") and event.role == "worker" and event.host:
+            worker_hosts[event.rank] = event.host
     steps.sort(key=lambda r: r.at_s)
     workers = sorted({s.rank for s in steps} | {s.rank for s in shards})
     return RecordedRun(
@@ -208,4 +212,5 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
         policy=policy,
         malformed=malformed,
         workers=workers,
+        worker_hosts=worker_hosts,
     )

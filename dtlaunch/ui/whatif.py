@@ -21,7 +21,7 @@ so one knob can be tuned at a time.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from rich.text import Text
 from dtlaunch.events import Event
 from dtlaunch.supervisor.control.actions import Action, action_fields
 from dtlaunch.supervisor.control.controller import Controller
+from dtlaunch.supervisor.control.monitor import WorkerDevice
 from dtlaunch.supervisor.control.policies import BUILTIN_POLICIES, parse_policy
 from dtlaunch.ui.runlog import ActionRow, RecordedRun, StepRow, read_run
 from dtlaunch.ui.timeline import format_elapsed
@@ -143,6 +144,7 @@ def what_if(
     recorded_policy: str = "",
     spare_hosts: list[str] | None = None,
     initial_remaining: int | None = None,
+    host_devices: Mapping[str, WorkerDevice] | None = None,
 ) -> WhatIf:
     """Re-run ``policy_text`` over a run's recorded reports (see module doc).
 
@@ -156,7 +158,12 @@ def what_if(
     recorded_policy = recorded_policy or run.policy
     policy_text = inherit_params(policy_text, recorded_policy)
     policy = parse_policy(policy_text)
-    controller = Controller(policy, interval=control_interval, spare_hosts=spare_hosts or [])
+    controller = Controller(
+        policy,
+        interval=control_interval,
+        spare_hosts=spare_hosts or [],
+        host_devices=host_devices,
+    )
     would, decisions, skipped = _simulate(run, controller, tick_s, initial_remaining)
     return WhatIf(
         policy=policy_text,
@@ -193,7 +200,10 @@ def _simulate(
             if at >= next_due:
                 next_due = at + controller.interval
                 decisions += 1
-            for action in controller.decide(at, remaining_steps=remaining):
+            decided = controller.decide(
+                at, remaining_steps=remaining, worker_hosts=run.worker_hosts or None
+            )
+            for action in decided:
                 would.append(_from_action(action, at))
             continue
         what, key, rows = item

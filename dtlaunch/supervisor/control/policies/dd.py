@@ -26,7 +26,12 @@ passes and ``allreduce_gradients`` weights them).
 
 Parameters: ``l_trans l_per lambda`` (windows; lambda unused), ``cmin`` (1),
 ``cmax`` (5), ``margin``, ``apply_after`` (steps after the latest reported step,
-default 10), ``profile``, ``change``, ``tolerance``, ``min_batch``.
+default 3), ``profile``, ``change``, ``tolerance``, ``min_batch``.
+
+``apply_after`` is shorter than ``lb-bsp``'s 10: every step of the profiling
+phase and of the lead time runs at the equal split's pace, and a plan that
+reaches a worker a step late costs nothing but that step's exact global batch
+(the passes are local; the collectives per step stay the same).
 """
 
 from __future__ import annotations
@@ -41,7 +46,6 @@ from dtlaunch.solvers.dd import DeviceClass, solve_dd
 from dtlaunch.supervisor.control.actions import Action, AdjustBatchSize, NoAction
 from dtlaunch.supervisor.control.monitor import MonitorSnapshot
 from dtlaunch.supervisor.control.policies.base import (
-    DEFAULT_APPLY_AFTER,
     DEFAULT_MARGIN,
     ParamReader,
     read_windows,
@@ -51,6 +55,7 @@ from dtlaunch.supervisor.control.policies.base import (
 DEFAULT_PROFILE_STEPS = 5
 DEFAULT_CHANGE = 0.1  # a class's speed moved this much: the plan is re-decided
 DEFAULT_CLASS_TOLERANCE = 0.1  # undeclared workers this close in speed form one class
+DEFAULT_DD_APPLY_AFTER = 3  # steps of lead time (see the module doc)
 MAX_ACCUMULATION = 64  # passes per step; more is a typo (AntDT uses up to 5)
 
 
@@ -77,7 +82,7 @@ class DdPolicy:
         self.min_accumulation = reader.integer("cmin", 1, low=1)
         self.max_accumulation = reader.integer("cmax", 5, low=1)
         self.margin = reader.number("margin", DEFAULT_MARGIN, low=0.0)
-        self.apply_after = reader.integer("apply_after", DEFAULT_APPLY_AFTER, low=1)
+        self.apply_after = reader.integer("apply_after", DEFAULT_DD_APPLY_AFTER, low=1)
         self.profile_steps = reader.integer("profile", DEFAULT_PROFILE_STEPS, low=1)
         self.change = reader.number("change", DEFAULT_CHANGE, low=0.0)
         self.tolerance = reader.number("tolerance", DEFAULT_CLASS_TOLERANCE, low=0.0)
