@@ -281,3 +281,44 @@ def test_a_prewarmed_replacement_is_announced_when_ready_and_told_where_to_join(
         0,
     )
     assert coord.pending is not None and coord.pending.announced_at == 3.0
+
+
+@pytest.mark.integration
+def test_the_data_ending_before_a_prewarmed_replacement_joins_ends_the_job_at_once(sshd, tmp_path):
+    """A KILL_RESTART onto the spare host at 80 % of the work: the group finishes
+    the data while the replacement still imports torch. The replacement is stopped
+    and the regroup cancelled; before, the job waited for the regroup timeout,
+    restarted the newcomer into a group that was gone and lost minutes."""
+    import time
+
+    from tests.jobs import hostfile
+
+    a0, a1, a2 = sshd.addresses
+    hosts = hostfile(sshd, tmp_path / "hosts", [f"{a0} slots=2", f"{a1} slots=1", f"{a2} spare"])
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    run_dir = tmp_path / "run"
+    args = [
+        "run", "-H", str(hosts), "--workers", "3", "--run-dir", str(run_dir),
+        "--dataset-size", "900", "--shard-size", "30", "--global-batch", "30",
+        "--policy", "tests.scripts.failover_policy:Scripted:worker=2,worker_at=0.8,server_at=2",
+        "--control-interval", "0.2", "--output", "0",
+        str(SCRIPTS / "elastic_worker.py"), str(ledger), "0.05",
+    ]  # fmt: skip
+    # The last 6 steps take ~0.4 s: two decisions see 80 % done, and the
+    # replacement needs longer than that to import torch (over 1 s, idle).
+    started = time.monotonic()
+    result = run(args, env=sshd.env(), timeout=120.0, cwd=REPO)
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stdout + result.stderr
+    log = events(run_dir)
+    assert [e["kind"] for e in log if e["kind"] == "kill_restart"] == ["kill_restart"]
+    [stopped] = [e for e in log if e["kind"] == "replacement_stopped"]
+    assert stopped["rank"] == 2 and stopped["host"] == a2
+    assert [e["phase"] for e in log if e["kind"] == "regroup"] == ["prewarm", "cancelled"]
+    # one restart: the replacement started ahead on the spare; none after (no plain
+    # restart of the rank, no group restart)
+    [restart] = [e for e in log if e["kind"] == "restart"]
+    assert restart["rank"] == 2 and "KILL_RESTART" in restart["reason"]
+    assert summary(run_dir)["status"] == "succeeded"
+    assert took < 50, f"the job took {took:.0f} s: it waited for the regroup timeout (60 s)"

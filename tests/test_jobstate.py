@@ -612,3 +612,43 @@ def test_an_agent_seen_to_die_took_its_processes_along_and_nothing_is_recorded_a
     state.agent_exited("h1", 1.0, definite=True, detail="killed by SIGKILL")
     out = state.agent_hello("h1", 3.0, free_ports=[9000], host_addr="", procs=[], pid=4242)
     assert events(out, "fenced") == []
+
+
+def test_a_replacement_whose_predecessor_finished_the_data_is_stopped_and_counts_as_done():
+    """Found under load (make test): nd moved a straggler to the spare host, but the
+    group reached the end of the data while the replacement still imported torch.
+    The old worker exited 0 with the others; the replacement waited for a group
+    that was gone, the regroup timed out, and the job lost minutes to restarts
+    and the stall bound. Now the replacement is stopped and the job succeeds."""
+    hosts = [*HOSTS, HostSpec(label="s0", hostname="127.0.0.9", slots=1, spare=True)]
+    state = make_state(workers=3, scope="process", hosts=hosts, spare_hosts=("s0",))
+    bring_up(state)
+    state.agent_hello("s0", 0.3, free_ports=[5000, 5001], host_addr="", procs=[])
+    out = state.replace_prewarmed(1, "s0", "persistent straggler", 1.0)
+    [spawn] = sent(out, Spawn)
+    assert (spawn.proc_id, spawn.attempt, state.procs["worker-1"].host) == ("worker-1", 1, "s0")
+    state.spawned("s0", "worker-1", 1, 300, 1.1)
+    for rank in (0, 2):
+        state.exited(f"h{rank}", exited(f"worker-{rank}", 0, code=0), 2.0)
+    out = state.exited("h1", exited("worker-1", 0, code=0), 2.0)  # the old attempt, by itself
+    [stopped] = events(out, "replacement_stopped")
+    assert "finished the data before the hand-over" in stopped.data["reason"]
+    [kill] = sent(out, Kill)
+    assert (kill.proc_id, kill.attempt) == ("worker-1", 1)  # the replacement, on s0
+    assert state.phase is Phase.RUNNING
+    out = state.exited("s0", exited("worker-1", 1, sig=signal.SIGTERM, requested=True), 2.5)
+    assert state.phase is Phase.STOPPING and state.status == "succeeded"
+    assert state.failures == []
+
+
+def test_a_retired_worker_stopped_for_the_hand_over_does_not_stop_its_replacement():
+    hosts = [*HOSTS, HostSpec(label="s0", hostname="127.0.0.9", slots=1, spare=True)]
+    state = make_state(workers=3, scope="process", hosts=hosts, spare_hosts=("s0",))
+    bring_up(state)
+    state.agent_hello("s0", 0.3, free_ports=[5000, 5001], host_addr="", procs=[])
+    state.replace_prewarmed(1, "s0", "persistent straggler", 1.0)
+    state.spawned("s0", "worker-1", 1, 300, 1.1)
+    state.retire("worker-1")
+    out = state.exited("h1", exited("worker-1", 0, code=0, requested=True), 2.0)
+    assert events(out, "replacement_stopped") == [] and sent(out, Kill) == []
+    assert state.procs["worker-1"].state is ProcState.RUNNING

@@ -741,8 +741,11 @@ class JobState:
                     data={"exit_code": msg.exit_code, "signal": msg.signal, "retired": True},
                 )
             ]
-            # A retired server handed its blocks over before it was stopped.
-            return [*retired, WorkerGone(rank=int(rank))] if role == "worker" else retired
+            if role != "worker":
+                return retired  # a retired server handed its blocks over before it stopped
+            if msg.exit_code == 0 and not msg.requested:
+                retired += self._finished_before_hand_over(int(rank), now)
+            return [*retired, WorkerGone(rank=int(rank))]
         slot = self.procs.get(msg.proc_id)
         if slot is None or slot.attempt != msg.attempt or slot.state not in LIVE_PROC_STATES:
             return []
@@ -766,6 +769,10 @@ class JobState:
         ]
         slot.unresponsive = False
         out += self._gone(slot)
+        if slot.finished_by_predecessor:
+            slot.finished_by_predecessor = False
+            slot.state = ProcState.SUCCEEDED
+            return out + self._maybe_complete(now)
         if slot.stalled and self.phase is Phase.RUNNING:
             stalled = ExitVerdict(
                 succeeded=False, retryable=True, reason="stalled", error=slot.stalled
@@ -1183,6 +1190,33 @@ class JobState:
             slot.ps_fresh_attempt = slot.attempt
         return out + self._reconcile(now)
 
+    def _finished_before_hand_over(self, rank: int, now: float) -> list[Command]:
+        """The worker a prewarmed replacement was to take over from ended its loop
+        by itself (exit 0, not stopped): the group reached the end of the data
+        before the hand-over, and a BSP loop ends on every worker at once. The
+        replacement has nothing to train and no group to join: stop it, and count
+        the rank as finished (else the job would wait for a newcomer that waits
+        for a group that is gone)."""
+        slot = self.procs.get(f"worker-{rank}")
+        if slot is None or slot.state not in (*LIVE_PROC_STATES, ProcState.PENDING):
+            return []
+        out: list[Command] = [
+            self._proc_event(
+                "replacement_stopped",
+                slot,
+                attempt=slot.attempt,
+                reason="the worker it was to replace finished the data before the hand-over",
+            )
+        ]
+        slot.prewarm = False
+        if slot.state is ProcState.PENDING:  # never started: nothing to stop
+            slot.state = ProcState.SUCCEEDED
+            return out + self._maybe_complete(now)
+        slot.finished_by_predecessor = True
+        slot.state = ProcState.STOPPING
+        slot.restart_after_stop = False
+        return [*out, self._kill(slot.proc_id, slot.host, slot.attempt)]
+
     def server_handed_over(self, rank: int) -> None:
         """The retiring server ``rank`` exported its blocks: its exit from now on
         is a retirement, not the failure of the server that counts."""
@@ -1224,9 +1258,7 @@ class JobState:
     def worker_hosts(self) -> dict[int, str]:
         """rank -> the host each worker runs on (or will run on next), for the
         policies that plan by device (AntDT-DD, bmax= bounds)."""
-        return {
-            s.rank: s.next_host or s.host for s in self.procs.values() if s.role == "worker"
-        }
+        return {s.rank: s.next_host or s.host for s in self.procs.values() if s.role == "worker"}
 
     def free_spare(self, preferred: str | None) -> str | None:
         """Where a KILL_RESTART should go: ``preferred`` if it is a spare host with

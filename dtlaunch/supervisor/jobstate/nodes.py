@@ -125,6 +125,9 @@ class ProcSlot:
     # the running attempt has made progress (reported a step) since it started.
     failure_signature: str = ""
     progressed: bool = False
+    # A prewarmed replacement whose predecessor finished the data on its own: it
+    # is stopped, and its stop is the rank's success (nothing was left to train).
+    finished_by_predecessor: bool = False
     # The GPU (index into its host's gpus=) the current attempt runs on; -1: none.
     gpu: int = -1
 

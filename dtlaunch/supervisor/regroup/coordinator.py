@@ -151,6 +151,15 @@ class RegroupCoordinator:
         self.store_port = 0
         return pending
 
+    def cancel(self, rank: int) -> PendingRegroup | None:
+        """Drop the pending regroup of ``rank`` (the group ended before it re-formed)."""
+        pending = self.pending
+        if pending is None or rank != pending.leaving_rank:
+            return None
+        self.pending = None
+        self.store_port = 0
+        return pending
+
     def survivors(self) -> list[int]:
         pending = self.pending
         leaving = pending.leaving_rank if pending is not None else -1

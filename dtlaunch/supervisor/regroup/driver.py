@@ -153,8 +153,22 @@ class RegroupDriver:
         )
 
     async def worker_gone(self, rank: int) -> None:
-        """A worker process ended; if it was replaced by a waiting one, let that join."""
+        """A worker process ended; if it was replaced by a waiting one, let that join.
+        If it ended the data before the hand-over (the node table then stops its
+        replacement), the regroup is over: nobody is left to re-form."""
         self.coordinator.worker_gone(rank)
+        slot = self._state.procs.get(f"worker-{rank}")
+        if slot is not None and slot.finished_by_predecessor:
+            cancelled = self.coordinator.cancel(rank)
+            if cancelled is not None:
+                self._recorder.emit(
+                    "regroup",
+                    phase="cancelled",
+                    gen=cancelled.gen,
+                    rank=rank,
+                    reason="the data ended before the hand-over",
+                )
+            return
         go = self.coordinator.join_go(rank)
         if go is not None:
             await self._send(JOIN_PREFIX + str(rank).encode(), go)
