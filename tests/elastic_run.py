@@ -11,7 +11,13 @@ from typing import Any
 
 from tests.jobs import REPO, SCRIPTS, hostfile, run
 
-DATASET = 2400
+# nd decides KILL_RESTART about 4 s into training (l_per=4); the replacement then
+# imports torch on the spare host while the group trains on, 4.5 s on an idle
+# machine, 6-8 s or more under make test. 2400 records (80 steps) often ran out
+# first: then the regroup was abandoned after its timeout and the newcomer waited
+# out the 120 s stall bound (a 150 s job that failed the phase check). 4800
+# records leave the hand-over about twice that time.
+DATASET = 4800
 POLICY = "nd:l_trans=2,l_per=4,restart_cost=1,min_batch=6"
 STEP_S = 0.05
 # Rank 2 runs on the second host: 0.05 + 0.07 s a step, 2.4x the others, so
@@ -27,6 +33,26 @@ class ElasticRun:
     ledger: Path
     hosts: tuple[str, str, str]  # two worker hosts and the spare
     result: subprocess.CompletedProcess[str]
+
+    def encode(self) -> dict[str, Any]:
+        """As JSON, for the other test worker (see tests/once.py)."""
+        result = self.result
+        return {
+            "run_dir": str(self.run_dir),
+            "ledger": str(self.ledger),
+            "hosts": list(self.hosts),
+            "result": [result.args, result.returncode, result.stdout, result.stderr],
+        }
+
+    @classmethod
+    def decode(cls, data: dict[str, Any]) -> ElasticRun:
+        a0, a1, a2 = data["hosts"]
+        return cls(
+            run_dir=Path(data["run_dir"]),
+            ledger=Path(data["ledger"]),
+            hosts=(a0, a1, a2),
+            result=subprocess.CompletedProcess(*data["result"]),
+        )
 
 
 def run_elastic_job(sshd: Any, base: Path) -> ElasticRun:

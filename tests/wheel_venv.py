@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from tests.jobs import REPO
@@ -89,6 +89,14 @@ class WheelVenv:
     def man(self) -> Path:
         """Where the wheel's man pages land: ``<venv>/share/man``."""
         return self.root / "share" / "man"
+
+    def encode(self) -> dict[str, str]:
+        """As JSON, for the other test worker (see tests/once.py)."""
+        return {f.name: str(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def decode(cls, data: dict[str, str]) -> WheelVenv:
+        return cls(**{f.name: Path(data[f.name]) for f in fields(cls)})
 
 
 def copy_sources(dest: Path) -> Path:
