@@ -154,3 +154,29 @@ def test_dd_in_a_parameter_server_job_is_refused_with_the_alternatives(tmp_path)
     with pytest.raises(ConfigError, match="use --policy lb-bsp or nd"):
         spec.validate()
     JobSpec(run_id="r", run_dir=tmp_path, script="t.py", workers=2, policy="dd").validate()
+
+
+def test_dd_benchmark_summary_holds_every_target_and_the_ceiling():
+    from benchmarks.dd import Mix, Outcome, render_markdown, summarize
+
+    mix = Mix(fast=4, slow=1)
+    assert mix.fast_hosts[-1] == "127.0.0.5" and mix.slow_hosts == ("127.0.0.6",)
+    assert mix.global_batch == 320 and mix.hostfile_lines()[-1].startswith("127.0.0.6 slots=1")
+
+    def outcome(column, train_s, loss):
+        detail = {"final_loss": loss, "weights_vs_one_process": 0.0, "plans": []}
+        return Outcome(column=column, ok=True, train_s=train_s, wall_s=train_s + 20, detail=detail)
+
+    good = summarize(
+        [outcome("none", 140.0, 0.0025), outcome("lb-bsp", 120.0, 0.0025005),
+         outcome("dd", 100.0, 0.0025)], 200, mix,
+    )  # fmt: skip
+    assert good["setup"]["ceiling_over_none"] == 1.48  # (1.6 x 4 + 1) / 5
+    assert good["dd_speedup"] == {"lb-bsp": 1.2, "none": 1.4}
+    assert all(good["met"].values()) and good["all_ok"]
+    assert "| dd | 100.00 |" in render_markdown(good)
+    bad = summarize(
+        [outcome("none", 130.0, 0.0025), outcome("lb-bsp", 110.0, 0.0025),
+         outcome("dd", 100.0, 0.0026)], 200, mix,
+    )  # fmt: skip
+    assert bad["met"] == {"lb-bsp": False, "none": False, "final_loss": False}
