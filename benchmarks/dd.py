@@ -38,8 +38,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,6 +52,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.dd_worker import data, loss_of, model  # noqa: E402
+from benchmarks.jobrun import timed_run  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 WORKER = REPO / "benchmarks" / "dd_worker.py"
@@ -172,7 +171,7 @@ def run_column(
     ]  # fmt: skip
     for device in mix.devices():
         argv += ["--device", device]
-    returncode, output, wall = timed_run(argv, env)
+    returncode, output, wall = timed_run(argv, env, timeout_s=RUN_TIMEOUT_S, cwd=REPO)
     summary: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -210,25 +209,6 @@ def _plans(run_dir: Path) -> list[dict[str, Any]]:
                 }
             )
     return plans
-
-
-def timed_run(argv: list[str], env: dict[str, str]) -> tuple[int, str, float]:
-    """Run to completion: (exit code, output, wall seconds); interrupted, the job
-    gets SIGTERM first so dtlaunch stops it on every host."""
-    start = time.monotonic()
-    with subprocess.Popen(
-        argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    ) as proc:
-        try:
-            output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-        except BaseException:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            raise
-    return proc.returncode, output, time.monotonic() - start
 
 
 @contextlib.contextmanager

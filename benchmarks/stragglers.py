@@ -48,7 +48,6 @@ import re
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,6 +59,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.jobrun import timed_run  # noqa: E402
 from benchmarks.stragglers_report import (  # noqa: E402
     COLUMNS,
     render_markdown,
@@ -194,26 +194,6 @@ class Outcome:
     detail: dict[str, Any]
 
 
-def timed_run(argv: list[str], env: dict[str, str]) -> tuple[int, str, float]:
-    """Run to completion: (exit code, output, wall seconds). Interrupted (Ctrl-C, a
-    timeout), the command gets SIGTERM first: dtlaunch then stops its job on every
-    host, and torchrun its workers."""
-    start = time.monotonic()
-    with subprocess.Popen(
-        argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    ) as proc:
-        try:
-            output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-        except BaseException:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            raise
-    return proc.returncode, output, time.monotonic() - start
-
-
 def _synthetic_line(text: str) -> dict[str, float]:
     match = re.search(r"synthetic: jct_s=(\S+) train_s=(\S+) steps=(\d+) records=(\d+)", text)
     if not match:
@@ -255,7 +235,7 @@ def run_dtlaunch(scenario: Scenario, column: str, si: float, *, cluster: Cluster
         argv += ["--inject", spec]
     argv += [str(SYNTHETIC), *scenario.script_args(), *(["--ps"] if servers else [])]
     env = cluster.env
-    returncode, output, wall = timed_run(argv, env)
+    returncode, output, wall = timed_run(argv, env, timeout_s=RUN_TIMEOUT_S, cwd=REPO)
     summary: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -288,7 +268,7 @@ def run_torchrun(scenario: Scenario, intensity: float, *, env: dict[str, str]) -
     ]  # fmt: skip
     for spec in scenario.injections(intensity):
         argv += ["--inject", spec]
-    returncode, output, wall = timed_run(argv, env)
+    returncode, output, wall = timed_run(argv, env, timeout_s=RUN_TIMEOUT_S, cwd=REPO)
     line = _synthetic_line(output)
     detail: dict[str, Any] = {"steps": line.get("steps")}
     if returncode != 0:
