@@ -21,6 +21,12 @@ accumulation and the weighting change nothing but the time.
 
     python benchmarks/dd.py [--quick] [--out FILE.json] [--keep]
 
+``--quick`` (50 steps) is a smoke run, not held to the targets: the profiling
+phase is a larger share of a short job, and a model 50 steps in has not
+converged, so the order in which the DDS handed out the records still shows in
+the final loss (about 1e-5). The weights-versus-one-process check holds for
+every run of any length; it is what says the accumulation is exact.
+
 Targets: dd >= 1.12x faster than lb-bsp and >= 1.35x faster than none (AntDT
 Fig. 15: +12 % and +38.8 % on ResNet-101), and final losses equal to 1e-6.
 Why four V100s to one P100: at a speed ratio r no split beats the ideal
@@ -78,7 +84,7 @@ RUN_TIMEOUT_S = 900.0
 WEIGHT_TOLERANCE = 1e-6
 # The columns' final losses (the converged model over the whole data set) agree
 # this closely: the groupings of records into steps differ (DDS), the result not.
-LOSS_TOLERANCE = 1e-6
+LOSS_TOLERANCE = 1e-6  # for the full run: see --quick in the module doc
 
 
 @dataclass(frozen=True, slots=True)
