@@ -141,3 +141,59 @@ def test_dd_accumulation_steps_are_the_exact_global_batch_mean(tmp_path):
     # every record once: accumulation loses and repeats nothing
     trained = sorted(i for s in steps for r in s.values() for b in r["micro"] for i in b)
     assert trained == list(range(1200))
+
+
+def test_bsp_batches_yields_the_planned_passes_with_their_weights(tmp_path):
+    """In one process (a gloo group of one): after an ADJUST_BS of 3 passes of 4
+    records, each step yields three micro-batches weighted by their share of the
+    step's records (the data's last step is short), step() in the middle of a
+    step's passes is refused, and the DataLoader ack mode is refused with dd."""
+    import torch.distributed as dist
+
+    from dtlaunch.runtime.context import Job
+    from dtlaunch.runtime.standalone import StandaloneSource
+    from dtlaunch.sharding import DatasetSpec
+    from dtlaunch.wire.messages import AdjustBatchSize, RankBatch
+
+    class Planned(StandaloneSource):
+        def __init__(self, spec):
+            super().__init__(spec)
+            share = RankBatch(rank=0, batch_size=4, accumulation=3)
+            self.plan = [AdjustBatchSize(sizes=[share], apply_at_step=0)]
+
+        def actions(self):
+            out, self.plan = self.plan, []
+            return out
+
+    spec = DatasetSpec(dataset_size=23, shard_size=5, global_batch=6)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        job = Job(rank=0, world_size=1, restart_count=0, dataset=spec, source=Planned(spec))
+        steps: list[list[tuple[int, float, bool]]] = [[]]
+        for batch in job.bsp_batches():
+            steps[-1].append((len(batch), job.micro_batch_weight, job.is_accumulation_boundary))
+            if not job.is_accumulation_boundary:
+                with pytest.raises(RuntimeError, match="is_accumulation_boundary is True"):
+                    job.step()
+                continue
+            job.step()
+            steps.append([])
+        assert steps[0] == [(6, 1.0, True)]  # the plan applies from the next step
+        assert job.accumulation == 3 and job.global_batch == 12
+        third = pytest.approx(1 / 3)
+        assert steps[1] == [(4, third, False), (4, third, False), (4, third, True)]
+        assert sum(n for step in steps for n, _, _ in step) == 23  # every record, once
+        last = [s for s in steps if s][-1]
+        records = sum(n for n, _, _ in last)
+        assert [w for _, w, _ in last] == pytest.approx([n / records for n, _, _ in last])
+        job.close()
+        guarded = Job(rank=0, world_size=1, restart_count=0, dataset=spec, source=Planned(spec))
+        guarded.count_one_batch_per_step()
+        batches = guarded.bsp_batches()
+        next(batches)
+        guarded.step()  # the dd plan applies from here
+        with pytest.raises(RuntimeError, match="count_one_batch_per_step"):
+            next(batches)
+        guarded.close()
+    finally:
+        dist.destroy_process_group()

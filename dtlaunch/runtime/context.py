@@ -366,6 +366,12 @@ class Job:
                 done, gen = agree(batch is None, self._heard_gen())
             if done:
                 return  # every shard is DONE: everyone stops at this same step
+            if self._accumulation > 1 and self._stream.mode == "one_per_step":
+                raise RuntimeError(
+                    f"the plan in force makes {self._accumulation} passes per step "
+                    "(--policy dd), but count_one_batch_per_step() acks one batch per "
+                    "step(): use bsp_batches() without it, or another --policy"
+                )
             micro = [batch] if batch else []
             while micro and len(micro) < self._accumulation:
                 more = self._stream.next_batch(first_wait=wait)
