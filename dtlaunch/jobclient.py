@@ -1,4 +1,4 @@
-"""Talk to a running supervisor from outside: ``dtlaunch stop``.
+"""Talk to a running supervisor from outside: ``dtlaunch stop`` and ``dtlaunch status``.
 
 Uses the run directory's CURVE client key, so only someone who can read the run
 directory (mode 0700 keys) can control the job.
@@ -6,17 +6,30 @@ directory (mode 0700 keys) can control the job.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
 import zmq.asyncio
 
-from dtlaunch.errors import RunDirError
+from dtlaunch.errors import DtlaunchError, RunDirError
 from dtlaunch.supervisor.rundir import RunDir
+from dtlaunch.supervisor.status.tracker import STATUS_PREFIX
+from dtlaunch.ui.status_model import snapshot_from_run_dir
 from dtlaunch.version import __version__
 from dtlaunch.wire.keys import load_run_keys
-from dtlaunch.wire.messages import Ack, Hello, StopJob, Welcome
+from dtlaunch.wire.messages import (
+    Ack,
+    Hello,
+    StatusReply,
+    StatusRequest,
+    StatusSnapshot,
+    StopJob,
+    Welcome,
+)
 from dtlaunch.wire.sockets import Dealer
+
+__all__ = ["StatusSource", "request_stop"]
 
 
 async def request_stop(run_dir: Path, *, timeout: float) -> str:  # noqa: ASYNC109
@@ -58,3 +71,74 @@ async def request_stop(run_dir: Path, *, timeout: float) -> str:  # noqa: ASYNC1
                     return f"stop requested: {answer.detail}"
     finally:
         ctx.destroy(linger=0)
+
+
+class StatusSource:
+    """Snapshots of one run: from its live supervisor while it answers, else its log."""
+
+    def __init__(self, run: RunDir, *, timeout: float) -> None:
+        self.run = run
+        self.timeout = timeout
+        self._ctx: zmq.asyncio.Context | None = None
+        self._dealer: Dealer | None = None
+        self._run_id = ""
+        self._request_id = 0
+
+    async def current(self) -> tuple[StatusSnapshot, str]:
+        """The newest snapshot and a note on where it came from ("" when live).
+
+        Raises:
+            RunDirError: the job has not started and no supervisor answers.
+        """
+        if self.run.summary_path.exists():
+            self.close()
+            snap = snapshot_from_run_dir(self.run)
+            return snap, f"job ended ({snap.status or 'unknown'}): shown from the event log"
+        snap_live = await self._ask()
+        if snap_live is not None:
+            return snap_live, ""
+        snap = snapshot_from_run_dir(self.run)
+        if self.run.summary_path.exists():
+            return snap, f"job ended ({snap.status or 'unknown'}): shown from the event log"
+        return snap, (
+            f"the supervisor did not answer within {self.timeout:g} s: shown from the event log"
+        )
+
+    async def _ask(self) -> StatusSnapshot | None:
+        dealer = self._connect()
+        if dealer is None:
+            return None
+        self._request_id += 1
+        request_id = self._request_id
+        await dealer.send(StatusRequest(request_id=request_id, run_id=self._run_id))
+        deadline = asyncio.get_running_loop().time() + self.timeout
+        while True:
+            left = deadline - asyncio.get_running_loop().time()
+            answer = await dealer.recv(timeout=max(0.0, left))
+            if answer is None:
+                return None
+            # Late answers to earlier requests are skipped.
+            if isinstance(answer, StatusReply) and answer.request_id == request_id:
+                return answer.snapshot
+
+    def _connect(self) -> Dealer | None:
+        if self._dealer is not None:
+            return self._dealer
+        try:
+            info = self.run.supervisor()
+            keys = load_run_keys(self.run.keys)
+            self._run_id = self.run.spec().run_id
+        except (DtlaunchError, OSError, ValueError):
+            return None  # no supervisor started yet (or no keys): the log will tell
+        self._ctx = zmq.asyncio.Context()
+        identity = STATUS_PREFIX + str(os.getpid()).encode()
+        self._dealer = Dealer(self._ctx, str(info["endpoint"]), keys.peer(), identity)
+        return self._dealer
+
+    def close(self) -> None:
+        if self._dealer is not None:
+            self._dealer.close(linger_ms=0)
+            self._dealer = None
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from dtlaunch.errors import ConfigError
-from dtlaunch.wire.messages import DatasetInfo
+
+if TYPE_CHECKING:  # the wire and numpy load on first use: every CLI command imports this
+    from dtlaunch.wire.messages import DatasetInfo
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,6 +59,8 @@ class DatasetSpec:
 
 def epoch_order(spec: DatasetSpec, epoch: int) -> list[int]:
     """The shards of ``epoch`` in the order they are handed out."""
+    import numpy as np
+
     rng = np.random.default_rng([spec.seed, epoch])
     return [int(s) for s in rng.permutation(spec.num_shards)]
 
@@ -66,12 +69,16 @@ def shard_records(spec: DatasetSpec, epoch: int, shard: int) -> list[int]:
     """The record indices of ``shard`` in ``epoch``, in reading order."""
     start = shard * spec.shard_size
     length = spec.shard_length(shard)
+    import numpy as np
+
     rng = np.random.default_rng([spec.seed, epoch, shard, 1])
     return [start + int(i) for i in rng.permutation(length)]
 
 
 def dataset_info(spec: DatasetSpec) -> DatasetInfo:
     """The wire form of a data set."""
+    from dtlaunch.wire.messages import DatasetInfo
+
     return DatasetInfo(**asdict(spec))
 
 

@@ -18,100 +18,25 @@ import sys
 import termios
 import tty
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-import zmq.asyncio
 from rich.console import Console
-from rich.live import Live
 
 from dtlaunch.cli.app import fail
 from dtlaunch.errors import DtlaunchError, RunDirError
-from dtlaunch.supervisor.rundir import RunDir
-from dtlaunch.supervisor.status.tracker import STATUS_PREFIX
-from dtlaunch.ui.status_model import find_newest_run, open_run, snapshot_from_run_dir
-from dtlaunch.ui.status_view import render_status
-from dtlaunch.ui.timeline import to_plain
-from dtlaunch.wire.keys import load_run_keys
-from dtlaunch.wire.messages import StatusReply, StatusRequest, StatusSnapshot
-from dtlaunch.wire.sockets import Dealer
+
+if TYPE_CHECKING:  # the rest loads when the command runs: the CLI starts quicker
+    from dtlaunch.supervisor.rundir import RunDir
+    from dtlaunch.wire.messages import StatusSnapshot
 
 REFRESH_S = 0.5  # about twice a second
 QUIT_KEYS = b"qQ"
 
 
-class StatusSource:
-    """Snapshots of one run: from its live supervisor while it answers, else its log."""
-
-    def __init__(self, run: RunDir, *, timeout: float) -> None:
-        self.run = run
-        self.timeout = timeout
-        self._ctx: zmq.asyncio.Context | None = None
-        self._dealer: Dealer | None = None
-        self._run_id = ""
-        self._request_id = 0
-
-    async def current(self) -> tuple[StatusSnapshot, str]:
-        """The newest snapshot and a note on where it came from ("" when live).
-
-        Raises:
-            RunDirError: the job has not started and no supervisor answers.
-        """
-        if self.run.summary_path.exists():
-            self.close()
-            snap = snapshot_from_run_dir(self.run)
-            return snap, f"job ended ({snap.status or 'unknown'}): shown from the event log"
-        snap_live = await self._ask()
-        if snap_live is not None:
-            return snap_live, ""
-        snap = snapshot_from_run_dir(self.run)
-        if self.run.summary_path.exists():
-            return snap, f"job ended ({snap.status or 'unknown'}): shown from the event log"
-        return snap, (
-            f"the supervisor did not answer within {self.timeout:g} s: shown from the event log"
-        )
-
-    async def _ask(self) -> StatusSnapshot | None:
-        dealer = self._connect()
-        if dealer is None:
-            return None
-        self._request_id += 1
-        request_id = self._request_id
-        await dealer.send(StatusRequest(request_id=request_id, run_id=self._run_id))
-        deadline = asyncio.get_running_loop().time() + self.timeout
-        while True:
-            left = deadline - asyncio.get_running_loop().time()
-            answer = await dealer.recv(timeout=max(0.0, left))
-            if answer is None:
-                return None
-            # Late answers to earlier requests are skipped.
-            if isinstance(answer, StatusReply) and answer.request_id == request_id:
-                return answer.snapshot
-
-    def _connect(self) -> Dealer | None:
-        if self._dealer is not None:
-            return self._dealer
-        try:
-            info = self.run.supervisor()
-            keys = load_run_keys(self.run.keys)
-            self._run_id = self.run.spec().run_id
-        except (DtlaunchError, OSError, ValueError):
-            return None  # no supervisor started yet (or no keys): the log will tell
-        self._ctx = zmq.asyncio.Context()
-        identity = STATUS_PREFIX + str(os.getpid()).encode()
-        self._dealer = Dealer(self._ctx, str(info["endpoint"]), keys.peer(), identity)
-        return self._dealer
-
-    def close(self) -> None:
-        if self._dealer is not None:
-            self._dealer.close(linger_ms=0)
-            self._dealer = None
-        if self._ctx is not None:
-            self._ctx.destroy(linger=0)
-            self._ctx = None
-
-
 def _resolve(run_dir: Path | None) -> RunDir:
+    from dtlaunch.ui.status_model import find_newest_run, open_run
+
     try:
         return open_run(run_dir if run_dir is not None else find_newest_run(Path("runs")))
     except RunDirError as err:
@@ -119,6 +44,8 @@ def _resolve(run_dir: Path | None) -> RunDir:
 
 
 async def _once(run: RunDir, wait_s: float) -> tuple[StatusSnapshot, str]:
+    from dtlaunch.jobclient import StatusSource
+
     source = StatusSource(run, timeout=wait_s)
     try:
         return await source.current()
@@ -127,6 +54,11 @@ async def _once(run: RunDir, wait_s: float) -> tuple[StatusSnapshot, str]:
 
 
 async def _live(run: RunDir, console: Console, wait_s: float, keys_fd: int | None) -> None:
+    from rich.live import Live
+
+    from dtlaunch.jobclient import StatusSource
+    from dtlaunch.ui.status_view import render_status
+
     source = StatusSource(run, timeout=wait_s)
     quit_requested = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -222,6 +154,9 @@ def status(
         data["note"] = note
         print(json.dumps(data, indent=2))
         return
+    from dtlaunch.ui.status_view import render_status
+    from dtlaunch.ui.timeline import to_plain
+
     console = Console(highlight=False)
     frame = render_status(snap, note=note, width=console.width)
     if console.is_terminal:
