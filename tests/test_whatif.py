@@ -266,9 +266,15 @@ def test_replay_with_dd_plans_by_the_hostfile_classes_of_the_recorded_hosts() ->
                            compute_s=[bpt], comm_s=[0.0], samples=[64], injected_s=[0.0],
                            t=[t]))  # fmt: skip
     evs.sort(key=lambda e: e.wall)
-    job = {"hosts": [{"label": "v1", "device_class": "v100", "max_batch": 66},
-                     {"label": "v2", "device_class": "v100", "max_batch": 66},
-                     {"label": "p1", "device_class": "p100", "max_batch": 66}]}  # fmt: skip
+    from dataclasses import asdict
+
+    from dtlaunch.hostfile import HostSpec
+
+    declared = [("v1", "v100"), ("v2", "v100"), ("p1", "p100")]
+    job = {  # job.json's hosts, as JobSpec.to_json writes them
+        "hosts": [asdict(HostSpec(label=h, hostname=h, device_class=c, max_batch=66))
+                  for h, c in declared]
+    }  # fmt: skip
     result = _run(evs, "dd:l_trans=5,l_per=10,profile=3", host_devices=_host_devices(job))
     [plan] = [a for a in result.would if a.action == "ADJUST_BS"]
     sizes = {int(k): v for k, v in plan.fields["sizes"].items()}

@@ -198,24 +198,20 @@ def _plot(run_dir: Path, events: list[Event], path: Path) -> None:
 
 
 def _host_devices(job: dict[str, Any]) -> dict[str, WorkerDevice]:
-    """host -> its device as the run's hostfile declared it (for ``dd``, ``bmax=``)."""
-    from dtlaunch.policy import WorkerDevice
+    """host -> its device as the run's hostfile declared it (for ``dd``, ``bmax=``);
+    a host entry job.json does not hold as a ``HostSpec`` is left out."""
+    from dtlaunch.errors import HostfileError
+    from dtlaunch.hostfile import HostSpec
+    from dtlaunch.supervisor.control import host_device
 
     devices: dict[str, WorkerDevice] = {}
-    for host in job.get("hosts") or []:
-        if not isinstance(host, dict) or not isinstance(host.get("label"), str):
+    for entry in job.get("hosts") or []:
+        try:
+            host = HostSpec(**entry)
+        except (TypeError, HostfileError):
             continue
-        bounds = {k: host.get(k) for k in ("min_batch", "max_batch")}
-        devices[host["label"]] = WorkerDevice(
-            host=host["label"],
-            device_class=_text_or_none(host.get("device_class")),
-            **{k: v if isinstance(v, int) and v > 0 else None for k, v in bounds.items()},
-        )
+        devices[host.label] = host_device(host)
     return devices
-
-
-def _text_or_none(value: object) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 def _what_if(run_dir: Path, events: list[Event], policy: str, *, as_json: bool) -> None:
