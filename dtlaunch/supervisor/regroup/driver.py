@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from dtlaunch.events import EventRecorder
 from dtlaunch.supervisor.control.actions import KillRestart
 from dtlaunch.supervisor.jobstate.machine import Command, JobState
-from dtlaunch.supervisor.jobstate.nodes import JoinSpec
+from dtlaunch.supervisor.jobstate.nodes import JoinSpec, ProcState
 from dtlaunch.supervisor.regroup.coordinator import RegroupCoordinator
 from dtlaunch.wire.messages import Message, RegroupGo, RegroupReady
 
@@ -158,7 +158,8 @@ class RegroupDriver:
         replacement), the regroup is over: nobody is left to re-form."""
         self.coordinator.worker_gone(rank)
         slot = self._state.procs.get(f"worker-{rank}")
-        if slot is not None and slot.finished_by_predecessor:
+        # stopped as done, or done already (a replacement that never started)
+        if slot is not None and (slot.finished_by_predecessor or slot.state is ProcState.SUCCEEDED):
             cancelled = self.coordinator.cancel(rank)
             if cancelled is not None:
                 self._recorder.emit(
