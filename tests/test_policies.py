@@ -15,7 +15,7 @@ from dtlaunch.supervisor.control.actions import (
     action_fields,
     action_name,
 )
-from dtlaunch.supervisor.control.monitor import Monitor
+from dtlaunch.supervisor.control.monitor import Monitor, WorkerDevice
 from dtlaunch.supervisor.control.policies import (
     LbBspPolicy,
     NdPolicy,
@@ -174,6 +174,30 @@ def test_lb_bsp_emits_solver_output_then_holds_off():
     run(mon, {0: 39 / 32, 1: 38 / 32, 2: 19 / 16}, start=65, end=200, batches=sizes, step0=step + 5)
     [c] = pol.decide(mon.snapshot(200))
     assert isinstance(c, NoAction) and "within 5%" in c.reason
+
+
+def test_no_plan_before_every_placed_worker_reported_once():
+    """A first decision that came before worker 1's first report (in flight, or a
+    slower start) would balance the batch over workers 0 and 2 alone; it waits.
+    A worker that reported before and is restarting keeps its share instead."""
+    from dtlaunch.supervisor.control.controller import Controller
+
+    controller = Controller(LbBspPolicy(), interval=1.0, spare_hosts=[])
+    placed = {0: "a", 1: "a", 2: "b"}
+    run(controller.monitor, {0: 1.0, 2: 2.0}, start=0, end=5)
+    [] = controller.decide(5.0, remaining_steps=None, worker_hosts=placed)
+    assert controller.counts == {} and controller.batch_plan == {}
+    reason = LbBspPolicy().decide(controller.monitor.snapshot(5.0, devices={
+        r: WorkerDevice(host=h) for r, h in placed.items()}))[0].reason  # fmt: skip
+    assert reason == "waiting for the first step report of worker 1"
+    run(controller.monitor, {0: 1.0, 1: 1.0, 2: 2.0}, start=6, end=8, step0=6)
+    [plan] = controller.decide(8.0, remaining_steps=None, worker_hosts=placed)
+    assert isinstance(plan, AdjustBatchSize) and set(plan.sizes) == {0, 1, 2}
+    # Worker 1 restarts: its windows start over, but it is not waited for again.
+    controller.worker_gone(1)
+    snap = controller.monitor.snapshot(9.0, devices={r: WorkerDevice(host=h)
+                                                     for r, h in placed.items()})  # fmt: skip
+    assert snap.awaiting_first_report == ()
 
 
 def test_lb_bsp_margin_ignores_small_imbalance():

@@ -160,6 +160,9 @@ class MonitorSnapshot:
     accumulation_plan: dict[int, int] = dataclasses.field(default_factory=dict)
     # rank -> the device the worker runs on now (empty when the caller knows no hosts)
     devices: dict[int, WorkerDevice] = dataclasses.field(default_factory=dict)
+    # Workers placed (in ``devices``) that have not sent one step report yet: a
+    # plan made before they do would split the global batch among the others only.
+    awaiting_first_report: tuple[int, ...] = ()
 
 
 class Monitor:
@@ -176,6 +179,9 @@ class Monitor:
         self._workers: dict[int, deque[_WorkerReport]] = {}
         self._worker_info: dict[int, NodeInfo] = {}
         self._reads_records: set[int] = set()  # workers that report records (the DDS)
+        # Ranks that ever reported, kept across worker_gone: only a rank's first
+        # start is waited for, a restarted one keeps its share until it reports.
+        self._ever_reported: set[int] = set()
         self._servers: dict[int, deque[_ServerReport]] = {}
         self._server_info: dict[int, NodeInfo] = {}
         self._spare_capacity = 0
@@ -206,6 +212,7 @@ class Monitor:
             raise ValueError(f"worker {rank}: batch_size must be >= 1 and samples >= 0")
         if samples > 0:
             self._reads_records.add(rank)
+        self._ever_reported.add(rank)
         window = self._workers.setdefault(rank, deque())
         window.append(_WorkerReport(now, step, batch_size, compute_s, comm_s, samples, servers))
         self._prune(window, now)
@@ -326,6 +333,9 @@ class Monitor:
             batch_plan=dict(batch_plan or {}),
             accumulation_plan=dict(accumulation_plan or {}),
             devices=dict(devices or {}),
+            awaiting_first_report=tuple(
+                sorted(r for r in devices or {} if r not in self._ever_reported)
+            ),
         )
 
     def _prune(self, window: deque[_WorkerReport] | deque[_ServerReport], now: float) -> None:

@@ -143,7 +143,9 @@ class Balancer:
     workers absent from the window keep their size. Throughputs within
     ``tolerance`` of the median are taken as equal to it (noise, not speed). A
     plan is emitted only when the current makespan exceeds the optimum by more
-    than ``margin`` and no earlier plan is still waiting for its ``apply_at_step``.
+    than ``margin`` and no earlier plan is still waiting for its ``apply_at_step``,
+    and none before every placed worker has sent its first report (the first
+    decision would otherwise split the batch among whoever reported first).
     """
 
     def __init__(
@@ -161,6 +163,9 @@ class Balancer:
         """An ``AdjustBatchSize`` or, when none is due, the reason why not."""
         if self._pending_step is not None and snap.latest_step < self._pending_step:
             return f"previous ADJUST_BS applies at step {self._pending_step}"
+        if snap.awaiting_first_report:
+            waiting = ", ".join(map(str, snap.awaiting_first_report))
+            return f"waiting for the first step report of worker {waiting}"
         ranks = sorted(r for r in snap.worker_short if r in snap.workers)
         if len(ranks) < 2:
             return "fewer than 2 workers reported in the short window"
