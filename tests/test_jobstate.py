@@ -652,3 +652,21 @@ def test_a_retired_worker_stopped_for_the_hand_over_does_not_stop_its_replacemen
     out = state.exited("h1", exited("worker-1", 0, code=0, requested=True), 2.0)
     assert events(out, "replacement_stopped") == [] and sent(out, Kill) == []
     assert state.procs["worker-1"].state is ProcState.RUNNING
+
+
+def test_a_two_slot_spare_stays_free_for_a_kill_restart_until_both_slots_are_taken():
+    """A slow host's two workers move to one two-slot spare one after the other:
+    the spare is offered while a slot is free, counting a process moving in."""
+    hosts = [
+        HostSpec(label="h0", hostname="127.0.0.1", slots=2),
+        HostSpec(label="h1", hostname="127.0.0.2", slots=2, spare=True),
+        HostSpec(label="h2", hostname="127.0.0.3", slots=1, spare=True),
+    ]
+    state = make_state(workers=2, scope="process", hosts=hosts, spare_hosts=["h1", "h2"])
+    bring_up(state)
+    assert state.free_spare_hosts() == ["h1", "h2"]
+    state.kill_restart("worker", 0, "slow host h0", 5.0, target_host="h1")
+    assert state.procs["worker-0"].host == "h0"  # still stopping, on its way to h1
+    assert state.free_spare_hosts() == ["h1", "h2"]  # h1 has a second slot
+    state.kill_restart("worker", 1, "slow host h0", 5.5, target_host="h1")
+    assert state.free_spare_hosts() == ["h2"]  # both of h1's slots are spoken for

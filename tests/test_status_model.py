@@ -87,7 +87,7 @@ def test_fold_of_a_job_gives_nodes_progress_stragglers_and_actions():
     fold.emit_all(job_events())
     stragglers = fold.ratio_stragglers(1.5, running_only=True)
     assert set(stragglers) == {("worker", 2)}
-    assert "x the mean BPT" in stragglers["worker", 2]
+    assert "x the fastest BPT" in stragglers["worker", 2]
     snap = fold.snapshot(now=20.0, source="live", stragglers=stragglers)
     assert (snap.run_id, snap.mode, snap.phase) == ("r1", "ps", "running")
     assert (snap.shards_done, snap.shards_total) == (40, 100)
@@ -178,10 +178,10 @@ def test_monitor_stragglers_transient_then_persistent():
         if i == 25:
             early = monitor_stragglers(monitor.snapshot(now), 1.5)
     assert set(early) == {("worker", 1)}
-    assert early["worker", 1].startswith("transient straggler: 1.8x")
+    assert early["worker", 1].startswith("transient straggler: 3.0x")
     late = monitor_stragglers(monitor.snapshot(6.9), 1.5)
-    assert late["worker", 1].startswith("persistent straggler: 1.8x the mean BPT over 6 s")
-    assert monitor_stragglers(monitor.snapshot(6.9), 2.0) == {}
+    assert late["worker", 1].startswith("persistent straggler: 3.0x the fastest BPT over 6 s")
+    assert monitor_stragglers(monitor.snapshot(6.9), 3.5) == {}
 
 
 def test_live_tracker_combines_node_table_controller_and_events():

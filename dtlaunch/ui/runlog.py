@@ -88,7 +88,13 @@ class RecordedRun:
     policy: str  # from the decisions ("" when none was taken)
     malformed: int = 0  # reports events whose columns did not fit together
     workers: list[int] = field(default_factory=list)
-    worker_hosts: dict[int, str] = field(default_factory=dict)  # rank -> host of its last spawn
+    # (time, rank, host) of every worker spawn, in time order: where each runs when
+    worker_spawns: list[tuple[float, int, str]] = field(default_factory=list)
+
+    @property
+    def worker_hosts(self) -> dict[int, str]:
+        """rank -> the host of its last spawn."""
+        return {rank: host for _, rank, host in self.worker_spawns}
 
     def steps_of(self, rank: int) -> list[StepRow]:
         return [s for s in self.steps if s.rank == rank]
@@ -156,7 +162,7 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
     shards: list[ShardsRow] = []
     ends: list[tuple[float, int]] = []
     first_running: float | None = None
-    worker_hosts: dict[int, str] = {}
+    spawns: list[tuple[float, int, str]] = []
     policy = ""
     malformed = 0
     end = 0.0
@@ -199,7 +205,7 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
         elif event.kind == "running" and event.role == "worker" and first_running is None:
             first_running = at
         if event.kind in ("spawn", "adopted") and event.role == "worker" and event.host:
-            worker_hosts[event.rank] = event.host
+            spawns.append((at, event.rank, event.host))
     steps.sort(key=lambda r: r.at_s)
     workers = sorted({s.rank for s in steps} | {s.rank for s in shards})
     return RecordedRun(
@@ -212,5 +218,5 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
         policy=policy,
         malformed=malformed,
         workers=workers,
-        worker_hosts=worker_hosts,
+        worker_spawns=spawns,
     )

@@ -188,6 +188,8 @@ def _simulate(
         timeline.append((at, 0, ("gone", rank, None)))
     for shard in run.shards:
         timeline.append((shard.at_s, 0, ("remaining", shard.remaining_steps, None)))
+    for at, rank, host in run.worker_spawns:
+        timeline.append((at, 0, ("host", rank, host)))
     start = run.first_running_s if run.first_running_s is not None else 0.0
     ticks = int(run.end_s / tick_s)
     timeline += [(k * tick_s, 1, None) for k in range(1, ticks + 1) if k * tick_s >= start]
@@ -195,14 +197,13 @@ def _simulate(
     would: list[DecidedAction] = []
     decisions = skipped = 0
     next_due = 0.0  # the Controller's own schedule, mirrored to count its decisions
+    hosts: dict[int, str] = {}  # rank -> where it runs at this point of the timeline
     for at, order, item in timeline:
         if order == 1:
             if at >= next_due:
                 next_due = at + controller.interval
                 decisions += 1
-            decided = controller.decide(
-                at, remaining_steps=remaining, worker_hosts=run.worker_hosts or None
-            )
+            decided = controller.decide(at, remaining_steps=remaining, worker_hosts=hosts or None)
             for action in decided:
                 would.append(_from_action(action, at))
             continue
@@ -226,6 +227,8 @@ def _simulate(
                 skipped += len(reports)
         elif what == "gone":
             controller.worker_gone(key)
+        elif what == "host":
+            hosts[key] = rows
         elif key is not None:
             remaining = key
     return would, decisions, skipped

@@ -137,12 +137,15 @@ class Controller:
         remaining_steps: int | None,
         free_spare_hosts: list[str] | None = None,
         worker_hosts: Mapping[int, str] | None = None,
+        replacing: bool = False,
     ) -> list[Action]:
         """The policy's actions when a decision is due, else nothing.
 
         ``free_spare_hosts``: the spare hosts with nothing running now (None: keep
         the list given at construction, e.g. when re-deciding offline).
         ``worker_hosts``: rank -> the host each worker runs on now (None: as last told).
+        ``replacing``: a worker's replacement is still joining the group (its
+        predecessor may have ended already): the restart has not settled.
         """
         if now < self._next_decision:
             return []
@@ -154,7 +157,7 @@ class Controller:
         snap = self.monitor.snapshot(
             now,
             remaining_steps=remaining_steps,
-            restart_pending=bool(self._restarting),
+            restart_pending=bool(self._restarting) or replacing,
             restart_cost_s=self.restart_cost_s,
             server_restart_cost_s=self.server_restart_cost_s,
             batch_plan=self.batch_plan,

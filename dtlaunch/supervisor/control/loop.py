@@ -89,6 +89,10 @@ class WorkerReplacer(Protocol):
 
     def check_timeout(self, now: float) -> None: ...
 
+    def replacing(self) -> bool:
+        """Whether a replacement is still in flight (until the newcomer joined)."""
+        ...
+
 
 class ActionTargets:
     """Who carries out the actions that are not messages to the workers."""
@@ -262,6 +266,7 @@ class ControlLoop:
             remaining_steps=self._remaining_steps(),
             free_spare_hosts=self._targets.state.free_spare_hosts(),
             worker_hosts=self._targets.state.worker_hosts(),
+            replacing=self._targets.workers is not None and self._targets.workers.replacing(),
         )
         for action in decided:
             self._recorder.emit(

@@ -143,6 +143,10 @@ class MonitorSnapshot:
     mean_bpt_long: float | None
     mean_bpt_eq_short: float | None
     mean_bpt_eq_long: float | None
+    # fast_reference() of the equal-share BPTs: a straggler's yardstick that the
+    # stragglers themselves do not inflate
+    ref_bpt_eq_short: float | None
+    ref_bpt_eq_long: float | None
     mean_update_long: float | None  # over servers in the long window
     server_comm_long: dict[int, float]  # server -> workers' mean comm s per step with it
     spare_capacity: int
@@ -321,6 +325,8 @@ class Monitor:
             mean_bpt_long=_mean(s.mean_bpt for s in worker_long.values()),
             mean_bpt_eq_short=_mean(s.mean_bpt_eq for s in worker_short.values()),
             mean_bpt_eq_long=_mean(s.mean_bpt_eq for s in worker_long.values()),
+            ref_bpt_eq_short=fast_reference(s.mean_bpt_eq for s in worker_short.values()),
+            ref_bpt_eq_long=fast_reference(s.mean_bpt_eq for s in worker_long.values()),
             mean_update_long=_mean(s.mean_bpt for s in server_long.values()),
             server_comm_long=_server_comm(self._workers, long_from, now),
             spare_capacity=self._spare_capacity,
@@ -510,6 +516,17 @@ def _server_comm(
 def _mean(values: Iterable[float]) -> float | None:
     vals = list(values)
     return sum(vals) / len(vals) if vals else None
+
+
+def fast_reference(step_times: Iterable[float]) -> float | None:
+    """The mean of the fastest quarter (at least one) of ``step_times``: what a
+    healthy node takes. Unlike the mean it stays put when many nodes are slow
+    (two slow workers of four lift the mean of four 1.5x-slower ones by 25 %)."""
+    ordered = sorted(step_times)
+    if not ordered:
+        return None
+    fastest = ordered[: math.ceil(len(ordered) / 4)]
+    return sum(fastest) / len(fastest)
 
 
 def _check_times(rank: int, **times: float) -> None:

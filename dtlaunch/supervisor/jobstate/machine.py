@@ -1049,21 +1049,22 @@ class JobState:
         return [self._proc_event("moved", slot, old_host=old, new_host=target, reason="host lost")]
 
     def _spare_with_room(self) -> str | None:
-        """The first spare host that is up and has a slot free (its hostfile
-        slots less what runs or waits there, a replaced process included)."""
-        for host in self.spare_hosts:
-            if self.agents[host].state is not AgentState.UP:
-                continue
-            used = sum(
-                1 for s in self.procs.values() if s.host == host and s.state in _BUSY_PROC_STATES
-            )
-            used += sum(1 for held, _ in self.retiring.values() if held == host)
-            if used >= self.host_slots.get(host, 1):
-                continue
-            gpus = self.host_gpus.get(host, 0)
-            if not gpus or len(self._busy_workers_on(host)) < gpus:  # a GPU of its own
-                return host
-        return None
+        """The first spare host that is up and has a slot free."""
+        return next(iter(self.free_spare_hosts()), None)
+
+    def _has_room(self, host: str) -> bool:
+        """Up, with a slot (and on a GPU host a GPU) that nothing runs or waits on."""
+        if self.agents[host].state is not AgentState.UP:
+            return False
+        used = sum(
+            1 for s in self.procs.values() if s.host == host and s.state in _BUSY_PROC_STATES
+        )
+        used += sum(1 for held, _ in self.retiring.values() if held == host)
+        used += sum(1 for s in self.procs.values() if s.next_host == host != s.host)  # moving in
+        if used >= self.host_slots.get(host, 1):
+            return False
+        gpus = self.host_gpus.get(host, 0)
+        return not gpus or len(self._busy_workers_on(host)) < gpus  # a GPU of its own
 
     def _record_failure(
         self,
@@ -1248,12 +1249,12 @@ class JobState:
         return [self._kill(proc_id, host, attempt)]
 
     def free_spare_hosts(self) -> list[str]:
-        """Spare hosts with nothing running on them, in hostfile order: where a
-        KILL_RESTART can go (AntDT's "cluster not busy")."""
-        busy = {s.host for s in self.procs.values() if s.state in _BUSY_PROC_STATES}
-        busy |= {host for host, _ in self.retiring.values()}  # a replaced one still runs
-        up = {h for h, a in self.agents.items() if a.state is AgentState.UP}
-        return [h for h in self.spare_hosts if h not in busy and h in up]
+        """Spare hosts that are up with a slot free, in hostfile order: where a
+        KILL_RESTART can go (AntDT's "cluster not busy"). A slot is free when the
+        hostfile's ``slots=`` exceed what runs or waits there (a replaced process
+        that still runs included) and, on a GPU host, a GPU is free too: a
+        two-slot spare takes both workers of a slow host, one after the other."""
+        return [host for host in self.spare_hosts if self._has_room(host)]
 
     def worker_hosts(self) -> dict[int, str]:
         """rank -> the host each worker runs on (or will run on next), for the

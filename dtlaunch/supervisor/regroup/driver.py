@@ -62,6 +62,10 @@ class RegroupDriver:
         # a replacement starts with its predecessor's share.
         self._planned_batch = planned_batch
 
+    def replacing(self) -> bool:
+        """A regroup is in flight: another KILL_RESTART now would restart the group."""
+        return self.coordinator.pending is not None
+
     async def kill_restart(self, action: KillRestart, now: float) -> None:
         """Replace a straggler: around the survivors when they can hand over their
         state (every worker attached), else by restarting it (and, in allreduce

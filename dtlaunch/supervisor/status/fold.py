@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dtlaunch.events import Event
+from dtlaunch.supervisor.control.monitor import fast_reference
 from dtlaunch.wire.messages import ActionStatus, NodeStatus, StatusSnapshot
 
 SPARK_POINTS = 40  # BPT points kept per node (one per "reports" event)
@@ -311,7 +312,8 @@ class StatusFold:
         return recent / span if span > 0 else 0.0
 
     def ratio_stragglers(self, lam: float, *, running_only: bool) -> dict[NodeKey, str]:
-        """Workers whose recent equal-share BPT is >= ``lam`` x the workers' mean."""
+        """Workers whose recent equal-share BPT is >= ``lam`` x the fastest
+        quarter's (``monitor.fast_reference``, nd's yardstick)."""
         tracks = [
             t
             for t in self.nodes.values()
@@ -321,13 +323,13 @@ class StatusFold:
             return {}
         batch_ref = sum(max(1, t.batch_size) for t in tracks) / len(tracks)
         eq = {(t.role, t.rank): t.bpt_eq(batch_ref) for t in tracks}
-        mean = sum(eq.values()) / len(eq)
-        if mean <= 0:
+        ref = fast_reference(eq.values())
+        if ref is None or ref <= 0:
             return {}
         return {
-            key: f"{value / mean:.1f}x the mean BPT of its last steps (lambda {lam:g})"
+            key: f"{value / ref:.1f}x the fastest BPT of its last steps (lambda {lam:g})"
             for key, value in eq.items()
-            if value >= lam * mean
+            if value >= lam * ref
         }
 
     def snapshot(

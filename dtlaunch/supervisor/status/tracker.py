@@ -104,19 +104,21 @@ def monitor_stragglers(snap: MonitorSnapshot, lam: float) -> dict[NodeKey, str]:
     """Nodes the Monitor's windows show as stragglers at ``lam``, with why.
 
     Persistent (long window, once it spans most of ``l_per``) wins over transient
-    (short window); servers compare their update times.
+    (short window). Workers are compared with the fastest quarter's equal-share
+    BPT, nd's default yardstick (``monitor.fast_reference``); servers with the
+    mean update time.
     """
     out: dict[NodeKey, str] = {}
-    for rank, ratio, st in _slow(snap.worker_long, snap.mean_bpt_eq_long, lam):
+    for rank, ratio, st in _slow(snap.worker_long, snap.ref_bpt_eq_long, lam):
         if st.span_s >= PERSISTENT_FILL * snap.l_per:
             out["worker", rank] = (
-                f"persistent straggler: {ratio:.1f}x the mean BPT over {st.span_s:.0f} s "
+                f"persistent straggler: {ratio:.1f}x the fastest BPT over {st.span_s:.0f} s "
                 f"(lambda {lam:g})"
             )
-    for rank, ratio, _ in _slow(snap.worker_short, snap.mean_bpt_eq_short, lam):
+    for rank, ratio, _ in _slow(snap.worker_short, snap.ref_bpt_eq_short, lam):
         out.setdefault(
             ("worker", rank),
-            f"transient straggler: {ratio:.1f}x the mean BPT over the last "
+            f"transient straggler: {ratio:.1f}x the fastest BPT over the last "
             f"{snap.l_trans:g} s (lambda {lam:g})",
         )
     for rank, ratio, st in _slow(snap.server_long, snap.mean_update_long, lam):

@@ -94,6 +94,16 @@ class ParamReader:
             )
         return value
 
+    def choice(self, key: str, default: str, choices: tuple[str, ...]) -> str:
+        """One of ``choices``."""
+        self._known.append(key)
+        text = self._raw.get(key, default)
+        if text not in choices:
+            raise ConfigError(
+                f"policy {self.policy}: {key} must be one of {', '.join(choices)}, got {text!r}"
+            )
+        return text
+
     def finish(self) -> None:
         """Refuse parameters nobody asked for (typos must not pass silently)."""
         unknown = sorted(set(self._raw) - set(self._known))

@@ -3,35 +3,54 @@
 Every interval, from one ``MonitorSnapshot``:
 
 1. Persistent stragglers (long window ``l_per``). A worker is one when its
-   equal-share BPT (see ``monitor``) is ``>= lambda x`` the mean over all workers
-   in the window; a server when its mean update time is ``>= lambda x`` the mean
-   over servers. Only nodes whose long window is *full* count: at least
-   ``min_reports`` reports, the oldest at least ``fill x l_per`` seconds before
-   now, so a node that just (re)joined is never judged on a few steps. (How far
-   back the reports reach, not newest minus oldest: reports arrive batched, so
-   the newest is up to a batch old, and a window of a few seconds would
-   otherwise stay "not full" for as long as the batches' phase says.)
-   A persistent straggler is killed and restarted (``KillRestart``) only when
-   replacing it would save at least ``min_saving`` (5 %) of the workers' step
-   time per step (a server 1.6x slower than another at a millisecond of update
-   time is noise), the cluster is not busy, and it pays. "Not busy" (AntDT: the job's pending
-   time is acceptable) is, on a fixed set of hosts, a *free spare host*: one
-   marked ``spare`` in the hostfile with nothing running on it. Restarting on
-   the straggler's own host does not escape contention on that host, so it is
-   done only with ``in_place=1`` (for slowness that lives in the process
-   itself). It pays when
+   equal-share BPT (see ``monitor``) is ``>= lambda x`` the *reference*: with
+   ``reference=fast`` (the default) the mean of the fastest quarter of the
+   workers in the window (``monitor.fast_reference``), with ``reference=mean``
+   the mean over all of them as in the paper, which the stragglers themselves
+   inflate (half the workers 2x slow are only 1.33x the mean). A server is one
+   when its mean update time is ``>= lambda x`` the mean over servers. Only nodes
+   whose long window is *full* count: at least ``min_reports`` reports, the
+   oldest at least ``fill x l_per`` seconds before now, so a node that just
+   (re)joined is never judged on a few steps. (How far back the reports reach,
+   not newest minus oldest: reports arrive batched, so the newest is up to a
+   batch old, and a window of a few seconds would otherwise stay "not full" for
+   as long as the batches' phase says.) A persistent straggler is killed and
+   restarted (``KillRestart``) only when replacing it would save at least
+   ``min_saving`` (5 %) of the workers' step time per step (a server 1.6x slower
+   than another at a millisecond of update time is noise), the cluster is not
+   busy, and it pays. "Not busy" (AntDT: the job's pending time is acceptable)
+   is, on a fixed set of hosts, a *free spare host*: one marked ``spare`` in the
+   hostfile with a slot free. Restarting on the straggler's own host does not
+   escape contention on that host, so it is done only with ``in_place=1`` (for
+   slowness that lives in the process itself). It pays when
 
-       gain = (T_slow - T_mean) x remaining_steps  >  restart_cost_s
+       gain = (T_slow - T_ref) x remaining_steps  >  restart_cost_s
 
    where ``T`` is the long-window equal-share BPT (workers) or update time
-   (servers) per step: in BSP every step waits for the slowest node, so replacing
-   it by an average one saves ``T_slow - T_mean`` per remaining step.
+   (servers) per step and ``T_ref`` the reference (servers: their mean): in BSP
+   every step waits for the slowest node, so replacing it by a healthy one saves
+   ``T_slow - T_ref`` per remaining step.
    ``remaining_steps`` and the measured ``restart_cost_s`` come with the snapshot;
    with ``remaining_steps`` unknown nothing is killed (the cautious choice), and
    without a measured cost the ``restart_cost`` parameter stands in.
    At most one KILL_RESTART per decision (the largest gain), none while the
    snapshot says a restart is pending, and none for ``cooldown`` seconds after
    the previous one.
+
+   *Slowness balancing cannot hide* is acted on without waiting for the long
+   window: a worker whose short window holds a fitted step line (two batch
+   sizes, i.e. after an ADJUST_BS), that is a straggler there, and whose
+   fastest possible step (the line at ``min_batch``) still exceeds the
+   reference step by more than ``margin`` keeps every BSP step long whatever
+   its batch, as a fixed per-step cost does (contention, a slow local disk).
+   It is a candidate at once, with the conservative gain ``(T_floor - T_ref)
+   x remaining_steps``.
+
+   *A slow host*: when every worker on a host with two or more is a
+   candidate, the host is the straggler. Its workers are moved one
+   KILL_RESTART at a time, each to a spare host with a free slot, and the
+   cooldown does not hold back the rest of that host's workers (each still
+   waits for the previous restart to settle).
 2. Transient stragglers (short window ``l_trans``): ADJUST_BS (eq. 3, via the
    shared ``Balancer``) whenever the optimal batch split beats the current one's
    makespan by more than ``margin``. Workers whose short-window equal-share BPT
@@ -43,16 +62,17 @@ Every interval, from one ``MonitorSnapshot``:
    are planned once it reports again.
 3. Otherwise ``NoAction`` with the reasons.
 
-The mean includes the straggler itself, as in the paper; so with two workers and
-``lambda = 1.5`` one must be 3x slower than the other to count.
+With ``reference=mean`` the mean includes the straggler itself, as in the
+paper; so with two workers and ``lambda = 1.5`` one must be 3x slower than the
+other to count (with ``fast``: 1.5x).
 
 Parameters: ``lambda l_trans l_per margin min_batch apply_after tolerance
-min_reports fill cooldown restart_cost in_place min_saving``.
+min_reports fill cooldown restart_cost in_place min_saving reference``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dtlaunch.errors import ConfigError
@@ -69,6 +89,7 @@ DEFAULT_MIN_REPORTS = 5
 DEFAULT_FILL = 0.8  # reports are batched, so a full window spans a bit less than l_per
 DEFAULT_RESTART_COST_S = 60.0  # until the caller has measured a real restart
 DEFAULT_MIN_SAVING = 0.05  # of a step: a smaller saving is not worth a restart
+REFERENCES = ("fast", "mean")  # a straggler's yardstick (module doc)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,8 +98,10 @@ class _Candidate:
     rank: int
     ratio: float
     t_slow: float
-    t_mean: float
+    t_mean: float  # the reference step it is compared to
     gain_s: float
+    fixed: bool = False  # found by its line: slowness balancing cannot hide
+    host: str = ""  # the host it runs on, when known
 
 
 class NdPolicy:
@@ -98,8 +121,17 @@ class NdPolicy:
         self.restart_cost = reader.number("restart_cost", DEFAULT_RESTART_COST_S, low=0.0)
         self.in_place = reader.integer("in_place", 0, low=0) > 0
         self.min_saving = reader.number("min_saving", DEFAULT_MIN_SAVING, low=0.0)
+        self.reference = reader.choice("reference", "fast", REFERENCES)
         reader.finish()
         self._next_kill_at = float("-inf")
+        self._moving_host = ""  # a slow host whose workers are being moved off
+        self._yardstick = "the fastest quarter" if self.reference == "fast" else "the mean"
+
+    def _reference(self, snap: MonitorSnapshot, *, short: bool) -> float | None:
+        """The workers' reference equal-share BPT in the short or long window."""
+        if self.reference == "mean":
+            return snap.mean_bpt_eq_short if short else snap.mean_bpt_eq_long
+        return snap.ref_bpt_eq_short if short else snap.ref_bpt_eq_long
 
     def decide(self, snap: MonitorSnapshot) -> list[Action]:
         inputs = window_inputs(snap, self.lam)
@@ -135,6 +167,7 @@ class NdPolicy:
         notes: list[str],
         step_s: float | None,
         now: float,
+        yardstick: str,
     ) -> list[_Candidate]:
         if mean is None or len(window) < 2:
             return []
@@ -145,7 +178,7 @@ class NdPolicy:
                 continue
             if not self._full(st, now):
                 notes.append(
-                    f"{role} {rank} is {ratio:.2f}x the mean but its long window is not full "
+                    f"{role} {rank} is {ratio:.2f}x {yardstick} but its long window is not full "
                     f"({st.reports} reports over the last {now - st.first_s:.1f} s, need "
                     f"{self.min_reports} over {self.fill * self.l_per:.1f} s)"
                 )
@@ -155,7 +188,7 @@ class NdPolicy:
                 # 1.6x of a millisecond of server update time is noise beside a
                 # step of 300 ms: not worth a process, a spare host and a move.
                 notes.append(
-                    f"{role} {rank} is {ratio:.2f}x the mean, but replacing it would save "
+                    f"{role} {rank} is {ratio:.2f}x {yardstick}, but replacing it would save "
                     f"{saving * 1000:.1f} ms of a {1000 * (step_s or 0):.0f} ms step "
                     f"(min_saving {self.min_saving:g})"
                 )
@@ -173,23 +206,92 @@ class NdPolicy:
             )
         return found
 
+    def _fixed_slowness(
+        self, snap: MonitorSnapshot, ref: float | None, remaining: int, notes: list[str]
+    ) -> list[_Candidate]:
+        """Workers whose fitted line says no batch split can hide their slowness."""
+        if ref is None or len(snap.worker_short) < 2:
+            return []
+        found: list[_Candidate] = []
+        for rank, st in sorted(snap.worker_short.items()):
+            ratio = st.mean_bpt_eq / ref
+            if ratio < self.lam or st.line != "fit" or st.reports < self.min_reports:
+                continue
+            if st.fixed_s is None or st.per_sample_s is None:
+                continue  # (a fitted line has both)
+            floor = st.fixed_s + st.per_sample_s * self.balancer.min_batch
+            if floor <= (1.0 + self.balancer.margin) * ref:
+                continue  # a smaller batch brings it down to the others' step
+            notes.append(
+                f"worker {rank} takes {floor * 1000:.0f} ms a step even at batch "
+                f"{self.balancer.min_batch} ({st.fixed_s * 1000:.0f} ms fixed), "
+                f"{ref * 1000:.0f} ms is {self._yardstick}'s step: ADJUST_BS cannot hide it"
+            )
+            found.append(
+                _Candidate(
+                    role="worker",
+                    rank=rank,
+                    ratio=ratio,
+                    t_slow=floor,
+                    t_mean=ref,
+                    gain_s=(floor - ref) * remaining,
+                    fixed=True,
+                )
+            )
+        return found
+
+    def _worker_candidates(
+        self, snap: MonitorSnapshot, remaining: int, notes: list[str]
+    ) -> list[_Candidate]:
+        """Persistent and fixed-slowness workers (one each, the larger gain), with
+        their hosts; every worker of a slow host, when all of them are found."""
+        step_s = snap.mean_bpt_long  # the workers' step: what a saving is measured against
+        persistent = self._slow_nodes(
+            "worker", snap.worker_long, self._reference(snap, short=False), remaining,
+            notes, step_s, snap.now, self._yardstick,
+        )  # fmt: skip
+        fixed = self._fixed_slowness(snap, self._reference(snap, short=True), remaining, notes)
+        best: dict[int, _Candidate] = {}
+        for c in persistent + fixed:
+            if c.rank not in best or c.gain_s > best[c.rank].gain_s:
+                best[c.rank] = c
+        hosts = {r: d.host for r, d in snap.devices.items()}
+        return [replace(c, host=hosts.get(c.rank, "")) for _, c in sorted(best.items())]
+
+    def _slow_host(self, snap: MonitorSnapshot, workers: list[_Candidate]) -> str:
+        """A host with two or more workers, every one of them a candidate."""
+        found = {c.rank for c in workers}
+        on_host: dict[str, list[int]] = {}
+        for rank, device in snap.devices.items():
+            on_host.setdefault(device.host, []).append(rank)
+        for host, ranks in sorted(on_host.items()):
+            if len(ranks) >= 2 and set(ranks) <= found:
+                return host
+        return ""
+
     def _persistent(
         self, snap: MonitorSnapshot, inputs: dict[str, Any], notes: list[str]
     ) -> KillRestart | None:
         remaining = snap.remaining_steps if snap.remaining_steps is not None else 0
-        step_s = snap.mean_bpt_long  # the workers' step: what a saving is measured against
-        found = self._slow_nodes(
-            "worker", snap.worker_long, snap.mean_bpt_eq_long, remaining, notes, step_s, snap.now
-        ) + self._slow_nodes(
-            "server", snap.server_long, snap.mean_update_long, remaining, notes, step_s, snap.now
-        )
+        step_s = snap.mean_bpt_long
+        workers = self._worker_candidates(snap, remaining, notes)
+        found = workers + self._slow_nodes(
+            "server", snap.server_long, snap.mean_update_long, remaining, notes, step_s,
+            snap.now, "the mean",
+        )  # fmt: skip
+        if not any(c.host == self._moving_host for c in workers):
+            self._moving_host = ""  # moved off, or no longer slow
+        slow_host = self._slow_host(snap, workers) or self._moving_host
         if not found:
             return None
         names = ", ".join(f"{c.role} {c.rank} ({c.ratio:.2f}x)" for c in found)
+        if slow_host:
+            names += f"; every worker on host {slow_host} is slow"
         if snap.restart_pending:
             notes.append(f"persistent straggler {names}; a restart is still settling")
             return None
-        if snap.now < self._next_kill_at:
+        on_slow_host = [c for c in workers if slow_host and c.host == slow_host]
+        if snap.now < self._next_kill_at and not (on_slow_host and self._moving_host):
             notes.append(
                 f"persistent straggler {names}; KILL_RESTART cooldown until "
                 f"t={self._next_kill_at:.0f} s"
@@ -205,9 +307,10 @@ class NdPolicy:
                 "not killing (in_place=1 restarts on the same host)"
             )
             return None
-        worth = [c for c in found if c.gain_s > self._cost(snap, c.role)]
+        # A slow host's workers go first: moving some of them leaves the host slow.
+        worth = [c for c in on_slow_host or found if c.gain_s > self._cost(snap, c.role)]
         if not worth:
-            best = max(found, key=lambda c: c.gain_s)
+            best = max(on_slow_host or found, key=lambda c: c.gain_s)
             notes.append(
                 f"persistent straggler {names}; gain {best.gain_s:.1f} s over "
                 f"{snap.remaining_steps} steps does not exceed restart cost "
@@ -217,13 +320,26 @@ class NdPolicy:
         best = max(worth, key=lambda c: c.gain_s)
         cost = self._cost(snap, best.role)
         self._next_kill_at = snap.now + self.cooldown
+        self._moving_host = slow_host if best.host == slow_host else ""
+        if best.fixed:
+            why = (
+                f"{best.role} {best.rank} takes {best.t_slow * 1000:.0f} ms a step even at "
+                f"batch {self.balancer.min_batch}, {best.ratio:.2f}x {self._yardstick} "
+                f"(lambda {self.lam:g}): no batch split hides it"
+            )
+        else:
+            why = (
+                f"{best.role} {best.rank} is {best.ratio:.2f}x {self._yardstick} over "
+                f"{self.l_per:.0f} s (lambda {self.lam:g})"
+            )
+        if self._moving_host:
+            why = f"slow host {slow_host}: {why}"
         return KillRestart(
             role=best.role,
             rank=best.rank,
             target_host=target,
             reason=(
-                f"persistent straggler: {best.role} {best.rank} is {best.ratio:.2f}x the mean "
-                f"over {self.l_per:.0f} s (lambda {self.lam:g}); gain {best.gain_s:.1f} s > "
+                f"persistent straggler: {why}; gain {best.gain_s:.1f} s > "
                 f"restart cost {cost:.1f} s; restart on "
                 + (f"spare host {target}" if target else "the same host")
             ),
@@ -231,12 +347,15 @@ class NdPolicy:
                 **inputs,
                 "t_slow_s": best.t_slow,
                 "t_mean_s": best.t_mean,
+                "reference": self.reference,
                 "ratio": best.ratio,
                 "remaining_steps": snap.remaining_steps,
                 "gain_s": best.gain_s,
                 "restart_cost_s": cost,
                 "spare_hosts": list(snap.spare_hosts),
                 "candidates": [f"{c.role}:{c.rank}" for c in found],
+                "fixed_slowness": best.fixed,
+                **({"slow_host": slow_host} if slow_host else {}),
             },
         )
 
@@ -251,7 +370,7 @@ class NdPolicy:
     def _transient(
         self, snap: MonitorSnapshot, inputs: dict[str, Any], notes: list[str]
     ) -> AdjustBatchSize | None:
-        mean = snap.mean_bpt_eq_short
+        mean = self._reference(snap, short=True)
         slow: list[int] = []
         if mean is not None and len(snap.worker_short) >= 2:
             slow = [
@@ -262,7 +381,7 @@ class NdPolicy:
         if slow:
             reason = f"transient straggler worker {', '.join(map(str, slow))} (lambda {self.lam:g})"
         else:
-            reason = f"worker throughput changed (none >= lambda {self.lam:g} x the mean)"
+            reason = f"worker throughput changed (none >= lambda {self.lam:g} x {self._yardstick})"
         plan = self.balancer.propose(
             snap, reason=reason, inputs={**inputs, "transient": slow, "notes": list(notes)}
         )
