@@ -37,7 +37,7 @@ def test_lb_bsp_shrinks_the_slow_workers_batch_and_keeps_the_global_batch(tmp_pa
         [
             "run", "--workers", "3", "--restart-scope", "process", "--run-dir", str(run_dir),
             "--policy", policy, "--control-interval", "0.5", *inject_args,
-            *dataset_args(9000, 100, 1, 30), WORKER, str(ledger), "0.02", slow_arg,
+            *dataset_args(4500, 100, 1, 30), WORKER, str(ledger), "0.02", slow_arg,
         ],
         env={},
         timeout=180,
@@ -60,7 +60,7 @@ def test_lb_bsp_shrinks_the_slow_workers_batch_and_keeps_the_global_batch(tmp_pa
         assert seen[step - 1] == sizes[rank] or len(seen) < step  # (a short last batch aside)
     data = summary(run_dir)
     assert data["actions"]["ADJUST_BS"] >= 1
-    assert set(ledger_counts(ledger)) == set(range(9000))  # no record lost on the way
+    assert set(ledger_counts(ledger)) == set(range(4500))  # no record lost on the way
     if inject_args:
         injected = [e for e in events(run_dir) if e["kind"] == "injected"]
         assert injected and all(e["rank"] == 2 for e in injected)
