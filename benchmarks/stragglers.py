@@ -25,6 +25,11 @@ AntDT, the training time from its start to its end (rank 0's loop); the wall tim
 from launch to exit (start-up included) is recorded beside it.
 
     python benchmarks/stragglers.py [--quick] [--intensities 0.8] [--out FILE.json] [--keep]
+    python benchmarks/stragglers.py --scenarios [--quick] [--only NAME,...]
+
+--scenarios: the scenario matrix of ``benchmarks/straggler_scenarios.py`` instead
+(slow hosts with several workers, fixed vs proportional slowness, a straggler
+that appears mid-run or recovers, no spare host); its options follow it.
 
 --quick: intensity 0.8 only, the worker side's five columns. --intensities: the
 full run's every column and check at those intensities only, jobs full length
@@ -439,6 +444,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "0.1,0.3,0.5,0.8; writes stragglers.partial.json unless --out is given)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
+    parser.add_argument(
+        "--scenarios", action="store_true", help="the scenario matrix (straggler_scenarios.py)"
+    )
     opts = parser.parse_args(argv)
     if opts.overhead_pairs is not None and opts.overhead_pairs < 0:
         parser.error("--overhead-pairs must be 0 or more")
@@ -480,6 +488,11 @@ def _stop_on_sigterm(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if "--scenarios" in args:
+        from benchmarks.straggler_scenarios import main as scenarios
+
+        return scenarios([a for a in args if a != "--scenarios"])
     opts = parse_args(argv)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     scenario = QUICK if opts.quick else FULL

@@ -22,6 +22,9 @@ Spec forms (DESIGN.md "Straggler injection")::
   otherwise per (role, rank).
 - ``slowdown`` makes a node ``factor`` times slower: ``(factor - 1) x`` the
   step's compute time.
+- ``after=S`` / ``until=S`` (any kind) limit a spec to the time from ``S`` seconds
+  after the job started (start-up included) / before ``S``: a straggler that
+  appears mid-run, or a slow host that recovers by itself.
 
 Several specs may be given; their delays add up.
 """
@@ -39,7 +42,7 @@ __all__ = ["InjectionSpec", "injected_delay", "parse_injection", "parse_injectio
 
 KINDS = ("persistent", "transient", "slowdown")
 ROLES = ("worker", "server")
-_COMMON_KEYS = ("role", "ranks", "hosts")
+_COMMON_KEYS = ("role", "ranks", "hosts", "after", "until")
 _KIND_KEYS: dict[str, tuple[str, ...]] = {
     "persistent": ("delay",),
     "transient": ("prob", "period", "duration", "sleep", "intensity"),
@@ -68,6 +71,8 @@ class InjectionSpec:
     sleep: float = 0.0
     intensity: float = 1.0
     factor: float = 1.0
+    after: float = 0.0  # seconds since the job started: active from here...
+    until: float = math.inf  # ...until here
     text: str = ""
 
     def applies_to(self, *, role: str, rank: int, host: str) -> bool:
@@ -77,6 +82,10 @@ class InjectionSpec:
         if self.ranks is not None and rank not in self.ranks:
             return False
         return self.hosts is None or host in self.hosts
+
+    def active_at(self, now: float) -> bool:
+        """Whether the spec applies ``now`` seconds after the job started."""
+        return self.after <= now < self.until
 
 
 def parse_injections(texts: Iterable[str]) -> tuple[InjectionSpec, ...]:
@@ -131,6 +140,8 @@ def parse_injection(text: str) -> InjectionSpec:
         sleep=nums.get("sleep", 0.0),
         intensity=nums.get("intensity", 1.0),
         factor=nums.get("factor", 1.0),
+        after=nums.get("after", 0.0),
+        until=nums.get("until", math.inf),
         text=text.strip(),
     )
     _check_ranges(text, spec)
@@ -156,7 +167,7 @@ def injected_delay(
     total = 0.0
     base: int | None = None
     for index, spec in enumerate(specs):
-        if not spec.applies_to(role=role, rank=rank, host=host):
+        if not spec.applies_to(role=role, rank=rank, host=host) or not spec.active_at(now):
             continue
         if spec.kind == "persistent":
             total += spec.delay
@@ -246,6 +257,8 @@ def _check_ranges(text: str, spec: InjectionSpec) -> None:
         "sleep": spec.sleep >= 0,
         "intensity": 0 <= spec.intensity <= 1,
         "factor": spec.factor >= 1,
+        "after": spec.after >= 0,
+        "until": spec.until > spec.after,
     }
     rules = {
         "delay": "seconds >= 0",
@@ -255,6 +268,8 @@ def _check_ranges(text: str, spec: InjectionSpec) -> None:
         "sleep": "seconds >= 0",
         "intensity": "in [0, 1]",
         "factor": ">= 1 (10 means 10x slower)",
+        "after": "seconds >= 0 since the job started",
+        "until": "seconds since the job started, after 'after'",
     }
     for key, ok in problems.items():
         if not ok:

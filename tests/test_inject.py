@@ -53,7 +53,7 @@ def test_rank_ranges_and_host_lists():
         ),
         (
             "persistent:delay=1,speed=2",
-            "unknown key 'speed'; valid keys: role, ranks, hosts, delay",
+            "unknown key 'speed'; valid keys: role, ranks, hosts, after, until, delay",
         ),
         ("persistent:role=worker", "persistent needs delay"),
         ("transient:period=30,sleep=1", "transient needs duration"),
@@ -73,6 +73,8 @@ def test_rank_ranges_and_host_lists():
         ("transient:period=0,duration=0,sleep=1", "period must be seconds > 0"),
         ("transient:period=30,duration=5,sleep=1,intensity=2", "intensity must be in [0, 1]"),
         ("slowdown:factor=0.5", "factor must be >= 1"),
+        ("persistent:delay=1,after=-2", "after must be seconds >= 0 since the job started"),
+        ("persistent:delay=1,after=20,until=10", "until must be seconds since the job started"),
         ("slowdown:factor=", "key 'factor' has no value"),
     ],
 )
@@ -96,6 +98,17 @@ def test_persistent_and_slowdown_math_and_binding():
     assert delay(both, rank=1, host="busy") == 2.0
     assert delay(both, rank=1, host="other") == 0.0
     assert delay([per, slow, by_host], rank=3, host="busy") == 6.0  # specs add up
+
+
+def test_after_and_until_bound_a_spec_in_job_time():
+    appears = parse_injection("persistent:hosts=busy,delay=0.3,after=20")
+    assert delay(appears, host="busy", now=19.9) == 0.0
+    assert delay(appears, host="busy", now=20.0) == 0.3
+    recovers = parse_injection("slowdown:factor=3,until=40")
+    assert delay(recovers, now=39.0, compute=0.1) == pytest.approx(0.2)
+    assert delay(recovers, now=40.0, compute=0.1) == 0.0
+    episode = parse_injection("transient:period=30,duration=30,sleep=1,after=30,until=60")
+    assert [delay(episode, now=n) for n in (10.0, 35.0, 65.0)] == [0.0, 1.0, 0.0]
 
 
 def test_transient_is_on_for_duration_each_period():
