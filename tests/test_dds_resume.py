@@ -113,7 +113,7 @@ def kill_loop(tmp_path: Path, *, kills: int, n: int, seed: int) -> None:
 
 def test_supervisor_killed_15_times_and_resumed_loses_nothing(tmp_path):
     # make test's share of the loop; test-slow runs 300 kills below
-    kill_loop(tmp_path, kills=15, n=15000, seed=11)
+    kill_loop(tmp_path, kills=15, n=30000, seed=11)
 
 
 @pytest.mark.slow

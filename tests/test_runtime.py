@@ -117,6 +117,15 @@ def test_prefetch_zero_fetches_on_demand(tmp_path, keys):
     assert_each_record_once_per_epoch(fake, run)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("attempt", range(25))
+def test_prefetch_zero_never_fetches_ahead_in_a_loop(tmp_path, keys, attempt):
+    """The race behind a CI failure: the training thread shrank the queue before
+    the loop thread heard it was no longer waiting, so a fetch pump in between
+    asked for a shard nobody wanted (6 of 25 runs beside two busy cores)."""
+    test_prefetch_zero_fetches_on_demand(tmp_path, keys)
+
+
 @pytest.mark.integration
 def test_rehello_sends_hello_with_held_leases(tmp_path, keys):
     spec = DatasetSpec(dataset_size=120, shard_size=10, epochs=1, global_batch=4)

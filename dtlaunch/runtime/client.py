@@ -154,8 +154,10 @@ class SupervisorClient:
             if isinstance(item.error, DtlaunchError):
                 raise item.error
             raise RuntimeError(f"the connection to the supervisor failed: {item.error!r}")
-        self._shared.queued.add(-(item.end - item.start))
-        self._call(self._link.lease_taken)
+        # The loop thread shrinks the queue and clears "waiting" in one callback:
+        # done here, its fetch pump could read the consumer as still waiting and
+        # the queue as already empty, and fetch a shard nobody asked for.
+        self._call(self._link.lease_taken, item.end - item.start)
         return item
 
     def ack(self, lease_ids: Sequence[int], step: int) -> None:

@@ -117,7 +117,8 @@ class Ask:
 
 
 class QueuedRecords:
-    """Records granted but not yet taken by the training thread (both threads)."""
+    """Records granted but not yet taken by the training thread (changed on the
+    loop thread only; read from both)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -193,8 +194,11 @@ class SupervisorLink:
         self._consumer_waiting = True
         self._wake.set()
 
-    def lease_taken(self) -> None:
+    def lease_taken(self, records: int) -> None:
+        """The training thread took a lease of ``records``: on this thread, so
+        the fetch pump sees the queue and the waiting flag change together."""
         self._consumer_waiting = False
+        self._shared.queued.add(-records)
         self._wake.set()
 
     def add_acks(self, lease_ids: list[int], step: int) -> None:

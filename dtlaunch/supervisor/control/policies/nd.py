@@ -46,11 +46,12 @@ Every interval, from one ``MonitorSnapshot``:
    It is a candidate at once, with the conservative gain ``(T_floor - T_ref)
    x remaining_steps``.
 
-   *A slow host*: when every worker on a host with two or more is a
-   candidate, the host is the straggler. Its workers are moved one
+   *A slow host*: when every worker on a host with two or more is slow
+   (``>= lambda x`` the reference in its long window, full or not) and one of
+   them is a candidate, the host is the straggler. Its workers are moved one
    KILL_RESTART at a time, each to a spare host with a free slot, and the
-   cooldown does not hold back the rest of that host's workers (each still
-   waits for the previous restart to settle).
+   cooldown does not hold back the rest of that host's workers while any of
+   them is still slow (each still waits for the previous restart to settle).
 2. Transient stragglers (short window ``l_trans``): ADJUST_BS (eq. 3, via the
    shared ``Balancer``) whenever the optimal batch split beats the current one's
    makespan by more than ``margin``. Workers whose short-window equal-share BPT
@@ -258,14 +259,30 @@ class NdPolicy:
         hosts = {r: d.host for r, d in snap.devices.items()}
         return [replace(c, host=hosts.get(c.rank, "")) for _, c in sorted(best.items())]
 
-    def _slow_host(self, snap: MonitorSnapshot, workers: list[_Candidate]) -> str:
-        """A host with two or more workers, every one of them a candidate."""
-        found = {c.rank for c in workers}
-        on_host: dict[str, list[int]] = {}
+    def _slow_workers_by_host(self, snap: MonitorSnapshot) -> dict[str, tuple[int, int]]:
+        """host -> (workers placed there, how many of them are >= lambda x the
+        reference in their long window): the evidence that a host is slow, full
+        window or not (a candidate must still qualify on its own to be moved)."""
+        ref = self._reference(snap, short=False)
+        out: dict[str, tuple[int, int]] = {}
         for rank, device in snap.devices.items():
-            on_host.setdefault(device.host, []).append(rank)
-        for host, ranks in sorted(on_host.items()):
-            if len(ranks) >= 2 and set(ranks) <= found:
+            st = snap.worker_long.get(rank)
+            slow = ref is not None and st is not None and st.mean_bpt_eq >= self.lam * ref
+            placed, slow_count = out.get(device.host, (0, 0))
+            out[device.host] = (placed + 1, slow_count + int(slow))
+        return out
+
+    def _slow_host(self, snap: MonitorSnapshot, workers: list[_Candidate]) -> str:
+        """The host to move off: the one being moved off while any worker left
+        there is still slow, else a host with two or more workers, all of them
+        slow, one of them a candidate."""
+        by_host = self._slow_workers_by_host(snap)
+        if self._moving_host and by_host.get(self._moving_host, (0, 0))[1] > 0:
+            return self._moving_host
+        self._moving_host = ""  # moved off, or no longer slow
+        candidates_on = {c.host for c in workers}
+        for host, (placed, slow) in sorted(by_host.items()):
+            if placed >= 2 and slow == placed and host in candidates_on:
                 return host
         return ""
 
@@ -279,9 +296,7 @@ class NdPolicy:
             "server", snap.server_long, snap.mean_update_long, remaining, notes, step_s,
             snap.now, "the mean",
         )  # fmt: skip
-        if not any(c.host == self._moving_host for c in workers):
-            self._moving_host = ""  # moved off, or no longer slow
-        slow_host = self._slow_host(snap, workers) or self._moving_host
+        slow_host = self._slow_host(snap, workers)
         if not found:
             return None
         names = ", ".join(f"{c.role} {c.rank} ({c.ratio:.2f}x)" for c in found)
