@@ -1,13 +1,42 @@
-"""Running one benchmark job to completion, the same way in every benchmark."""
+"""Running one benchmark job to completion, the same way in every benchmark, and
+the loopback SSH hosts the jobs run on."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
-__all__ = ["timed_run"]
+__all__ = ["loopback_sshd", "timed_run"]
+
+
+@contextlib.contextmanager
+def loopback_sshd(
+    addresses: Sequence[str], *, name: str, keep: bool
+) -> Iterator[tuple[Any, Path, dict[str, str]]]:
+    """A real sshd listening on ``addresses`` (loopback "hosts"), a scratch folder
+    for run directories (kept if ``keep``) and the environment that makes
+    ``dtlaunch`` reach the sshd; all stopped and removed on exit."""
+    from tests.sshd import running_sshd
+
+    with (
+        contextlib.ExitStack() as stack,
+        tempfile.TemporaryDirectory(prefix=f"{name}-sshd-") as tmp,
+        running_sshd(Path(tmp), addresses=addresses) as server,
+    ):
+        root = Path(tempfile.mkdtemp(prefix=f"{name}-runs-"))
+        if not keep:
+            stack.callback(shutil.rmtree, root, ignore_errors=True)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **server.env())
+        env.pop("DTLAUNCH_HOSTS", None)
+        yield server, root, env
 
 
 def timed_run(

@@ -29,10 +29,8 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -42,7 +40,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.jobrun import timed_run  # noqa: E402
+from benchmarks.jobrun import loopback_sshd, timed_run  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 SYNTHETIC = REPO / "examples" / "synthetic.py"
@@ -197,18 +195,7 @@ class Cluster:
 
 @contextlib.contextmanager
 def loopback_cluster(keep: bool) -> Iterator[Cluster]:
-    from tests.sshd import running_sshd
-
-    with (
-        contextlib.ExitStack() as stack,
-        tempfile.TemporaryDirectory(prefix="scenarios-sshd-") as tmp,
-        running_sshd(Path(tmp), addresses=HOSTS + SPARES) as server,
-    ):
-        root = Path(tempfile.mkdtemp(prefix="scenarios-runs-"))
-        if not keep:
-            stack.callback(shutil.rmtree, root, ignore_errors=True)
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **server.env())
-        env.pop("DTLAUNCH_HOSTS", None)
+    with loopback_sshd(HOSTS + SPARES, name="scenarios", keep=keep) as (server, root, env):
         yield Cluster(env=env, work=root, write=server.write_hostfile)
 
 

@@ -50,11 +50,9 @@ import math
 import os
 import random
 import re
-import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -64,7 +62,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.jobrun import timed_run  # noqa: E402
+from benchmarks.jobrun import loopback_sshd, timed_run  # noqa: E402
 from benchmarks.stragglers_report import (  # noqa: E402
     COLUMNS,
     render_markdown,
@@ -289,16 +287,11 @@ def loopback_cluster(keep: bool) -> Iterator[Cluster]:
     """A real sshd on 127.0.0.2-11 and hostfiles: one worker slot on each of 8
     hosts, 2 spares, and for PS mode a server slot beside workers 0 (and 1);
     run directories go to a scratch folder (kept if ``keep``)."""
-    from tests.sshd import running_sshd
-
-    with (
-        contextlib.ExitStack() as stack,
-        tempfile.TemporaryDirectory(prefix="stragglers-sshd-") as tmp,
-        running_sshd(Path(tmp), addresses=WORKER_HOSTS + SPARE_HOSTS) as server,
+    with loopback_sshd(WORKER_HOSTS + SPARE_HOSTS, name="stragglers", keep=keep) as (
+        server,
+        root,
+        env,
     ):
-        root = Path(tempfile.mkdtemp(prefix="stragglers-runs-"))
-        if not keep:
-            stack.callback(shutil.rmtree, root, ignore_errors=True)
         hostfiles = {}
         for servers in (0, 1, 2):
             with_server = SERVER_HOSTS[:servers]
@@ -308,8 +301,6 @@ def loopback_cluster(keep: bool) -> Iterator[Cluster]:
             ]
             lines += [f"{h} slots=1 spare" for h in SPARE_HOSTS]
             hostfiles[servers] = server.write_hostfile(root / f"hosts-{servers}", lines)
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **server.env())
-        env.pop("DTLAUNCH_HOSTS", None)
         yield Cluster(hostfiles=hostfiles, env=env, work=root)
 
 
