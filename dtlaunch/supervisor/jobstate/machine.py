@@ -1056,11 +1056,14 @@ class JobState:
         """Up, with a slot (and on a GPU host a GPU) that nothing runs or waits on."""
         if self.agents[host].state is not AgentState.UP:
             return False
+        # What runs or waits there, and what is on its way there (a KILL_RESTART
+        # stopping on another host), plus a replaced process that still runs.
         used = sum(
-            1 for s in self.procs.values() if s.host == host and s.state in _BUSY_PROC_STATES
+            1
+            for s in self.procs.values()
+            if (s.host == host and s.state in _BUSY_PROC_STATES) or s.next_host == host != s.host
         )
         used += sum(1 for held, _ in self.retiring.values() if held == host)
-        used += sum(1 for s in self.procs.values() if s.next_host == host != s.host)  # moving in
         if used >= self.host_slots.get(host, 1):
             return False
         gpus = self.host_gpus.get(host, 0)

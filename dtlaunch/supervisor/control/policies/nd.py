@@ -163,18 +163,18 @@ class NdPolicy:
         self,
         role: str,
         window: dict[int, WindowStats],
-        mean: float | None,
+        reference: float | None,
         remaining: int,
         notes: list[str],
         step_s: float | None,
         now: float,
         yardstick: str,
     ) -> list[_Candidate]:
-        if mean is None or len(window) < 2:
+        if reference is None or len(window) < 2:
             return []
         found: list[_Candidate] = []
         for rank, st in sorted(window.items()):
-            ratio = st.mean_bpt_eq / mean
+            ratio = st.mean_bpt_eq / reference
             if ratio < self.lam:
                 continue
             if not self._full(st, now):
@@ -184,7 +184,7 @@ class NdPolicy:
                     f"{self.min_reports} over {self.fill * self.l_per:.1f} s)"
                 )
                 continue
-            saving = st.mean_bpt_eq - mean  # per step, once an average node replaces it
+            saving = st.mean_bpt_eq - reference  # per step, once a healthy node replaces it
             if step_s is None or saving < self.min_saving * step_s:
                 # 1.6x of a millisecond of server update time is noise beside a
                 # step of 300 ms: not worth a process, a spare host and a move.
@@ -201,7 +201,7 @@ class NdPolicy:
                     rank=rank,
                     ratio=ratio,
                     t_slow=st.mean_bpt_eq,
-                    t_mean=mean,
+                    t_mean=reference,
                     gain_s=gain,
                 )
             )
@@ -242,11 +242,10 @@ class NdPolicy:
         return found
 
     def _worker_candidates(
-        self, snap: MonitorSnapshot, remaining: int, notes: list[str]
+        self, snap: MonitorSnapshot, remaining: int, notes: list[str], step_s: float | None
     ) -> list[_Candidate]:
-        """Persistent and fixed-slowness workers (one each, the larger gain), with
-        their hosts; every worker of a slow host, when all of them are found."""
-        step_s = snap.mean_bpt_long  # the workers' step: what a saving is measured against
+        """Persistent and fixed-slowness workers (one entry each, the larger gain),
+        each with the host it runs on."""
         persistent = self._slow_nodes(
             "worker", snap.worker_long, self._reference(snap, short=False), remaining,
             notes, step_s, snap.now, self._yardstick,
@@ -290,8 +289,8 @@ class NdPolicy:
         self, snap: MonitorSnapshot, inputs: dict[str, Any], notes: list[str]
     ) -> KillRestart | None:
         remaining = snap.remaining_steps if snap.remaining_steps is not None else 0
-        step_s = snap.mean_bpt_long
-        workers = self._worker_candidates(snap, remaining, notes)
+        step_s = snap.mean_bpt_long  # the workers' step: what a saving is measured against
+        workers = self._worker_candidates(snap, remaining, notes, step_s)
         found = workers + self._slow_nodes(
             "server", snap.server_long, snap.mean_update_long, remaining, notes, step_s,
             snap.now, "the mean",
