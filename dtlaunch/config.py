@@ -28,8 +28,28 @@ PS_SERVERS = ("builtin", "script")  # python -m dtlaunch.ps, or the user's own (
 PS_CONSISTENCY = ("bsp", "asp")
 DEFAULT_PS_BLOCK_BYTES = 4 << 20
 RESTART_SCOPES = ("group", "process")
+# Hosts reached over SSH at once (check, agent launch; see dtlaunch.fanout): well
+# inside a default sshd's MaxStartups when the hosts are distinct machines, and
+# enough to keep a 2-core client busy.
+DEFAULT_SSH_CONCURRENCY = 64
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_concurrency(value: int, option: str = "--ssh-concurrency") -> int:
+    """``value`` when it is a usable bound on hosts in progress at once (1 or more).
+
+    Raises:
+        ConfigError: ``value`` is below 1 (or not a whole number), naming the option
+            and the fix.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(
+            f"{option} is {value!r}; expected a whole number of hosts contacted at once, "
+            f"at least 1 (default {DEFAULT_SSH_CONCURRENCY}); lower it when sshd drops "
+            "connections (MaxStartups), raise it for many hosts on a fast network"
+        )
+    return value
 
 
 def new_run_id() -> str:
@@ -103,6 +123,7 @@ class JobSpec:
     metrics_port: int | None = None
     ssh_config: tuple[str, ...] = ()
     verify_host_keys: bool = True
+    ssh_concurrency: int = DEFAULT_SSH_CONCURRENCY  # hosts an agent launch reaches at once
     inject: tuple[str, ...] = ()
     control_interval: float = 10.0  # seconds between two decisions of the policy
     created: float = 0.0  # Unix time the job was created: the job-wide clock's zero
@@ -201,6 +222,7 @@ class JobSpec:
             )
         if self.control_interval <= 0:
             raise ConfigError(f"--control-interval must be positive, got {self.control_interval}")
+        check_concurrency(self.ssh_concurrency)
         if self.mode == "ps" and self.policy.partition(":")[0].strip() == "dd":
             raise ConfigError(
                 "--policy dd plans gradient accumulation for allreduce jobs (job.bsp_batches); "
@@ -296,6 +318,7 @@ class RunOptions:
     metrics_port: int | None = None
     ssh_config: list[Path] | None = None
     insecure_no_host_key_check: bool = False
+    ssh_concurrency: int = DEFAULT_SSH_CONCURRENCY
     dataset_size: int = 0
     shard_size: int = 0
     epochs: int = 1
@@ -343,6 +366,7 @@ class RunOptions:
             metrics_port=self.metrics_port,
             ssh_config=tuple(str(p.expanduser()) for p in self.ssh_config or []),
             verify_host_keys=not self.insecure_no_host_key_check,
+            ssh_concurrency=self.ssh_concurrency,
             dataset_size=self.dataset_size,
             shard_size=self.shard_size,
             epochs=self.epochs,

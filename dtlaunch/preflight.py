@@ -12,8 +12,13 @@ workdir    the ``--workdir`` directory exists there
 ports      the host can bind ``ports_needed`` free TCP ports at once
 =========  =======================================================================
 
-The remote checks run ``python -c SNIPPET`` over the SSH connection; each snippet
+The remote checks are one ``python -c SNIPPET`` over the SSH connection (one
+session per host: each costs the remote login shell's start-up); the snippet
 prints one marker line, so output from the user's shell start-up files is ignored.
+
+At most ``--ssh-concurrency`` hosts are checked at once (:mod:`dtlaunch.fanout`);
+a host's timeout starts when its turn does. With many hosts the table shows the
+failed ones and sums the others up in its title (:func:`render_checks`).
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from dataclasses import dataclass, field
 import asyncssh
 from rich.text import Text
 
+from dtlaunch.config import DEFAULT_SSH_CONCURRENCY, check_concurrency
 from dtlaunch.errors import ConfigError, HostCheckError, SshError
+from dtlaunch.fanout import fan_out
 from dtlaunch.hostfile import HostSpec
 from dtlaunch.sshconn import SshConnectError, SshFailure, SshOptions, connect, run_remote
 from dtlaunch.ui.fit import FitTable
@@ -40,40 +47,35 @@ OK = "ok"
 SKIPPED = "skipped"
 UNVERIFIED = "NOT verified"  # host key checks were turned off by the user
 MIN_PYTHON = (3, 11)
+# More hosts than this: the check table shows the failed ones, the rest in one row.
+ALL_ROWS_UP_TO = 16
 _MARKER = "DTLAUNCH-CHECK "
 
-# Runs on any Python 2.7/3.x, so that an old interpreter is reported, not a SyntaxError.
-_PYTHON_PROBE = """\
-import json, sys
+# One run per host does every remote check (python, dtlaunch, workdir, ports):
+# each SSH session costs the remote login shell's start-up, often more than the
+# check itself. It runs on any Python 2.7/3.x, so that an old interpreter is
+# reported, not a SyntaxError; argv: workdir, ports needed.
+_PROBE = """\
+import json, os, socket, sys
 r = {"python": "%d.%d.%d" % tuple(sys.version_info[:3])}
 try:
     import dtlaunch
     r["dtlaunch"] = str(getattr(dtlaunch, "__version__", "unknown"))
 except Exception as e:
     r["error"] = "%s: %s" % (type(e).__name__, e)
-print("DTLAUNCH-CHECK " + json.dumps(r))
-"""
-
-_WORKDIR_PROBE = """\
-import json, os, sys
 p = os.path.abspath(os.path.expanduser(sys.argv[1]))
-ok = os.path.isdir(p) and os.access(p, os.R_OK | os.X_OK)
-print("DTLAUNCH-CHECK " + json.dumps({"path": p, "exists": os.path.exists(p),
-      "isdir": os.path.isdir(p), "ok": ok}))
-"""
-
-_PORTS_PROBE = """\
-import json, socket, sys
+r["workdir"] = {"path": p, "exists": os.path.exists(p), "isdir": os.path.isdir(p),
+                "ok": os.path.isdir(p) and os.access(p, os.R_OK | os.X_OK)}
 socks = []
 try:
-    for _ in range(int(sys.argv[1])):
+    for _ in range(int(sys.argv[2])):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         socks.append(s)
         s.bind(("", 0))
         s.listen(1)
-    r = {"ports": [s.getsockname()[1] for s in socks]}
+    r["ports"] = {"ports": [s.getsockname()[1] for s in socks]}
 except OSError as e:
-    r = {"error": str(e), "bound": len(socks) - 1}
+    r["ports"] = {"error": str(e), "bound": len(socks) - 1}
 finally:
     for s in socks:
         s.close()
@@ -118,11 +120,15 @@ async def check_hosts(
     expected_version: str,
     ports_needed: int = 2,
     timeout: float = 20.0,  # noqa: ASYNC109 - a budget per host, not for the whole call
+    concurrency: int = DEFAULT_SSH_CONCURRENCY,
 ) -> list[HostCheck]:
-    """Check every host in parallel; results come in the order of ``hosts``.
+    """Check every host, ``concurrency`` of them at once; results come in the
+    order of ``hosts``. A host's ``timeout`` starts when its turn does, not while
+    it waits behind other hosts (see :mod:`dtlaunch.fanout`).
 
     Raises:
-        ConfigError: ``python``/``workdir`` empty, ``ports_needed`` < 0 or ``timeout`` <= 0.
+        ConfigError: ``python``/``workdir`` empty, ``ports_needed`` < 0, ``timeout``
+            <= 0 or ``concurrency`` < 1.
     """
     if not python.strip():
         raise ConfigError("--python is empty; expected the interpreter path to use on the hosts")
@@ -132,22 +138,20 @@ async def check_hosts(
         raise ConfigError(f"ports_needed is {ports_needed}; expected 0 or more")
     if not timeout > 0:
         raise ConfigError(f"check timeout is {timeout}; expected a number of seconds > 0")
-    async with asyncio.TaskGroup() as group:
-        tasks = [
-            group.create_task(
-                _check_host(
-                    host,
-                    opts,
-                    python=python,
-                    workdir=workdir,
-                    expected_version=expected_version,
-                    ports_needed=ports_needed,
-                    timeout=timeout,
-                )
-            )
-            for host in hosts
-        ]
-    return [task.result() for task in tasks]
+    check_concurrency(concurrency)
+
+    async def one(host: HostSpec) -> HostCheck:
+        return await _check_host(
+            host,
+            opts,
+            python=python,
+            workdir=workdir,
+            expected_version=expected_version,
+            ports_needed=ports_needed,
+            timeout=timeout,
+        )
+
+    return await fan_out(hosts, one, limit=concurrency)
 
 
 async def _check_host(
@@ -171,11 +175,14 @@ async def _check_host(
                 progress.passed("ssh")
                 progress.passed("host key", OK if opts.verify_host_keys else UNVERIFIED)
                 remote = _Remote(conn=conn, label=host.label, python=python, limit=timeout)
-                progress.version = await remote.check_python(expected_version, progress)
+                status, report, err = await remote.probe(_PROBE, workdir, str(ports_needed))
+                progress.version = remote.check_python(
+                    report, status, err, expected_version, progress
+                )
                 progress.passed("dtlaunch")
-                await remote.check_workdir(workdir)
+                remote.check_workdir(report, err, workdir)
                 progress.passed("workdir")
-                await remote.check_ports(ports_needed)
+                remote.check_ports(report, err, ports_needed)
                 progress.passed("ports")
     except HostCheckError as exc:
         return progress.failed(host.label, exc.problem, exc.fix)
@@ -255,9 +262,15 @@ class _Remote:
         lines = err.strip().splitlines()
         return status, report, lines[-1] if lines else ""
 
-    async def check_python(self, expected_version: str, progress: _Progress) -> str:
+    def check_python(
+        self,
+        report: dict[str, object] | None,
+        status: int,
+        err: str,
+        expected_version: str,
+        progress: _Progress,
+    ) -> str:
         """Check the interpreter, then dtlaunch in it; return dtlaunch's version there."""
-        status, report, err = await self.probe(_PYTHON_PROBE)
         python = self.python
         use_other = f"pass --python with the path of a Python >= 3.11 that exists on {self.label}"
         if report is None:
@@ -292,17 +305,17 @@ class _Remote:
             )
         return version
 
-    async def check_workdir(self, workdir: str) -> None:
-        _status, report, err = await self.probe(_WORKDIR_PROBE, workdir)
-        if report is None:
+    def check_workdir(self, report: dict[str, object] | None, err: str, workdir: str) -> None:
+        found = report.get("workdir") if report else None
+        if not isinstance(found, dict):
             raise HostCheckError(
                 f"probe failed: {err[:60]}", f"run {self.python} on {self.label} to see why"
             )
-        if not report.get("ok"):
-            path = report.get("path", workdir)
-            if not report.get("exists"):
+        if not found.get("ok"):
+            path = found.get("path", workdir)
+            if not found.get("exists"):
                 state = "missing"
-            elif not report.get("isdir"):
+            elif not found.get("isdir"):
                 state = "not a directory"
             else:
                 state = "not accessible"
@@ -312,13 +325,13 @@ class _Remote:
                 "directory that exists on every host",
             )
 
-    async def check_ports(self, ports_needed: int) -> None:
+    def check_ports(self, report: dict[str, object] | None, err: str, ports_needed: int) -> None:
         if ports_needed == 0:
             return
-        _status, report, err = await self.probe(_PORTS_PROBE, str(ports_needed))
-        ports = report.get("ports") if report else None
+        found = report.get("ports") if report else None
+        ports = found.get("ports") if isinstance(found, dict) else None
         if not isinstance(ports, list) or len(ports) != ports_needed:
-            reason = str(report.get("error", "")) if report else err
+            reason = str(found.get("error", "")) if isinstance(found, dict) else err
             raise HostCheckError(
                 f"cannot bind {ports_needed} ports: {reason[:50]}",
                 f"free some TCP ports on {self.label} or widen net.ipv4.ip_local_port_range",
@@ -337,15 +350,23 @@ def _cell(value: str) -> Text:
 
 def render_checks(results: list[HostCheck]) -> FitTable:
     """A row per host, a column per check, then status and fix; in a narrow
-    terminal an entry per host with its fix below (see :class:`FitTable`)."""
-    failed = sum(not r.ok for r in results)
+    terminal an entry per host with its fix below (see :class:`FitTable`).
+
+    Beyond ``ALL_ROWS_UP_TO`` hosts only the failed ones get a row, and one
+    last row sums up those that passed (each column: the values they show)."""
+    failed = [r for r in results if not r.ok]
+    passed = [r for r in results if r.ok]
+    summed = len(results) > ALL_ROWS_UP_TO and len(passed) > 1
+    title = f"dtlaunch check: {len(passed)} of {len(results)} hosts OK"
+    if summed and failed:
+        title += f"; the {len(failed)} that failed first"
     table = FitTable(
-        title=f"dtlaunch check: {len(results) - failed} of {len(results)} hosts OK",
+        title=title,
         columns=("host", *CHECKS, "status"),
         long_header="fix",
         no_wrap=frozenset({"host", "status"}),
     )
-    for result in results:
+    for result in failed if summed else results:
         status = Text("OK", style="bold green") if result.ok else Text("FAIL", style="bold red")
         table.add_row(
             Text(result.host, style="bold"),
@@ -353,4 +374,28 @@ def render_checks(results: list[HostCheck]) -> FitTable:
             status,
             long=result.fix,
         )
+    if summed:
+        others = "other " if failed else ""
+        table.add_row(
+            Text(f"{len(passed)} {others}hosts", style="bold"),
+            *(_summed_cell([r.items.get(name, SKIPPED) for r in passed]) for name in CHECKS),
+            Text("OK", style="bold green"),
+            long="",
+        )
     return table
+
+
+def _summed_cell(values: list[str]) -> Text:
+    """The distinct values of one column over many hosts, the most frequent first."""
+    counts: dict[str, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    if len(counts) == 1:
+        return _cell(values[0])
+    text = Text()
+    for index, (value, count) in enumerate(sorted(counts.items(), key=lambda kv: -kv[1])):
+        if index:
+            text.append(", ")
+        text.append_text(_cell(value))
+        text.append(f" x{count}")
+    return text

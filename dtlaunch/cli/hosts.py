@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from dtlaunch.cli.app import err_console, fail, setup_logging
+from dtlaunch.config import DEFAULT_SSH_CONCURRENCY
 from dtlaunch.errors import DtlaunchError
 from dtlaunch.hostfile import load_hosts
 from dtlaunch.version import __version__
@@ -33,7 +34,17 @@ def check(
         list[Path] | None,
         typer.Option(envvar="DTLAUNCH_SSH_CONFIG", help="ssh_config file (default ~/.ssh/config)."),
     ] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds per host.")] = 20.0,
+    timeout: Annotated[
+        float,
+        typer.Option(help="Seconds per host, counted from its turn (see --ssh-concurrency)."),
+    ] = 20.0,
+    ssh_concurrency: Annotated[
+        int,
+        typer.Option(
+            envvar="DTLAUNCH_SSH_CONCURRENCY",
+            help="Hosts checked at once; the others wait their turn.",
+        ),
+    ] = DEFAULT_SSH_CONCURRENCY,
 ) -> None:
     """Check every host in parallel: ssh, host key, python, dtlaunch, workdir, ports."""
     setup_logging(False)
@@ -51,6 +62,7 @@ def check(
                 workdir=workdir or os.getcwd(),
                 expected_version=__version__,
                 timeout=timeout,
+                concurrency=ssh_concurrency,
             )
         )
     except DtlaunchError as err:

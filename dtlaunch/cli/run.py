@@ -21,7 +21,7 @@ from dtlaunch.cli.jobfile import (
     load_job_file,
     show_resolved_options,
 )
-from dtlaunch.config import DEFAULT_PS_BLOCK_BYTES, JobSpec, RunOptions
+from dtlaunch.config import DEFAULT_PS_BLOCK_BYTES, DEFAULT_SSH_CONCURRENCY, JobSpec, RunOptions
 from dtlaunch.errors import DtlaunchError
 from dtlaunch.proctitle import name_this_process
 
@@ -231,6 +231,14 @@ InsecureNoHostKeyCheckOption = Annotated[
     bool,
     typer.Option(help="DANGEROUS: accept any SSH host key (man-in-the-middle possible)."),
 ]
+SshConcurrencyOption = Annotated[
+    int,
+    typer.Option(
+        envvar="DTLAUNCH_SSH_CONCURRENCY",
+        help="Hosts whose agents are being started at once; the others wait their turn "
+        "(their connect and probe timeouts start with it).",
+    ),
+]
 DatasetSizeOption = Annotated[
     int, typer.Option(envvar="DTLAUNCH_DATASET_SIZE", help="Records in the data set (DDS).")
 ]
@@ -307,6 +315,7 @@ def run(
     metrics_port: MetricsPortOption = None,
     ssh_config: SshConfigOption = None,
     insecure_no_host_key_check: InsecureNoHostKeyCheckOption = False,
+    ssh_concurrency: SshConcurrencyOption = DEFAULT_SSH_CONCURRENCY,
     dataset_size: DatasetSizeOption = 0,
     shard_size: ShardSizeOption = 0,
     epochs: EpochsOption = 1,

@@ -3,16 +3,23 @@ bootstrap, start it, and remember it in the run directory.
 
 ``AgentStarter`` is the supervisor's one view of the launchers (``launcher``):
 it knows each host's spec, where that host reaches the supervisor, and the
-agent's folder there. Every agent it starts is written to ``hosts.json`` at
-once, so that a supervisor resumed after a crash knows whose reconnection to
-wait for (and what endpoints its own restarted processes must be told).
+agent's folder there. At most ``--ssh-concurrency`` hosts are being prepared
+and started at once (``turn``, :mod:`dtlaunch.fanout`). Every agent it starts
+is written to ``hosts.json`` before ``start`` returns, so that a supervisor
+resumed after a crash knows whose reconnection to wait for (and what endpoints
+its own restarted processes must be told); agents started together share one
+write of the file (a group commit: 256 hosts, not 256 rewrites of a growing file).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from dtlaunch.config import JobSpec
+from dtlaunch.fanout import FanOut
 from dtlaunch.hostfile import HostSpec
 from dtlaunch.supervisor.environment import LaunchContext
 from dtlaunch.supervisor.launcher import AgentProcess, HostInfo, Launcher
@@ -45,6 +52,9 @@ class AgentStarter:
         # The agents a (possibly earlier) supervisor of this run started: a
         # resumed supervisor adopts them instead of preparing their hosts again.
         self._known = run.hosts()
+        self._gate = FanOut(spec.ssh_concurrency)
+        self._unwritten = False  # _known holds agents hosts.json does not yet
+        self._writing = asyncio.Lock()
         for label, info in self._known.items():
             launch_ctx.endpoints[label] = info["endpoint"]
             launch_ctx.state_dirs[label] = info["state_dir"]
@@ -53,6 +63,13 @@ class AgentStarter:
     def started_before(self) -> set[str]:
         """Hosts whose agents were started by this run's earlier supervisor."""
         return set(self._known)
+
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        """Wait until fewer than ``--ssh-concurrency`` hosts are being launched;
+        hold one of those turns for the body."""
+        async with self._gate.turn():
+            yield
 
     async def prepare(self, label: str) -> HostInfo:
         """Probe the host and make the agent's folder there.
@@ -78,8 +95,18 @@ class AgentStarter:
             "endpoint": self._ctx.endpoints[label],
             "state_dir": self._ctx.state_dirs[label],
         }
-        self._run.write_hosts(self._known)
+        await self._write_hosts()
         return proc
+
+    async def _write_hosts(self) -> None:
+        """Return once hosts.json holds every agent known so far. One write at a
+        time, off the event loop; whoever gets the lock writes what all the
+        waiting callers added, and they find nothing left to write."""
+        self._unwritten = True
+        async with self._writing:
+            if self._unwritten:
+                self._unwritten = False
+                await asyncio.to_thread(self._run.write_hosts, dict(self._known))
 
     async def close(self) -> None:
         await self._launcher.close()

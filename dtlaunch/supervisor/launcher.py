@@ -32,6 +32,9 @@ from dtlaunch.wire.messages import AgentBootstrap
 
 log = logging.getLogger(__name__)
 
+# Seconds for the host's probe to run, and for sshd to open the agent's session.
+_SESSION_TIMEOUT_S = 30.0
+
 # What the agent needs on a host, probed before it starts so that a wrong
 # python or a missing workdir is a clear error instead of a silent agent.
 _PROBE = (
@@ -220,7 +223,7 @@ class SshLauncher:
         try:
             conn = await self._connection(host)
             status, out, stderr = await run_remote(
-                conn, [self._python, "-c", _PROBE, self._workdir], timeout=30.0
+                conn, [self._python, "-c", _PROBE, self._workdir], timeout=_SESSION_TIMEOUT_S
             )
         except SshError as err:
             raise LaunchError(str(err)) from err
@@ -252,7 +255,13 @@ class SshLauncher:
         conn = await self._connection(host)
         command = shlex.join([self._python, "-m", "dtlaunch.agent"])
         try:
-            proc = await conn.create_process(command, encoding=None)
+            async with asyncio.timeout(_SESSION_TIMEOUT_S):
+                proc = await conn.create_process(command, encoding=None)
+        except TimeoutError as err:
+            raise LaunchError(
+                f"{host.label}: sshd opened no session for the agent within "
+                f"{_SESSION_TIMEOUT_S:g} s. Fix: check the host's load and its sshd (MaxSessions)"
+            ) from err
         except (asyncssh.Error, OSError) as err:
             raise LaunchError(f"{host.label}: cannot start the agent over ssh: {err}") from err
         proc.stdin.write(_bootstrap_line(boot))

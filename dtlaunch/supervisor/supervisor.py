@@ -286,11 +286,16 @@ class Supervisor:
 
     async def _launch(self, label: str) -> None:
         try:
-            info = await self._agents_starter.prepare(label)
-            if self.state.phase is not Phase.RUNNING and self.state.phase is not Phase.STARTING:
-                self._apply(self.state.agent_launch_abandoned(label, self._clock()))
-                return
-            proc = await self._agents_starter.start(label, info)
+            # At most --ssh-concurrency hosts at a time; the host's timeouts
+            # (connect, probe, --agent-timeout) start with its turn.
+            async with self._agents_starter.turn():
+                if self._launch_abandoned(label):
+                    return
+                self._apply(self.state.agent_launch_turn(label, self._clock()))
+                info = await self._agents_starter.prepare(label)
+                if self._launch_abandoned(label):
+                    return
+                proc = await self._agents_starter.start(label, info)
         except DtlaunchError as err:
             log.error("%s", err)
             self._apply(self.state.agent_launch_failed(label, str(err), self._clock()))
@@ -304,6 +309,13 @@ class Supervisor:
                 label, self._clock(), definite=outcome.definite, detail=outcome.detail
             )
         )
+
+    def _launch_abandoned(self, label: str) -> bool:
+        """The job began stopping before this agent was started: it never will be."""
+        if self.state.phase in (Phase.RUNNING, Phase.STARTING):
+            return False
+        self._apply(self.state.agent_launch_abandoned(label, self._clock()))
+        return True
 
     async def _terminate_stragglers(self) -> None:
         """Agents that said Bye get a moment to exit; the rest are terminated."""

@@ -495,6 +495,15 @@ class JobState:
             *self._reconcile(now),
         ]
 
+    def agent_launch_turn(self, host: str, now: float) -> list[Command]:
+        """The launch of this host's agent begins now: it waited for one of the
+        ``--ssh-concurrency`` turns, and ``--agent-timeout`` counts from here."""
+        agent = self.agents.get(host)
+        if agent is not None and agent.state is AgentState.LAUNCHING:
+            agent.launched_at = now
+            agent.last_seen = now
+        return []
+
     def agent_launch_abandoned(self, host: str, now: float) -> list[Command]:
         """The job began stopping before this agent was started: it never will be."""
         agent = self.agents.get(host)
