@@ -3,11 +3,15 @@
 ``dtlaunch check`` and the supervisor's agent launch both go through a
 :class:`FanOut`: a host waits in the queue until one of the ``limit`` turns is
 free, and every per-host budget (the check's timeout, the connect and probe
-timeouts of a launch) starts when its turn starts, not while it waits behind
-other hosts. Without a bound, 256 hosts open 256 SSH handshakes at once: sshd
-drops unauthenticated connections beyond its ``MaxStartups`` (10 by default on
-many systems, per listening daemon) and a slow host's timeout runs out in the
-crowd.
+timeouts of a launch, ``--agent-timeout``) starts when its turn starts, not
+while it waits behind other hosts. A check holds its turn for its one SSH
+connection; a launch from its probe until the agent says Hello, so the turns
+also bound the agents starting up side by side. The wait for a turn has no
+timeout of its own: every turn ahead is bounded by its own budgets.
+
+Without a bound, 256 hosts open 256 SSH handshakes at once: sshd drops
+unauthenticated connections beyond its ``MaxStartups`` (10 by default on many
+systems, per listening daemon) and a slow host's timeout runs out in the crowd.
 """
 
 from __future__ import annotations

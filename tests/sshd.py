@@ -134,6 +134,7 @@ def _sshd_config(
     authorized: Path,
     version: tuple[int, int],
     addresses: Sequence[str],
+    extra: Sequence[str] = (),
 ) -> str:
     lines = [
         f"Port {port}",
@@ -160,7 +161,7 @@ def _sshd_config(
     if version >= (9, 8):
         # Auth-failure tests would otherwise get 127.0.0.1 blocked for the rest of the run.
         lines.append("PerSourcePenalties no")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *extra]) + "\n"
 
 
 def _sshd_version() -> tuple[int, int]:
@@ -191,9 +192,12 @@ def _accepts(address: str, port: int) -> bool:
         return False
 
 
-def start_sshd(root: Path, addresses: Sequence[str] = ADDRESSES) -> SshdServer:
+def start_sshd(
+    root: Path, addresses: Sequence[str] = ADDRESSES, *, extra_config: Sequence[str] = ()
+) -> SshdServer:
     """Start sshd with its files under ``root``, listening on ``addresses``
-    (loopback "hosts"); the caller must call ``stop()``."""
+    (loopback "hosts"), ``extra_config`` lines appended to its sshd_config; the
+    caller must call ``stop()``."""
     if not SSHD.exists():
         pytest.fail(
             f"{SSHD} is missing; the SSH tests need a real OpenSSH server: "
@@ -214,7 +218,7 @@ def start_sshd(root: Path, addresses: Sequence[str] = ADDRESSES) -> SshdServer:
     problems: list[str] = []
     for _attempt in range(_START_ATTEMPTS):
         server = _try_start(
-            root, _free_port(), host_key, client_key, authorized, version, addresses
+            root, _free_port(), host_key, client_key, authorized, version, addresses, extra_config
         )
         if isinstance(server, SshdServer):
             return server
@@ -230,10 +234,11 @@ def _try_start(
     authorized: Path,
     version: tuple[int, int],
     addresses: Sequence[str],
+    extra_config: Sequence[str] = (),
 ) -> SshdServer | str:
     """A running server, or the reason it did not come up."""
     config = root / "sshd_config"
-    text = _sshd_config(root, port, host_key, authorized, version, addresses)
+    text = _sshd_config(root, port, host_key, authorized, version, addresses, extra_config)
     config.write_text(text, encoding="utf-8")
     check = subprocess.run(
         [str(SSHD), "-t", "-f", str(config)], capture_output=True, text=True, check=False

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from asyncio import FIRST_COMPLETED
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from dtlaunch.config import JobSpec
 from dtlaunch.fanout import FanOut
@@ -55,6 +57,7 @@ class AgentStarter:
         self._gate = FanOut(spec.ssh_concurrency)
         self._unwritten = False  # _known holds agents hosts.json does not yet
         self._writing = asyncio.Lock()
+        self._booting: dict[str, asyncio.Event] = {}  # started, not yet said Hello
         for label, info in self._known.items():
             launch_ctx.endpoints[label] = info["endpoint"]
             launch_ctx.state_dirs[label] = info["state_dir"]
@@ -89,7 +92,12 @@ class AgentStarter:
             DtlaunchError: the agent could not be started.
         """
         host = self._hosts[label]
-        proc = await self._launcher.start(host, self._bootstrap(host, info), self._log(label))
+        self._booting[label] = asyncio.Event()  # set by said_hello, even during start
+        try:
+            proc = await self._launcher.start(host, self._bootstrap(host, info), self._log(label))
+        except BaseException:
+            self._booting.pop(label, None)
+            raise
         # Only agents recorded here are waited for by a resumed supervisor.
         self._known[label] = {
             "endpoint": self._ctx.endpoints[label],
@@ -97,6 +105,30 @@ class AgentStarter:
         }
         await self._write_hosts()
         return proc
+
+    def said_hello(self, label: str) -> None:
+        """The agent of ``label`` connected back: its launch is over."""
+        event = self._booting.get(label)
+        if event is not None:
+            event.set()
+
+    async def until_up(self, label: str, exited: asyncio.Future[Any], limit: float) -> None:
+        """Wait until the agent started by ``start`` said Hello, its process ended
+        (``exited`` done) or ``limit`` seconds passed: until then its host's launch
+        holds its turn, so that the turns bound the agents booting side by side, not
+        only the SSH sessions. Cancelled, it cancels ``exited`` too."""
+        event = self._booting.get(label)
+        if event is None:
+            return
+        hello = asyncio.ensure_future(event.wait())
+        try:
+            await asyncio.wait({hello, exited}, timeout=limit, return_when=FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            exited.cancel()
+            raise
+        finally:
+            hello.cancel()
+            self._booting.pop(label, None)
 
     async def _write_hosts(self) -> None:
         """Return once hosts.json holds every agent known so far. One write at a

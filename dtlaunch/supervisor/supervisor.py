@@ -286,8 +286,10 @@ class Supervisor:
 
     async def _launch(self, label: str) -> None:
         try:
-            # At most --ssh-concurrency hosts at a time; the host's timeouts
-            # (connect, probe, --agent-timeout) start with its turn.
+            # At most --ssh-concurrency hosts at a time, each from its turn until its
+            # agent says Hello; its timeouts (connect, probe, --agent-timeout) start
+            # with its turn.
+            self._apply(self.state.agent_launch_queued(label))
             async with self._agents_starter.turn():
                 if self._launch_abandoned(label):
                     return
@@ -296,12 +298,15 @@ class Supervisor:
                 if self._launch_abandoned(label):
                     return
                 proc = await self._agents_starter.start(label, info)
+                self._agents[label] = proc
+                exited = asyncio.ensure_future(proc.wait())
+                limit = self.state.timing.agent_timeout
+                await self._agents_starter.until_up(label, exited, limit)
         except DtlaunchError as err:
             log.error("%s", err)
             self._apply(self.state.agent_launch_failed(label, str(err), self._clock()))
             return
-        self._agents[label] = proc
-        outcome = await proc.wait()
+        outcome = await exited
         if self._agents.get(label) is proc:
             del self._agents[label]
         self._apply(
@@ -552,6 +557,7 @@ class Supervisor:
             await self._router.send(
                 peer, Welcome(run_id=self._run_id, heartbeat_interval=self._interval)
             )
+            self._agents_starter.said_hello(host)
             self._apply(
                 self.state.agent_hello(
                     host,

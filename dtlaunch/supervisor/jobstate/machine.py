@@ -363,6 +363,8 @@ class JobState:
         """On each tick: an agent that never connected, or has gone silent."""
         silent = now - agent.last_seen
         if agent.state is AgentState.LAUNCHING and self.phase is not Phase.STOPPING:
+            if agent.queued:
+                return []  # its turn has not come: its launch has not begun
             if agent.adopting and now - agent.launched_at > self.timing.agent_timeout:
                 # It did not come back after a resume: presume it dead, start anew.
                 agent.adopting = False
@@ -495,11 +497,20 @@ class JobState:
             *self._reconcile(now),
         ]
 
-    def agent_launch_turn(self, host: str, now: float) -> list[Command]:
-        """The launch of this host's agent begins now: it waited for one of the
-        ``--ssh-concurrency`` turns, and ``--agent-timeout`` counts from here."""
+    def agent_launch_queued(self, host: str) -> list[Command]:
+        """This host's launch waits for one of the ``--ssh-concurrency`` turns;
+        ``--agent-timeout`` does not run meanwhile (see agent_launch_turn)."""
         agent = self.agents.get(host)
         if agent is not None and agent.state is AgentState.LAUNCHING:
+            agent.queued = True
+        return []
+
+    def agent_launch_turn(self, host: str, now: float) -> list[Command]:
+        """The launch of this host's agent begins now: ``--agent-timeout`` counts
+        from here, not from when it was queued."""
+        agent = self.agents.get(host)
+        if agent is not None and agent.state is AgentState.LAUNCHING:
+            agent.queued = False
             agent.launched_at = now
             agent.last_seen = now
         return []
@@ -514,6 +525,7 @@ class JobState:
 
     def _launch_agent(self, agent: AgentSlot, now: float) -> list[Command]:
         agent.state = AgentState.LAUNCHING
+        agent.queued = False
         agent.launched_at = now
         agent.last_seen = now
         agent.channel_closed = False

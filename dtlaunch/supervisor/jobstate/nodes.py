@@ -155,6 +155,8 @@ class AgentSlot:
     channel_closed: bool = False
     launches: int = 0
     adopting: bool = False  # resumed supervisor: waiting for a running agent to reconnect
+    # Its launch waits for one of the --ssh-concurrency turns: not timed out yet.
+    queued: bool = False
     # It said hello once, so the host and its setup work: a later launch that
     # fails means the host is unreachable for now, which is retried, not fatal.
     was_up: bool = False
