@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING
 from dtlaunch.errors import ConfigError
 
 if TYPE_CHECKING:  # the wire and numpy load on first use: every CLI command imports this
+    import numpy as np
+    from numpy.typing import NDArray
+
     from dtlaunch.wire.messages import DatasetInfo
 
 
@@ -59,10 +62,16 @@ class DatasetSpec:
 
 def epoch_order(spec: DatasetSpec, epoch: int) -> list[int]:
     """The shards of ``epoch`` in the order they are handed out."""
+    return epoch_order_array(spec, epoch).tolist()  # type: ignore[no-any-return]
+
+
+def epoch_order_array(spec: DatasetSpec, epoch: int) -> NDArray[np.int64]:
+    """``epoch_order`` as an int64 array: 8 bytes a shard instead of a Python int's
+    ~36, which matters for the supervisor's queue at millions of shards."""
     import numpy as np
 
     rng = np.random.default_rng([spec.seed, epoch])
-    return [int(s) for s in rng.permutation(spec.num_shards)]
+    return rng.permutation(spec.num_shards).astype(np.int64, copy=False)
 
 
 def shard_records(spec: DatasetSpec, epoch: int, shard: int) -> list[int]:

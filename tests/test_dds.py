@@ -458,3 +458,63 @@ def test_a_fetch_is_bounded_by_what_one_worker_may_hold(tmp_path):
     assert len(greedy.leases) == MAX_HELD_LEASES < 100
     assert more.leases == [] and more.retry_after > 0  # holds its share already
     assert len(other.leases) == 2  # the others still get shards
+
+
+def test_snapshots_are_spaced_by_their_own_cost(tmp_path, monkeypatch):
+    """Scale benchmark finding: a data set of millions of shards snapshots to a
+    few compressed bytes, so the size rule asked for a snapshot every 16 KiB of
+    log, and each one (a pass over every shard, on the event loop) took longer
+    than the traffic between them: 10 workers got 743 fetch+ack ops/s and the
+    agents' heartbeats went unanswered. A snapshot that cost C seconds is now
+    followed by the next only C / SNAPSHOT_MAX_LOOP_SHARE seconds later."""
+    import asyncio
+
+    from dtlaunch.events import EventRecorder, MemorySink
+    from dtlaunch.sharding import DatasetSpec
+    from dtlaunch.supervisor.dds import service as service_module
+    from dtlaunch.supervisor.dds.queue import ShardQueue
+    from dtlaunch.wire.messages import AckShards, FetchShards
+
+    now = [100.0]
+    snapshot = ShardQueue.snapshot
+
+    def costly_snapshot(queue: ShardQueue) -> bytes:
+        now[0] += 0.1  # this snapshot holds the loop for 0.1 s (fake clock)
+        return snapshot(queue)
+
+    monkeypatch.setattr(ShardQueue, "snapshot", costly_snapshot)
+    spacing = 0.1 / service_module.SNAPSHOT_MAX_LOOP_SHARE
+
+    async def scenario() -> list[int]:
+        async def send(peer, msg):
+            return None
+
+        service = DdsService(
+            run_dir=tmp_path,
+            options=DatasetSpec(dataset_size=10**7, shard_size=10),
+            send=send,
+            recorder=EventRecorder([MemorySink()]),
+            clock=lambda: now[0],
+        )
+        service.open()
+        taken = []
+        try:
+            lease = 0
+            # Enough traffic for many snapshots by size alone, at three instants.
+            for advance in (0.0, spacing - 0.2, 0.2):
+                now[0] += advance
+                for request in range(3000):
+                    await service.handle(b"w", 0, FetchShards(request_id=request, count=1))
+                    await service.handle(b"w", 0, AckShards(lease_ids=[lease], step=request))
+                    lease += 1
+                taken.append(service.snapshots)
+        finally:
+            await service.close()
+        return taken
+
+    from dtlaunch.supervisor.dds.service import DdsService
+
+    first, before_spacing, after_spacing = asyncio.run(scenario())
+    assert first == 1  # the first one at once, then none while the loop pays for it
+    assert before_spacing == 1
+    assert after_spacing == 2

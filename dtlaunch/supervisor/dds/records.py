@@ -36,7 +36,6 @@ __all__ = [
     "check_image",
     "decode_image",
     "decode_transition",
-    "done_by_shard",
     "encode_image",
     "encode_transition",
 ]
@@ -336,12 +335,3 @@ def check_image(
         or np.bincount(all_leases).max() > 1
     ):
         raise DdsStateError("shard-queue snapshot is corrupt: lease ids repeat or run ahead")
-
-
-def done_by_shard(saved: EpochImage, order: IntArray, k: int) -> tuple[IntArray, IntArray]:
-    """(lease, worker) of each shard of one epoch, by shard index; -1 = not DONE."""
-    leases = np.full(k, -1, dtype=np.int64)
-    workers = np.full(k, -1, dtype=np.int64)
-    leases[order[saved.done]] = saved.lease_ids
-    workers[order[saved.done]] = saved.workers
-    return leases, workers

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -51,6 +53,11 @@ MAX_HELD_LEASES = 16
 # snapshot writes stay a small share of the I/O.
 SNAPSHOT_MIN_LOG_BYTES = 16 << 10
 SNAPSHOT_LOG_RATIO = 8
+# Building a snapshot holds the event loop for a pass over every shard, and a
+# snapshot of a huge, mostly untouched data set compresses to a few bytes, so the
+# size rule alone would take one every 16 KiB of log. Spacing snapshots by their
+# own cost keeps them under this share of the loop's time at millions of shards.
+SNAPSHOT_MAX_LOOP_SHARE = 0.02
 
 
 class DdsService:
@@ -62,8 +69,10 @@ class DdsService:
         send: Send,
         recorder: EventRecorder,
         on_wal_fsync: FsyncObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._on_wal_fsync = on_wal_fsync  # the job's metrics, when it serves them
+        self._clock = clock  # spaces snapshots by their cost (SNAPSHOT_MAX_LOOP_SHARE)
         self._dataset_path = run_dir / "dataset.json"
         self._over_fetched: set[int] = set()  # workers warned about asking for too much
         self._wal_dir = run_dir / "wal"
@@ -78,6 +87,7 @@ class DdsService:
         self._serving = False  # the first answered request is an event (resume latency)
         self._snapshot_bytes = 0
         self._snapshotting = False
+        self._next_snapshot_at = -math.inf  # on self._clock
         self.snapshots = 0
 
     # ------------------------------------------------------------ lifecycle
@@ -272,10 +282,16 @@ class DdsService:
                     "shards_released", role="worker", rank=rank, reason=why, count=len(released)
                 )
         threshold = max(SNAPSHOT_MIN_LOG_BYTES, SNAPSHOT_LOG_RATIO * self._snapshot_bytes)
-        if self._wal.bytes_since_snapshot >= threshold and not self._snapshotting:
+        if (
+            self._wal.bytes_since_snapshot >= threshold
+            and not self._snapshotting
+            and self._clock() >= self._next_snapshot_at
+        ):
             self._snapshotting = True
             try:
+                began = self._clock()
                 state = self.queue.snapshot()
+                self._next_snapshot_at = began + (self._clock() - began) / SNAPSHOT_MAX_LOOP_SHARE
                 self._snapshot_bytes = len(state)
                 await self._committer.snapshot(state)
                 self.snapshots += 1
