@@ -156,6 +156,9 @@ _PORT_LISTS = frozenset({"free_ports"})
 # (value, path) -> validated value; raises WireError naming ``path``.
 _Check = Callable[[Any, str], Any]
 _RECORD_CHECKS: dict[tuple[type[Any], bool], _Check] = {}
+_FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {}
+# The path a checker gets on the fast first pass (see _build): build no names.
+_NO_PATH = ""
 
 
 # ------------------------------------------------------------------- public API
@@ -264,7 +267,13 @@ def _build(cls: type[M], data: Mapping[Any, Any], *, json_form: bool) -> M:
     if type(version) is not int or version != PROTOCOL_VERSION:
         raise WireError(f"{cls.TYPE}: {_version_mismatch(version)}")
     fields = {k: v for k, v in data.items() if k not in _TAG_KEYS}
-    return typing.cast(M, _record_check(cls, json_form)(fields, cls.TYPE))
+    check = _record_check(cls, json_form)
+    try:
+        # First without paths: naming every field and list item as it goes costs
+        # as much as the checks themselves, and nearly every frame is valid.
+        return typing.cast(M, check(fields, _NO_PATH))
+    except WireError:
+        return typing.cast(M, check(fields, cls.TYPE))  # again, to name what is wrong
 
 
 def _record_check(cls: type[Any], json_form: bool) -> _Check:
@@ -293,11 +302,18 @@ def _compile_record_check(cls: type[Any], json_form: bool) -> _Check:
         missing = [name for name, _, req in specs if req and name not in value]
         if missing:
             raise WireError(f"{path}: missing required field(s) {', '.join(missing)}")
-        kwargs = {
-            name: field_check(value[name], f"{path}.{name}")
-            for name, field_check, _ in specs
-            if name in value
-        }
+        if not path:
+            kwargs = {
+                name: field_check(value[name], _NO_PATH)
+                for name, field_check, _ in specs
+                if name in value
+            }
+        else:
+            kwargs = {
+                name: field_check(value[name], f"{path}.{name}")
+                for name, field_check, _ in specs
+                if name in value
+            }
         try:
             return cls(**kwargs)
         except Exception as exc:  # a __post_init__ check; never seen with today's classes
@@ -430,6 +446,8 @@ def _list(item: _Check) -> _Check:
     def check(value: Any, path: str) -> Any:
         if type(value) is not list:
             raise WireError(f"{path}: expected a list, got {_type_name(value)}")
+        if not path:
+            return [item(v, _NO_PATH) for v in value]
         return [item(v, f"{path}[{i}]") for i, v in enumerate(value)]
 
     return check
@@ -443,7 +461,7 @@ def _dict(item: _Check) -> _Check:
         for k, v in value.items():
             if type(k) is not str:
                 raise WireError(f"{path}: key {_short(k)} is not a string")
-            out[k] = item(v, f"{path}[{k!r}]")
+            out[k] = item(v, path if not path else f"{path}[{k!r}]")
         return out
 
     return check
@@ -466,16 +484,24 @@ def _plain_message(msg: Message, *, json_form: bool) -> dict[str, object]:
     if not isinstance(msg, Message) or type(msg).TYPE not in _TYPES_BY_TAG:
         raise WireError(f"{type(msg).__name__} is not a registered wire message")
     out: dict[str, object] = {"t": msg.TYPE, "v": PROTOCOL_VERSION}
-    for f in dataclasses.fields(msg):
-        out[f.name] = _plain_value(getattr(msg, f.name), json_form)
+    for name in _field_names(type(msg)):
+        out[name] = _plain_value(getattr(msg, name), json_form)
     return out
+
+
+def _field_names(cls: type[Any]) -> tuple[str, ...]:
+    """A record's field names; ``dataclasses.fields`` rebuilds them on every call."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 def _plain_value(value: object, json_form: bool) -> object:
     if isinstance(value, Record):
         return {
-            f.name: _plain_value(getattr(value, f.name), json_form)
-            for f in dataclasses.fields(value)
+            name: _plain_value(getattr(value, name), json_form)
+            for name in _field_names(type(value))
         }
     if isinstance(value, list | tuple):
         return [_plain_value(v, json_form) for v in value]

@@ -96,6 +96,7 @@ class Router:
         self._monitor_task: asyncio.Task[None] | None = None
         self._endpoint = ""
         self._last_warning = -_WARN_EVERY_S
+        self._last_encoded: tuple[Message, bytes] | None = None  # see send()
         self.dropped = 0  # malformed frames dropped by recv
         self.handshake_failures = 0  # peers refused by CURVE/ZAP or speaking plain ZMTP
 
@@ -187,7 +188,15 @@ class Router:
             WireError: ``msg`` cannot be encoded (a bug in the caller).
         """
         sock = self._started()
-        data = encode(msg)
+        # One message sent to many peers in a row (a batch plan to 1,000 workers,
+        # Shutdown to every agent) is encoded once: messages are frozen records,
+        # never changed after they are built.
+        last = self._last_encoded
+        if last is not None and last[0] is msg:
+            data = last[1]
+        else:
+            data = encode(msg)
+            self._last_encoded = (msg, data)
         try:
             await sock.send_multipart([peer, data], flags=zmq.DONTWAIT)
         except zmq.Again:
