@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from io import StringIO
 
@@ -136,3 +137,20 @@ def test_formatting_helpers():
     assert sparkline([0.0, 0.5, 1.0], 10, 1.0) == "▁▅█"
     assert sparkline([1.0] * 50, 8, 2.0) == "▅" * 8
     assert sparkline([1.0], 8, 0.0) == ""
+
+
+def test_a_thousand_workers_fold_to_the_stragglers_and_the_slowest():
+    """Issue 18: with 1,000 rows the screen shows the stragglers, then the slowest
+    workers, then one "+N more" row; it stays one screen."""
+    snap = snapshot(workers=1000, servers=0, actions=1, straggler=500)
+    nodes = [
+        replace(n, bpt_s=0.2, recent_bpt_s=[0.2] * 40) if n.rank in (7, 901) else n
+        for n in snap.nodes
+    ]
+    nodes[42] = replace(nodes[42], proc_state="failed")
+    lines = screen(replace(snap, nodes=nodes), 100, 30)
+    assert len(lines) <= 30
+    text = "\n".join(lines)
+    ranks = re.findall(r"^[ *]worker-(\d+) ", text, flags=re.MULTILINE)
+    assert ranks[:4] == ["42", "500", "7", "901"], ranks  # troubled by rank, then slowest
+    assert "more" in text and "+9" in text  # the rest folded into one row

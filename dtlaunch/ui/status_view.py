@@ -198,17 +198,16 @@ def _table(snap: StatusSnapshot, width: int, rows: int) -> Table:
 
 
 def _pick_nodes(nodes: list[NodeStatus], rows: int) -> list[NodeStatus]:
-    """At most ``rows`` rows (one for "... more" if needed), troubled nodes first."""
+    """At most ``rows`` rows (one for "... more" if needed): when they do not all
+    fit, the troubled nodes (stragglers, not running) first, then the slowest;
+    with 1,000 workers the rows worth a look are those, not ranks 0 to 20."""
     if len(nodes) <= rows:
         return nodes
     room = max(0, rows - 1)
     urgent = [n for n in nodes if n.straggler or n.proc_state not in _CALM_STATES]
-    keep = {id(n) for n in urgent[:room]}
-    for n in nodes:
-        if len(keep) >= room:
-            break
-        keep.add(id(n))
-    return [n for n in nodes if id(n) in keep]
+    calm = [n for n in nodes if not (n.straggler or n.proc_state not in _CALM_STATES)]
+    slowest_first = sorted(calm, key=lambda n: -n.bpt_s)  # stable: rank order on ties
+    return (urgent + slowest_first)[:room]
 
 
 def _two_columns(cut: bool) -> Table:
