@@ -114,10 +114,13 @@ class Fleet:
     plain_hosts: Path  # one address a line, for pdsh -w ^FILE
     work: Path  # the workdir on every host (loopback: one folder)
     env: dict[str, str]
+    python: str  # the interpreter the hosts run (--python; niced with --remote-nice)
 
 
 @contextlib.contextmanager
-def loopback_fleet(n: int, *, keep: bool, login_rc: bool = False) -> Iterator[Fleet]:
+def loopback_fleet(
+    n: int, *, keep: bool, login_rc: bool = False, remote_nice: int = 0
+) -> Iterator[Fleet]:
     """Start the sshds for ``n`` hosts; everything is stopped and removed on exit
     (the run directories are kept if ``keep``). Unless ``login_rc``, the remote
     bash skips ~/.bashrc (see LEAN_SHELL)."""
@@ -158,6 +161,12 @@ def loopback_fleet(n: int, *, keep: bool, login_rc: bool = False) -> Iterator[Fl
         plain.write_text("".join(f"{h}\n" for h in hosts))
         env = dict(os.environ, PYTHONUNBUFFERED="1", DTLAUNCH_SSH_CONFIG=str(config))
         env.pop("DTLAUNCH_HOSTS", None)
+        python = sys.executable
+        if remote_nice:
+            wrapper = work / "python-nice.sh"
+            wrapper.write_text(f'#!/bin/sh\nexec nice -n {remote_nice} {python} "$@"\n')
+            wrapper.chmod(0o755)
+            python = str(wrapper)
         yield Fleet(
             hosts=hosts,
             sshds=math.ceil(n / HOSTS_PER_SSHD),
@@ -166,14 +175,15 @@ def loopback_fleet(n: int, *, keep: bool, login_rc: bool = False) -> Iterator[Fl
             plain_hosts=plain,
             work=work,
             env=env,
+            python=python,
         )
 
 
 # ------------------------------------------------------------------ columns
 
 
-def probe_command(work: Path) -> str:
-    return shlex.join([sys.executable, "-c", PROBE, str(work), "2"])
+def probe_command(fleet: Fleet) -> str:
+    return shlex.join([fleet.python, "-c", PROBE, str(fleet.work), "2"])
 
 
 def probe_ok(text: str) -> bool:
@@ -193,7 +203,7 @@ def probe_ok(text: str) -> bool:
 def run_check(fleet: Fleet, concurrency: int) -> dict[str, Any]:
     argv = [
         sys.executable, "-m", "dtlaunch", "check", "-H", str(fleet.hostfile),
-        "--python", sys.executable, "--workdir", str(fleet.work),
+        "--python", fleet.python, "--workdir", str(fleet.work),
         "--ssh-concurrency", str(concurrency),
     ]  # fmt: skip
     code, output, wall = timed_run(argv, fleet.env, timeout_s=STEP_TIMEOUT_S, cwd=fleet.work)
@@ -203,7 +213,7 @@ def run_check(fleet: Fleet, concurrency: int) -> dict[str, Any]:
 
 
 def run_sequential(fleet: Fleet) -> dict[str, Any]:
-    command = probe_command(fleet.work)
+    command = probe_command(fleet)
     failed: list[str] = []
     start = time.monotonic()
     for host in fleet.hosts:
@@ -242,7 +252,7 @@ def run_pdsh(fleet: Fleet, pdsh: str, concurrency: int) -> dict[str, Any]:
     env = dict(fleet.env, PDSH_SSH_ARGS=f"-F {fleet.ssh_config} -x %h", PDSH_RCMD_TYPE="ssh")
     argv = [
         pdsh, "-R", "ssh", "-f", str(concurrency), "-w", f"^{fleet.plain_hosts}",
-        probe_command(fleet.work),
+        probe_command(fleet),
     ]  # fmt: skip
     code, output, wall = timed_run(argv, env, timeout_s=STEP_TIMEOUT_S, cwd=fleet.work)
     passed = {
@@ -278,7 +288,7 @@ def run_launch(fleet: Fleet, concurrency: int, *, limit_s: float) -> dict[str, A
     run_dir = fleet.work / "run"
     argv = [
         sys.executable, "-m", "dtlaunch", "run", "-H", str(fleet.hostfile),
-        "--nproc-per-node", "1", "--python", sys.executable, "--workdir", str(fleet.work),
+        "--nproc-per-node", "1", "--python", fleet.python, "--workdir", str(fleet.work),
         "--run-dir", str(run_dir), "--output", "none", "--ssh-concurrency", str(concurrency),
         str(worker),
     ]  # fmt: skip
@@ -315,9 +325,12 @@ def run_launch(fleet: Fleet, concurrency: int, *, limit_s: float) -> dict[str, A
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
             try:
-                proc.wait(timeout=180)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    _dump_stacks(proc.pid, fleet.work / "stop-stacks.txt")
+                    proc.wait(timeout=150)
             except subprocess.TimeoutExpired:
-                _dump_stacks(proc.pid, fleet.work / "stop-stacks.txt")
                 proc.kill()
                 proc.wait()
                 result["ok"] = False
@@ -413,7 +426,9 @@ def render_markdown(results: dict[str, Any]) -> str:
         "",
         f"{results['machine']['cpus']} CPUs, Python {results['machine']['python']}, "
         f"{results['machine']['ssh']}; 16 hosts per sshd; concurrency {c} for dtlaunch "
-        f"and pdsh. pdsh: {results['pdsh']}.",
+        f"and pdsh. pdsh: {results['pdsh']}. Remote login shell: "
+        f"{'~/.bashrc sourced' if results.get('login_rc') else 'without ~/.bashrc (SHLVL=1)'}; "
+        f"remote side (probes, agents, workers) at nice {results.get('remote_nice', 0)}.",
         "",
         f"| hosts | sshds | dtlaunch check | sequential ssh | pdsh -f {c} | check vs sequential "
         "| check vs pdsh | launch to all running | stop |",
@@ -448,6 +463,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=DEFAULT_SSH_CONCURRENCY,
         help=f"--ssh-concurrency of dtlaunch and pdsh -f (default {DEFAULT_SSH_CONCURRENCY})",
+    )
+    parser.add_argument(
+        "--remote-nice",
+        type=int,
+        default=0,
+        help="run what the hosts run (probes, agents, workers) under nice N, as if the "
+        "hosts had CPUs of their own: the local client and supervisor keep theirs",
+    )
+    parser.add_argument(
+        "--login-rc", action="store_true", help="let the remote bash source ~/.bashrc"
     )
     parser.add_argument("--skip", default="", help="columns to leave out, e.g. sequential,pdsh")
     parser.add_argument(
@@ -486,7 +511,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes: dict[int, dict[str, Any]] = {}
     c = opts.concurrency
     for n in opts.sizes:
-        with loopback_fleet(n, keep=opts.keep) as fleet:
+        with loopback_fleet(
+            n, keep=opts.keep, login_rc=opts.login_rc, remote_nice=opts.remote_nice
+        ) as fleet:
             print(f"{n} hosts on {fleet.sshds} sshd(s), work in {fleet.work}", flush=True)
             row: dict[str, Any] = {"sshds": fleet.sshds}
             row["check"] = run_check(fleet, c)
@@ -513,6 +540,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {name} FAILED: {row[name]['detail'][:800]}", flush=True)
             sizes[n] = row
     results = summarize(sizes, concurrency=c, pdsh=pdsh_missing)
+    results["remote_nice"] = opts.remote_nice
+    results["login_rc"] = opts.login_rc
     results["bench_wall_s"] = round(time.monotonic() - began, 1)
     md = render_markdown(results)
     print(md)

@@ -140,12 +140,36 @@ class _KnownHostsLookup:
     def __call__(
         self, host: str, addr: str, port: int | None
     ) -> tuple[list[asyncssh.SSHKey], list[asyncssh.SSHKey], list[asyncssh.SSHKey]]:
-        known = asyncssh.SSHKnownHosts()
+        host_keys: list[asyncssh.SSHKey] = []
+        ca_keys: list[asyncssh.SSHKey] = []
+        revoked: list[asyncssh.SSHKey] = []
         for name in self.files:
-            known.load(Path(name).read_text(encoding="utf-8", errors="replace"))
-        host_keys, ca_keys, revoked, *_x509 = known.match(host, addr, port)
+            found_keys, found_cas, found_revoked, *_x509 = _parsed_known_hosts(name).match(
+                host, addr, port
+            )
+            host_keys += found_keys
+            ca_keys += found_cas
+            revoked += found_revoked
         self.trusted = len(host_keys) + len(ca_keys)
-        return list(host_keys), list(ca_keys), list(revoked)
+        return host_keys, ca_keys, revoked
+
+
+# known_hosts file -> ((mtime_ns, size), parsed): parsed once for the hosts of a
+# fan-out, not once per host (256 hosts: 256 parses of a 256-line file), and
+# again whenever the file changes.
+_KNOWN_HOSTS_CACHE: dict[str, tuple[tuple[int, int], asyncssh.SSHKnownHosts]] = {}
+
+
+def _parsed_known_hosts(name: str) -> asyncssh.SSHKnownHosts:
+    stat = os.stat(name)
+    stamp = (stat.st_mtime_ns, stat.st_size)
+    cached = _KNOWN_HOSTS_CACHE.get(name)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    known = asyncssh.SSHKnownHosts()
+    known.load(Path(name).read_text(encoding="utf-8", errors="replace"))
+    _KNOWN_HOSTS_CACHE[name] = (stamp, known)
+    return known
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -266,11 +290,12 @@ async def connect(host: HostSpec, opts: SshOptions) -> asyncssh.SSHClientConnect
             target,
         )
     try:
+        # The options the ssh config resolved to: asyncssh does not parse it again.
         return await asyncssh.connect(
             host.hostname,
             port=host.port if host.port is not None else (),
             username=host.user if host.user is not None else (),
-            config=config,
+            options=resolved,
             known_hosts=lookup if opts.verify_host_keys else None,
             connect_timeout=opts.connect_timeout,
             keepalive_interval=opts.keepalive_interval,
