@@ -146,8 +146,7 @@ def test_router_drops_malformed_frames_and_keeps_serving(keys):
                     assert await good.send(Ping(seq=4))
                     assert await recv_within(router) == (b"good", Ping(seq=4))
                     await router.send(b"good", Welcome(run_id="r", heartbeat_interval=1))
-                    assert await good.recv(timeout=3) == Welcome(run_id="r",
-                                                                 heartbeat_interval=1.0)
+                    assert await good.recv(timeout=3) == Welcome(run_id="r", heartbeat_interval=1.0)
                 assert router.dropped == len(garbage)
             finally:
                 raw.close(linger=0)
@@ -278,3 +277,35 @@ def test_reconnecting_peer_with_same_identity_takes_over(keys):
                 assert await old.recv(timeout=0.2) is None
 
     run(test)
+
+
+def test_recv_many_takes_what_is_queued_without_waiting_for_more(keys):
+    """Issue 18: the supervisor takes queued messages in batches; the first is
+    waited for, the rest only if already there, a bad frame is dropped, the
+    limit is kept."""
+
+    async def scenario() -> tuple[list[int], list[int], int]:
+        ctx = zmq.asyncio.Context()
+        try:
+            async with Router(ctx, keys) as router:
+                dealer = Dealer(ctx, router.endpoint, keys.peer(), b"worker:0@0")
+                for seq in range(5):
+                    await dealer.send(Ping(seq=seq))
+                await dealer._open().send(b"not msgpack")  # dropped by the codec
+                await dealer.send(Ping(seq=5))
+                first = [await router.recv()]
+                await asyncio.sleep(0.3)  # the rest is queued by now
+                batch = first + await router.recv_many(3)
+                rest = await router.recv_many(100)
+                with pytest.raises(ValueError, match="limit"):
+                    await router.recv_many(0)
+                dealer.close()
+                seqs = [[m.seq for _, m in got if isinstance(m, Ping)] for got in (batch, rest)]
+                return seqs[0], seqs[1], router.dropped
+        finally:
+            ctx.destroy(linger=0)
+
+    batch, rest, dropped = asyncio.run(scenario())
+    assert batch == [0, 1, 2, 3]
+    assert rest == [4, 5]
+    assert dropped == 1

@@ -79,6 +79,9 @@ log = logging.getLogger(__name__)
 
 AGENT_PREFIX = b"agent:"
 AGENT_EXIT_WAIT_S = 5.0
+# Messages taken from the socket per wake-up when they are queued; small enough
+# that the control loop and the timers still run between two batches.
+RECEIVE_BATCH = 64
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -418,11 +421,11 @@ class Supervisor:
 
     async def _receive_loop(self) -> None:
         while True:
-            peer, msg = await self._router.recv()
-            try:
-                await self._dispatch(peer, msg)
-            except Exception:  # one bad message must never take the supervisor down
-                log.exception("error handling %s from %r", type(msg).__name__, peer)
+            for peer, msg in await self._router.recv_many(RECEIVE_BATCH):
+                try:
+                    await self._dispatch(peer, msg)
+                except Exception:  # one bad message must never take the supervisor down
+                    log.exception("error handling %s from %r", type(msg).__name__, peer)
 
     async def _dispatch(self, peer: bytes, msg: Message) -> None:
         now = self._clock()
