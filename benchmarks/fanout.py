@@ -334,7 +334,11 @@ def run_launch(fleet: Fleet, concurrency: int, *, limit_s: float) -> dict[str, A
                 proc.kill()
                 proc.wait()
                 result["ok"] = False
-                result["detail"] = "dtlaunch run did not stop within 180 s of SIGTERM"
+                result["detail"] = (
+                    f"{result.get('detail', '')}; dtlaunch run did not stop within 180 s of "
+                    f"SIGTERM (killed; {_stop_leftovers(run_dir)} agent/worker processes of "
+                    "its run stopped by the benchmark)"
+                )
             result["stop_s"] = round(time.monotonic() - stop_began, 2)
     with contextlib.suppress(OSError, ValueError):
         result["status"] = json.loads((run_dir / "summary.json").read_text())["status"]
@@ -342,6 +346,32 @@ def run_launch(fleet: Fleet, concurrency: int, *, limit_s: float) -> dict[str, A
         tail = (fleet.work / "run.log").read_text(errors="replace")[-1500:]
         result["detail"] = f"{result.get('detail', '')} (exit {proc.returncode}); {tail}"
     return result
+
+
+def _stop_leftovers(run_dir: Path) -> int:
+    """SIGTERM, then SIGKILL, the processes of this run (their titles carry
+    ``run=<id>``) that a supervisor killed mid-stop leaves behind; how many."""
+    try:
+        tag = f"run={json.loads((run_dir / 'job.json').read_text())['run_id']}"
+    except (OSError, ValueError, KeyError):
+        return 0
+
+    def ours() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if tag in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                        found.append(int(entry.name))
+        return found
+
+    left = ours()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in ours():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        time.sleep(5)
+    return len(left)
 
 
 def _dump_stacks(pid: int, out: Path) -> None:
