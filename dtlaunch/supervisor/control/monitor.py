@@ -36,19 +36,47 @@ records are left out: a worker waiting for a lease or out of data did no work.
 A node with no report inside a window is absent from that window's dict and from
 that window's global means: no data is not the same as fast or slow. Time comes in
 as arguments only (no clock here), so tests drive it with a fake clock.
+
+The reports live in columns with running sums (``windows.py``), so a snapshot
+costs about the same at 1,000 workers x 3,000 reports as the plain loops over
+every report did at a few workers: it runs on the supervisor's event loop.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
-import statistics
-from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-# A step reported as taking 0 s (coarse clock) would make B/T infinite.
-MIN_BPT_S = 1e-6
+import numpy as np
+
+from dtlaunch.supervisor.control.windows import (
+    MIN_BPT_S,
+    MIN_FIT_SPREAD,
+    REGIME_JUMP,
+    Series,
+    WindowStats,
+    WorkerSteps,
+    fit_centered,
+    regime_flags,
+)
+
+__all__ = [
+    "MIN_BPT_S",
+    "MIN_FIT_SPREAD",
+    "REGIME_JUMP",
+    "Monitor",
+    "MonitorSnapshot",
+    "NodeInfo",
+    "WindowStats",
+    "WorkerDevice",
+    "fast_reference",
+    "since_regime_change",
+    "step_model",
+    "with_peer_lines",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,38 +95,6 @@ class _WorkerReport:
         cut short at the end of the data is quicker, not a faster worker), else
         its batch size."""
         return self.samples if self.samples > 0 else self.batch_size
-
-
-@dataclass(frozen=True, slots=True)
-class _ServerReport:
-    t: float
-    step: int
-    update_s: float
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WindowStats:
-    """One node over one time window (only nodes with >= 1 report in it)."""
-
-    reports: int
-    first_s: float  # time of the oldest report in the window
-    last_s: float  # time of the newest report in the window
-    mean_bpt: float  # workers: mean compute+comm; servers: mean update time
-    mean_bpt_eq: float  # workers: equal-share BPT (module doc); servers: = mean_bpt
-    throughput: float  # workers: v_i in samples/s (mean of B/T); servers: 0.0
-    samples: int  # samples reported in the window (0 for servers)
-    # Workers whose window holds steps of different batch sizes: the least-squares
-    # line BPT = fixed_s + per_sample_s x B (both >= 0), else None (see step_model).
-    fixed_s: float | None = None
-    per_sample_s: float | None = None
-    line: str | None = None  # where the line comes from: "fit", "peers" (None: no line)
-    mean_batch: float = 0.0  # mean records per step (see _WorkerReport.work)
-    compute_per_sample_s: float = 0.0  # mean compute_s / B (communication left out)
-
-    @property
-    def span_s(self) -> float:
-        """Time covered by the window's reports (newest minus oldest)."""
-        return self.last_s - self.first_s
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,13 +176,15 @@ class Monitor:
             )
         self.l_trans = float(l_trans)
         self.l_per = float(l_per)
-        self._workers: dict[int, deque[_WorkerReport]] = {}
+        self._workers: dict[int, WorkerSteps] = {}
+        # rank -> [batch_size, samples_total, last_step, last_report_s]; its NodeInfo
+        # is made when a snapshot needs it (a report costs no object).
+        self._worker_state: dict[int, list[float]] = {}
         self._worker_info: dict[int, NodeInfo] = {}
-        self._reads_records: set[int] = set()  # workers that report records (the DDS)
         # Ranks that ever reported, kept across worker_gone: only a rank's first
         # start is waited for, a restarted one keeps its share until it reports.
         self._ever_reported: set[int] = set()
-        self._servers: dict[int, deque[_ServerReport]] = {}
+        self._servers: dict[int, Series] = {}
         self._server_info: dict[int, NodeInfo] = {}
         self._spare_capacity = 0
         self._spare_hosts: tuple[str, ...] = ()
@@ -211,24 +209,36 @@ class Monitor:
 
         Raises: ValueError for a negative or non-finite time or a batch size < 1.
         """
-        _check_times(rank, compute_s=compute_s, comm_s=comm_s)
+        if not (0 <= compute_s < math.inf and 0 <= comm_s < math.inf):
+            _check_times(rank, compute_s=compute_s, comm_s=comm_s)
         if batch_size < 1 or samples < 0:
             raise ValueError(f"worker {rank}: batch_size must be >= 1 and samples >= 0")
-        if samples > 0:
-            self._reads_records.add(rank)
-        self._ever_reported.add(rank)
-        window = self._workers.setdefault(rank, deque())
-        window.append(_WorkerReport(now, step, batch_size, compute_s, comm_s, samples, servers))
-        self._prune(window, now)
-        old = self._worker_info.get(rank)
-        self._worker_info[rank] = NodeInfo(
-            rank=rank,
-            batch_size=batch_size,
-            samples_total=(old.samples_total if old else 0) + samples,
-            last_step=max(step, old.last_step) if old else step,
-            last_report_s=now,
+        steps = self._workers.get(rank)
+        state = self._worker_state.get(rank)
+        if steps is None or state is None:
+            steps = self._workers[rank] = WorkerSteps()
+            state = self._worker_state[rank] = [batch_size, 0, step, now]
+            self._ever_reported.add(rank)
+        if samples > 0 and not steps.reader:
+            # A worker that reads through the DDS and took no record in a step
+            # (waiting for a lease, or out of data at the end) did no work in it:
+            # its near-zero time says nothing about its speed, and as B/T it
+            # would look many times faster than everyone. (Known from any of its
+            # reports, not the window's: a window of only empty steps stays empty.)
+            steps.become_reader()
+        work = samples if samples > 0 else batch_size
+        steps.add(
+            now, compute_s, comm_s, work, counts=samples > 0 or not steps.reader, servers=servers
         )
-        self._latest_step = max(self._latest_step, step)
+        steps.prune(now - self.l_per)
+        state[0] = batch_size
+        state[1] += samples
+        if step > state[2]:
+            state[2] = step
+        state[3] = now
+        self._worker_info.pop(rank, None)
+        if step > self._latest_step:
+            self._latest_step = step
 
     def report_server(self, rank: int, *, now: float, step: int, update_s: float) -> None:
         """One update step of server ``rank`` that ended at time ``now``.
@@ -236,9 +246,9 @@ class Monitor:
         Raises: ValueError for a negative or non-finite update time.
         """
         _check_times(rank, update_s=update_s)
-        window = self._servers.setdefault(rank, deque())
-        window.append(_ServerReport(now, step, update_s))
-        self._prune(window, now)
+        window = self._servers.setdefault(rank, Series())
+        window.add(0, now, update_s)
+        window.prune_time(now - self.l_per)
         old = self._server_info.get(rank)
         self._server_info[rank] = NodeInfo(
             rank=rank,
@@ -251,8 +261,8 @@ class Monitor:
     def worker_gone(self, rank: int) -> None:
         """Forget a worker (exited, killed, dropped); a restarted one starts fresh."""
         self._workers.pop(rank, None)
+        self._worker_state.pop(rank, None)
         self._worker_info.pop(rank, None)
-        self._reads_records.discard(rank)
 
     def server_gone(self, rank: int) -> None:
         """Forget a server; a restarted one starts with empty windows."""
@@ -284,31 +294,37 @@ class Monitor:
         devices: dict[int, WorkerDevice] | None = None,
     ) -> MonitorSnapshot:
         """Aggregate the windows ending at ``now`` (see module doc)."""
-        for w in self._workers.values():
-            self._prune(w, now)
-        for s in self._servers.values():
-            self._prune(s, now)
-        sizes = [info.batch_size for info in self._worker_info.values()]
-        b_ref = sum(sizes) / len(sizes) if sizes else 1.0
         short_from, long_from = now - self.l_trans, now - self.l_per
-        readers = self._reads_records
-        worker_short = with_peer_lines(
-            _worker_stats(self._workers, short_from, now, b_ref, readers, regimes=True), b_ref
-        )
-        worker_long = with_peer_lines(
-            _worker_stats(self._workers, long_from, now, b_ref, readers, regimes=False), b_ref
-        )
+        for w in self._workers.values():
+            w.prune(long_from)
+        for s in self._servers.values():
+            s.prune_time(long_from)
+        workers = self._node_infos()
+        b_ref = sum(i.batch_size for i in workers.values()) / len(workers) if workers else 1.0
+        worker_short: dict[int, WindowStats] = {}
+        worker_long: dict[int, WindowStats] = {}
+        comm: dict[int, list[float]] = {}
+        for rank, steps in self._workers.items():
+            short = steps.stats(short_from, now, b_ref, regimes=True)
+            if short is not None:
+                worker_short[rank] = short
+            long = steps.stats(long_from, now, b_ref, regimes=False)
+            if long is not None:
+                worker_long[rank] = long
+            steps.server_comm(long_from, now, comm)
+        worker_short = with_peer_lines(worker_short, b_ref)
+        worker_long = with_peer_lines(worker_long, b_ref)
         server_long: dict[int, WindowStats] = {}
-        for rank, reports in self._servers.items():
-            upd = [r for r in reports if long_from <= r.t <= now]
-            if upd:
-                mean_update = sum(r.update_s for r in upd) / len(upd)
+        for rank, series in self._servers.items():
+            upd = series.window(long_from, now)
+            if upd is not None:
+                count, total, first, last = upd
                 server_long[rank] = WindowStats(
-                    reports=len(upd),
-                    first_s=upd[0].t,
-                    last_s=upd[-1].t,
-                    mean_bpt=mean_update,
-                    mean_bpt_eq=mean_update,
+                    reports=count,
+                    first_s=first,
+                    last_s=last,
+                    mean_bpt=total / count,
+                    mean_bpt_eq=total / count,
                     throughput=0.0,
                     samples=0,
                 )
@@ -316,7 +332,7 @@ class Monitor:
             now=now,
             l_trans=self.l_trans,
             l_per=self.l_per,
-            workers=dict(self._worker_info),
+            workers=workers,
             servers=dict(self._server_info),
             worker_short=worker_short,
             worker_long=worker_long,
@@ -328,7 +344,7 @@ class Monitor:
             ref_bpt_eq_short=fast_reference(s.mean_bpt_eq for s in worker_short.values()),
             ref_bpt_eq_long=fast_reference(s.mean_bpt_eq for s in worker_long.values()),
             mean_update_long=_mean(s.mean_bpt for s in server_long.values()),
-            server_comm_long=_server_comm(self._workers, long_from, now),
+            server_comm_long={srv: acc[0] / acc[1] for srv, acc in sorted(comm.items())},
             spare_capacity=self._spare_capacity,
             spare_hosts=self._spare_hosts,
             latest_step=self._latest_step,
@@ -344,69 +360,26 @@ class Monitor:
             ),
         )
 
-    def _prune(self, window: deque[_WorkerReport] | deque[_ServerReport], now: float) -> None:
-        # Reports arrive in time order per node (batched, never reordered), so
-        # everything older than the long window leaves from the left.
-        limit = now - self.l_per
-        while window and window[0].t < limit:
-            window.popleft()
-
-
-def _worker_stats(
-    windows: dict[int, deque[_WorkerReport]],
-    start: float,
-    end: float,
-    b_ref: float,
-    reads_records: set[int],
-    *,
-    regimes: bool,
-) -> dict[int, WindowStats]:
-    out: dict[int, WindowStats] = {}
-    for rank, reports in windows.items():
-        inside = [r for r in reports if start <= r.t <= end]
-        if rank in reads_records:
-            # A worker that reads through the DDS and took no record in a step
-            # (waiting for a lease, or out of data at the end) did no work in it:
-            # its near-zero time says nothing about its speed, and as B/T it
-            # would look many times faster than everyone. (Known from any of its
-            # reports, not the window's: a window of only empty steps stays empty.)
-            inside = [r for r in inside if r.samples > 0]
-        if not inside:
-            continue
-        if regimes:
-            inside = since_regime_change(inside)
-        bpts = [_bpt(r) for r in inside]
-        eq = [max(r.compute_s * b_ref / r.work + r.comm_s, MIN_BPT_S) for r in inside]
-        rates = [r.work / t for r, t in zip(inside, bpts, strict=True)]
-        fixed, per_sample = step_model([r.work for r in inside], bpts)
-        mean_batch = sum(r.work for r in inside) / len(inside)
-        if fixed is not None and per_sample is not None:
-            eq = [fixed + per_sample * b_ref]  # the line knows what scales with B
-        out[rank] = WindowStats(
-            reports=len(inside),
-            first_s=inside[0].t,
-            last_s=inside[-1].t,
-            mean_bpt=sum(bpts) / len(bpts),
-            mean_bpt_eq=sum(eq) / len(eq),
-            throughput=sum(rates) / len(rates),
-            samples=sum(r.samples for r in inside),
-            fixed_s=fixed,
-            per_sample_s=per_sample,
-            line=None if fixed is None else "fit",
-            mean_batch=mean_batch,
-            compute_per_sample_s=sum(r.compute_s / r.work for r in inside) / len(inside),
-        )
-    return out
+    def _node_infos(self) -> dict[int, NodeInfo]:
+        # In the order the workers first reported, as a dict filled per report would be.
+        infos = self._worker_info
+        out: dict[int, NodeInfo] = {}
+        for rank, (batch, total, last_step, last_s) in self._worker_state.items():
+            info = infos.get(rank)
+            if info is None:
+                info = infos[rank] = NodeInfo(
+                    rank=rank,
+                    batch_size=int(batch),
+                    samples_total=int(total),
+                    last_step=int(last_step),
+                    last_report_s=last_s,
+                )
+            out[rank] = info
+        return out
 
 
 def _bpt(r: _WorkerReport) -> float:
     return max(r.compute_s + r.comm_s, MIN_BPT_S)
-
-
-# A step time that jumps by more than this between two steps of one batch size,
-# and whose next step stays on the new side, starts a new regime. Step-time noise
-# on a shared machine is a few per cent; a straggler's onset is tens.
-REGIME_JUMP = 0.15
 
 
 def since_regime_change(reports: Sequence[_WorkerReport]) -> list[_WorkerReport]:
@@ -421,19 +394,11 @@ def since_regime_change(reports: Sequence[_WorkerReport]) -> list[_WorkerReport]
     compared per sample because a plan may already have changed its batch. One
     slow step alone (a GC pause) is not a regime. A change between two batch
     sizes is left alone: that is what ``step_model`` fits a line through.
+    (The Monitor applies the same rule, ``windows.regime_flags``, to its columns.)
     """
-    for j in range(len(reports) - 2, 0, -1):
-        before, first, after = reports[j - 1], reports[j], reports[j + 1]
-        if before.work != first.work:
-            continue
-        old, new = _bpt(before), _bpt(first)
-        up, down = new > old * (1 + REGIME_JUMP), new * (1 + REGIME_JUMP) < old
-        per_old = old / before.work
-        per_after = _bpt(after) / after.work
-        half = 1 + REGIME_JUMP / 2
-        if (up and per_after > per_old * half) or (down and per_after * half < per_old):
-            return list(reports[j:])
-    return list(reports)
+    work = np.array([r.work for r in reports], dtype=float)
+    flags = np.flatnonzero(regime_flags(work, np.array([_bpt(r) for r in reports], dtype=float)))
+    return list(reports[int(flags[-1]) :]) if len(flags) else list(reports)
 
 
 def with_peer_lines(stats: dict[int, WindowStats], b_ref: float) -> dict[int, WindowStats]:
@@ -457,13 +422,13 @@ def with_peer_lines(stats: dict[int, WindowStats], b_ref: float) -> dict[int, Wi
         r: st.per_sample_s if st.per_sample_s is not None else st.compute_per_sample_s
         for r, st in stats.items()
     }
+    ordered = sorted(slopes.values())  # once: each worker's peers are all but one of them
     out = dict(stats)
     for rank, st in stats.items():
         far = abs(st.mean_batch - b_ref) > MIN_FIT_SPREAD * max(st.mean_batch, b_ref)
-        peers = sorted(v for r, v in slopes.items() if r != rank)
-        if st.line is not None or not far or not peers:
+        if st.line is not None or not far or len(ordered) < 2:
             continue
-        slope = statistics.median(peers)
+        slope = _median_without(ordered, slopes[rank])
         fixed = st.mean_bpt - slope * st.mean_batch
         if fixed <= 0:
             continue
@@ -473,9 +438,15 @@ def with_peer_lines(stats: dict[int, WindowStats], b_ref: float) -> dict[int, Wi
     return out
 
 
-# A fit needs batch sizes at least this far apart (relative to the largest):
-# closer ones leave the slope to the step-time noise.
-MIN_FIT_SPREAD = 0.1
+def _median_without(ordered: list[float], value: float) -> float:
+    """``statistics.median`` of sorted ``ordered`` with one copy of ``value`` left out."""
+    skip = bisect.bisect_left(ordered, value)
+    m = len(ordered) - 1
+
+    def at(k: int) -> float:  # k-th of the remaining values
+        return ordered[k if k < skip else k + 1]
+
+    return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2
 
 
 def step_model(sizes: Sequence[int], bpts: Sequence[float]) -> tuple[float | None, float | None]:
@@ -487,30 +458,10 @@ def step_model(sizes: Sequence[int], bpts: Sequence[float]) -> tuple[float | Non
     a plan from ``v_i`` alone under-shrinks it and needs several rounds. Once an
     ADJUST_BS has applied, its window holds two batch sizes and the line tells
     the two parts apart. (None, None) when the sizes are too close together or
-    the line is not physical (negative slope or intercept).
+    the line is not physical (negative slope or intercept). (The Monitor fits
+    the same line from its running sums, ``windows.fit_line``.)
     """
-    if len(sizes) < 2 or max(sizes) - min(sizes) < MIN_FIT_SPREAD * max(sizes):
-        return None, None
-    mean_b = sum(sizes) / len(sizes)
-    mean_t = sum(bpts) / len(bpts)
-    sxx = sum((b - mean_b) ** 2 for b in sizes)
-    slope = sum((b - mean_b) * (t - mean_t) for b, t in zip(sizes, bpts, strict=True)) / sxx
-    intercept = mean_t - slope * mean_b
-    if slope <= 0 or intercept < 0:
-        return None, None
-    return intercept, slope
-
-
-def _server_comm(
-    windows: dict[int, deque[_WorkerReport]], start: float, end: float
-) -> dict[int, float]:
-    sums: dict[int, list[float]] = {}
-    for reports in windows.values():
-        for r in reports:
-            if start <= r.t <= end:
-                for server, seconds in r.servers:
-                    sums.setdefault(server, []).append(seconds)
-    return {server: sum(v) / len(v) for server, v in sorted(sums.items())}
+    return fit_centered(np.array(sizes, dtype=float), np.array(bpts, dtype=float))
 
 
 def _mean(values: Iterable[float]) -> float | None:
