@@ -36,6 +36,7 @@ from dtlaunch.supervisor.control.monitor import (
     WindowStats,
     since_regime_change,
 )
+from dtlaunch.supervisor.control.monitor import _WorkerReport as MonitorReport
 
 # ------------------------------------------------------------------ the oracle
 # Copied from dtlaunch/supervisor/control/monitor.py before the columnar
@@ -207,11 +208,11 @@ def _worker_stats(
     return out
 
 
-def _bpt(r: _WorkerReport) -> float:
-    return max(r.compute_s + r.comm_s, MIN_BPT_S)
+def _bpt(r: Any) -> float:
+    return float(max(r.compute_s + r.comm_s, MIN_BPT_S))
 
 
-def oracle_since_regime_change(reports: Sequence[_WorkerReport]) -> list[_WorkerReport]:
+def oracle_since_regime_change(reports: Sequence[Any]) -> list[Any]:
     for j in range(len(reports) - 2, 0, -1):
         before, first, after = reports[j - 1], reports[j], reports[j + 1]
         if before.work != first.work:
@@ -372,7 +373,7 @@ def run_history(seed: int, n_workers: int, n_servers: int, l_per: float, jitter:
                 servers = tuple(
                     (s, rng.uniform(0.001, 0.05)) for s in range(n_servers) if rng.random() < 0.8
                 )
-                report = {
+                report: dict[str, Any] = {
                     "now": max(0.0, t - age),
                     "step": step[w],
                     "batch_size": b,
@@ -403,7 +404,8 @@ def run_history(seed: int, n_workers: int, n_servers: int, l_per: float, jitter:
     return compared + 1
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.timeout(900)  # the 2-core test machine is often shared with benchmarks
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=hs.integers(0, 2**32 - 1),
     n_workers=hs.integers(1, 9),
@@ -439,13 +441,13 @@ def test_the_comparison_sees_a_wrong_statistic() -> None:
 def test_since_regime_change_on_a_list_of_reports() -> None:
     rng = random.Random(7)
     for _ in range(300):
-        reports = []
+        reports: list[MonitorReport] = []
         speed = 0.1
         for k in range(rng.randint(0, 12)):
             if rng.random() < 0.2:
                 speed *= rng.choice([0.5, 2.0])
             b = rng.choice([16, 32])
-            reports.append(_WorkerReport(k, k, b, speed * b * rng.uniform(0.97, 1.03), 0.01, b))
+            reports.append(MonitorReport(k, k, b, speed * b * rng.uniform(0.97, 1.03), 0.01, b))
         assert since_regime_change(reports) == oracle_since_regime_change(reports)
 
 
@@ -472,18 +474,33 @@ def feed_scale(mon: Monitor | OracleMonitor, workers: int, steps: int, seed: int
     return (steps - 1) / 10
 
 
-def test_snapshot_at_1000_workers_x_3000_reports_is_quick() -> None:
+def _snapshot_cpu_s(workers: int, steps: int) -> float:
     # l_per = 300 s as nd's default: every report is in the long window.
-    mon = Monitor(l_trans=30.0, l_per=300.0)
-    now = feed_scale(mon, 1000, 3000)
+    mon = Monitor(l_trans=60.0, l_per=300.0)
+    now = feed_scale(mon, workers, steps)
     best = math.inf
     for _ in range(3):
         start = time.process_time()
         snap = mon.snapshot(now, remaining_steps=10000, restart_cost_s=30.0)
         best = min(best, time.process_time() - start)
-    assert len(snap.worker_long) == 1000 and snap.worker_long[0].reports == 3000
-    assert snap.worker_long[100].mean_bpt > 1.5 * snap.worker_long[1].mean_bpt
-    # About 20 ms idle; the loops over every report took seconds.
+    assert len(snap.worker_long) == workers
+    assert snap.worker_long[0].reports == steps
+    assert snap.worker_long[0].mean_bpt > 1.5 * snap.worker_long[1].mean_bpt
+    return best
+
+
+@pytest.mark.timeout(900)
+def test_snapshot_at_1000_workers_x_1000_reports_is_quick() -> None:
+    # A few ms on an idle machine; the loops over every report took seconds.
+    best = _snapshot_cpu_s(1000, 1000)
+    assert best < 0.25, f"snapshot took {best:.3f} s of CPU"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_snapshot_at_1000_workers_x_3000_reports_is_quick() -> None:
+    # The size (3,000,000 reports): feeding them takes most of a minute.
+    best = _snapshot_cpu_s(1000, 3000)
     assert best < 0.5, f"snapshot took {best:.3f} s of CPU"
 
 
