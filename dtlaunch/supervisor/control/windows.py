@@ -339,12 +339,13 @@ class WorkerSteps:
         if tiny and tiny[-1] >= a and tiny[bisect.bisect_left(tiny, a)] < b:
             return self._stats_of(np.arange(a, b), b_ref, regimes=False)
         rows, i, j = self.rows, (b - 1) * _COLS + _P0, (a - 1) * _COLS + _P0
-        upto = rows[i : i + 7]
-        sums = [x - y for x, y in zip(upto, rows[j : j + 7], strict=True)]
-        if any(x > 1e3 * y and y for x, y in zip(upto, sums, strict=True)):
-            # The running sums dwarf the window's (an outlier step, say of 0 s,
-            # before it): their difference would lose digits.
-            return self._stats_of(np.arange(a, b), b_ref, regimes=False)
+        sums = []
+        for x, y in zip(rows[i : i + 7], rows[j : j + 7], strict=True):
+            if x > 1e3 * (x - y) and x != y:
+                # The running sums dwarf the window's (an outlier step, say of
+                # 0 s, before it): their difference would lose digits.
+                return self._stats_of(np.arange(a, b), b_ref, regimes=False)
+            sums.append(x - y)
         line: Line = (None, None)
         r0, r1 = bisect.bisect_right(self._runs, a), bisect.bisect_right(self._runs, b - 1)
         if r1 > r0:  # more than one batch size in the window
