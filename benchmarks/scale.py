@@ -57,6 +57,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from dtlaunch.config import RunOptions  # noqa: E402
+from dtlaunch.errors import DtlaunchError  # noqa: E402
 from dtlaunch.hostfile import HostSpec  # noqa: E402
 from dtlaunch.jobclient import request_stop  # noqa: E402
 from dtlaunch.supervisor import job as job_module  # noqa: E402
@@ -317,8 +318,8 @@ async def _run_one(
     job_module._launcher = lambda *a, **k: launcher  # type: ignore[assignment]
     me = psutil.Process()
     result: dict[str, Any] = {"n": n, "mode": "dds" if rate == 0 else "steps", "sims": sims_count}
+    job = asyncio.create_task(job_module.run_job(spec, console=io.StringIO()))
     try:
-        job = asyncio.create_task(job_module.run_job(spec, console=io.StringIO()))
         started = time.monotonic()
         # Every worker reporting (or, for the DDS phase, leases flowing).
         while len(hooks.ranks_seen) < n and rate > 0:
@@ -381,6 +382,15 @@ async def _run_one(
         outcome = await asyncio.wait_for(job, 120.0)
         result["job_status"] = outcome.status
     finally:
+        if not job.done():  # the size failed: its supervisor must not outlive it
+            with contextlib.suppress(Exception):
+                await request_stop(run_dir, timeout=10.0)
+            try:
+                await asyncio.wait_for(asyncio.shield(job), 60.0)
+            except Exception:  # stopped or not, it must end here
+                job.cancel()
+                with contextlib.suppress(BaseException):
+                    await job
         job_module._launcher = original_launcher  # type: ignore[assignment]
         hooks.remove()
         for sim in sims:
@@ -524,10 +534,15 @@ DDS_COLUMNS: list[tuple[str, Any]] = [
 
 
 def _table(results: list[dict[str, Any]], columns: list[tuple[str, Any]]) -> list[str]:
+    def row(r: dict[str, Any]) -> str:
+        if "error" in r:  # the size did not run to its window: say why, in the row
+            return f"| {r['n']} | {r['error']} |" + " |" * (len(columns) - 2)
+        return "| " + " | ".join(str(cell(r)) for _, cell in columns) + " |"
+
     return [
         "| " + " | ".join(name for name, _ in columns) + " |",
         "|" + "---:|" * len(columns),
-        *("| " + " | ".join(str(cell(r)) for _, cell in columns) + " |" for r in results),
+        *(row(r) for r in results),
     ]
 
 
@@ -543,14 +558,16 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     tmp = Path(tempfile.mkdtemp(prefix="dtlaunch-scale-"))
     try:
-        for n in args.sizes:
-            window = args.soak if n == args.soak_n and args.soak else args.window
-            print(f"N={n}: steady window {window:g} s ...", flush=True)
-            results.append(await _run_one(args, n, window, rate=STEP_RATE, tmp=tmp))
-            print(json.dumps(results[-1]), flush=True)
-        if args.dds_n:
-            print(f"DDS stress, N={args.dds_n} ...", flush=True)
-            results.append(await _run_one(args, args.dds_n, args.window, rate=0.0, tmp=tmp))
+        runs = [(n, STEP_RATE) for n in args.sizes] + ([(args.dds_n, 0.0)] if args.dds_n else [])
+        for n, rate in runs:
+            window = args.soak if n == args.soak_n and args.soak and rate else args.window
+            what = "steady window" if rate else "DDS stress, window"
+            print(f"N={n}: {what} {window:g} s ...", flush=True)
+            try:
+                results.append(await _run_one(args, n, window, rate=rate, tmp=tmp))
+            except (RuntimeError, DtlaunchError) as err:  # a size not carried is a result too
+                mode = "steps" if rate else "dds"
+                results.append({"n": n, "mode": mode, "error": str(err)})
             print(json.dumps(results[-1]), flush=True)
     finally:
         if args.keep:

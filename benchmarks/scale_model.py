@@ -3,8 +3,8 @@
 A model calibrated on this machine, not a measurement at 10,000 hosts:
 
 1. From ``benchmarks/results/scale.json`` (``scale.py``'s real supervisor against
-   simulated hosts), fit the supervisor's CPU as ``a + b x N`` (share of one core;
-   N workers at 10 steps/s, one per host).
+   simulated hosts), fit the supervisor's CPU as ``a + b x W`` (share of one core;
+   W the load it carried, in workers at 10 steps/s, one per host).
 2. Measure here, with the real code and no sockets, the part of ``b`` that is
    per *report* and would stay in the supervisor behind relays: decoding the
    reports inside a StepReports frame, the Monitor's ``report_worker`` for each,
@@ -92,8 +92,16 @@ def per_report_cost_s(workers: int = 200, steps: int = 300) -> float:
 
 
 def fit(results: list[dict[str, Any]]) -> tuple[float, float]:
-    """Least squares ``cpu_share = a + b x N`` over the measured step runs."""
-    rows = [(r["n"], r["supervisor_cpu_pct"] / 100) for r in results if r["mode"] == "steps"]
+    """Least squares ``cpu_share = a + b x W`` over the measured step runs, where W
+    is the load the supervisor actually carried in workers at 10 steps/s (its
+    StepReports in, over 2 a worker-second): a saturated run carries less than it
+    was offered, and the fit must not credit it with the rest."""
+    per_worker_messages = STEPS_PER_S / REPORTS_PER_MESSAGE
+    rows = [
+        (r["reports_in_per_s"] / per_worker_messages, r["supervisor_cpu_pct"] / 100)
+        for r in results
+        if r["mode"] == "steps" and "error" not in r
+    ]
     if len(rows) < 2:
         raise SystemExit("need scale.json with at least two sizes; run benchmarks/scale.py")
     n, cpu = np.array(rows, dtype=float).T

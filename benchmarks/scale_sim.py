@@ -290,6 +290,9 @@ class Simulator:
     def __init__(self, cfg: Config, send_log: Path | None) -> None:
         self.cfg = cfg
         self.ctx = zmq.asyncio.Context()
+        # Two sockets a host (agent and worker): past libzmq's default of 1,023
+        # sockets a context at 512 hosts per simulator.
+        self.ctx.set(zmq.MAX_SOCKETS, 16_384)
         self.stats = Stats()
         self.workers: dict[tuple[str, int], SimWorker] = {}
         self.hosts: dict[str, SimHost] = {}
