@@ -491,7 +491,7 @@ def test_snapshots_are_spaced_by_their_own_cost(tmp_path, monkeypatch):
 
         service = DdsService(
             run_dir=tmp_path,
-            options=DatasetSpec(dataset_size=10**7, shard_size=10),
+            options=DatasetSpec(dataset_size=10**6, shard_size=10),
             send=send,
             recorder=EventRecorder([MemorySink()]),
             clock=lambda: now[0],
@@ -503,7 +503,7 @@ def test_snapshots_are_spaced_by_their_own_cost(tmp_path, monkeypatch):
             # Enough traffic for many snapshots by size alone, at three instants.
             for advance in (0.0, spacing - 0.2, 0.2):
                 now[0] += advance
-                for request in range(3000):
+                for request in range(400):
                     await service.handle(b"w", 0, FetchShards(request_id=request, count=1))
                     await service.handle(b"w", 0, AckShards(lease_ids=[lease], step=request))
                     lease += 1

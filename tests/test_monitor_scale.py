@@ -490,9 +490,11 @@ def _snapshot_cpu_s(workers: int, steps: int) -> float:
 
 
 @pytest.mark.timeout(900)
-def test_snapshot_at_1000_workers_x_1000_reports_is_quick() -> None:
-    # A few ms on an idle machine; the loops over every report took seconds.
-    best = _snapshot_cpu_s(1000, 1000)
+def test_snapshot_at_1000_workers_x_400_reports_is_quick() -> None:
+    # A few ms on an idle machine; the loops over every report took over a second
+    # at this size (400,000 reports), and the time make test spends feeding them
+    # stays small. The size is the slow test below.
+    best = _snapshot_cpu_s(1000, 400)
     assert best < 0.25, f"snapshot took {best:.3f} s of CPU"
 
 
