@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import stat
+import subprocess
+import sys
 import time
 
 import pytest
@@ -29,6 +32,7 @@ from dtlaunch.wire.messages import Hello, Ping, Welcome
 from dtlaunch.wire.sockets import ZAP_DOMAIN, Dealer, Router
 
 REFUSED_WAIT_S = 0.5  # loopback handshakes take milliseconds
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by RFC 27
 
 
 def mode(path) -> int:
@@ -306,12 +310,39 @@ def test_authenticator_admits_only_its_domain(tmp_path):
 
 def test_router_fails_closed_without_its_authenticator(tmp_path):
     """ZAP_ENFORCE_DOMAIN: with no ZAP handler, libzmq refuses instead of admitting anyone."""
+    refuse_without_authenticator(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_router_fails_closed_without_its_authenticator_under_load(tmp_path):
+    """The loop that found the reaper race: 60 rounds with three busy loops per core."""
+    loops = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        for _ in range(3 * (os.cpu_count() or 1))
+    ]
+    try:
+        for round_ in range(60):
+            refuse_without_authenticator(tmp_path / str(round_))
+    finally:
+        for loop in loops:
+            os.killpg(loop.pid, signal.SIGKILL)
+            loop.wait()
+
+
+def refuse_without_authenticator(tmp_path):
     keys = create_run_keys(tmp_path)
     other = create_run_keys(tmp_path / "other")
 
     async def test(ctx):
         async with Router(ctx, keys) as router:
-            router._auth.stop()  # simulate a dead handler; close() copes with it
+            # Simulate a dead handler; close() copes with it. close() alone hands the
+            # ZAP socket to libzmq's reaper thread, which unbinds its inproc endpoint
+            # later: under load the intruder's handshake could still reach the dying
+            # socket and wait for an answer that never comes (1 run in 7 at load 6).
+            # unbind() removes the endpoint before it returns.
+            router._auth.zap_socket.unbind(ZAP_ENDPOINT)
+            router._auth.stop()
             intruder_keys = PeerKeys(server_public=keys.server.public, client=other.client)
             async with Dealer(ctx, router.endpoint, intruder_keys, b"intruder") as intruder:
                 assert await intruder.send(Ping(seq=1))
