@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from dtlaunch.errors import ConfigError
-from dtlaunch.hostfile import HostSpec, load_hosts
+from dtlaunch.hostfile import MAX_HOST_CPUS, HostSpec, load_hosts
 from dtlaunch.hostselect import select_hosts, with_processes_per_host
+from dtlaunch.quantities import format_size, parse_size
 from dtlaunch.sharding import DatasetSpec
 
 MODES = ("allreduce", "ps")
@@ -28,6 +29,10 @@ PS_SERVERS = ("builtin", "script")  # python -m dtlaunch.ps, or the user's own (
 PS_CONSISTENCY = ("bsp", "asp")
 DEFAULT_PS_BLOCK_BYTES = 4 << 20
 RESTART_SCOPES = ("group", "process")
+# Below this a Python interpreter cannot start; the hostfile bounds mem= the same way.
+MIN_MEMORY_LIMIT = 64 << 20
+# How agents enforce limits: cgroups where usable, else rlimit/affinity; or never cgroups.
+LIMITS_VIA = ("auto", "rlimit")
 # Hosts reached over SSH at once (check, agent launch; see dtlaunch.fanout): well
 # inside a default sshd's MaxStartups when the hosts are distinct machines, and
 # enough to keep a 2-core client busy.
@@ -50,6 +55,16 @@ def check_concurrency(value: int, option: str = "--ssh-concurrency") -> int:
             "connections (MaxStartups), raise it for many hosts on a fast network"
         )
     return value
+
+
+def _size_option(option: str, text: str | None) -> int:
+    """Bytes of a size option (0 when not given); ConfigError naming the option."""
+    if not text:
+        return 0
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise ConfigError(f"{option}: {exc}") from None
 
 
 def new_run_id() -> str:
@@ -106,6 +121,14 @@ class JobSpec:
     policy: str = "none"
     max_restarts: int = 3
     restart_scope: str = "group"
+    # Per worker/server process (0: none, or the host's mem=/cpus= over its slots).
+    memory_limit: int = 0
+    cpu_limit: float = 0.0
+    # A process killed for memory is relaunched with twice its limit, at most this
+    # often and up to memory_max (0: the host's memory).
+    oom_relaunches: int = 3
+    memory_max: int = 0
+    limits_via: str = "auto"  # one of LIMITS_VIA
     heartbeat_interval: float = 1.0
     dead_after: int = 3
     orphan_timeout: float = 60.0
@@ -198,6 +221,7 @@ class JobSpec:
             )
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
+        self._validate_limits()
         for name in ("heartbeat_interval", "orphan_timeout", "kill_grace", "agent_timeout"):
             if getattr(self, name) <= 0:
                 opt = "--" + name.replace("_", "-")
@@ -248,6 +272,42 @@ class JobSpec:
         if dataset is not None:
             dataset.validate()
         return self
+
+    def _validate_limits(self) -> None:
+        if self.memory_limit and self.memory_limit < MIN_MEMORY_LIMIT:
+            raise ConfigError(
+                f"--memory-limit {self.memory_limit} bytes is too small to start Python; "
+                "expected at least 64M (e.g. --memory-limit 4G)"
+            )
+        if not 0 <= self.cpu_limit <= MAX_HOST_CPUS:
+            raise ConfigError(
+                f"--cpu-limit must be a number of CPUs above 0 (e.g. 2 or 0.5), "
+                f"got {self.cpu_limit}"
+            )
+        if self.limits_via not in LIMITS_VIA:
+            raise ConfigError(
+                f"--limits-via must be one of {', '.join(LIMITS_VIA)}, got {self.limits_via!r}"
+            )
+        if self.oom_relaunches < 0:
+            raise ConfigError(f"--oom-relaunches must be 0 or more, got {self.oom_relaunches}")
+        if self.memory_max and self.memory_max < max(self.memory_limit, MIN_MEMORY_LIMIT):
+            raise ConfigError(
+                f"--memory-max ({format_size(self.memory_max)}) is below --memory-limit "
+                f"({format_size(self.memory_limit)}) or 64M; raise it or leave it out "
+                "(then the host's memory bounds the growth)"
+            )
+        small = [
+            f"{h.label} (mem={format_size(h.memory_bytes)} over {h.slots} slots)"
+            for h in self.hosts
+            if h.memory_bytes
+            and not self.memory_limit
+            and h.memory_bytes // h.slots < MIN_MEMORY_LIMIT
+        ]
+        if small:
+            raise ConfigError(
+                f"less than 64M per process on {', '.join(small)}; declare more memory, "
+                "fewer slots, or give --memory-limit"
+            )
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -303,6 +363,11 @@ class RunOptions:
     run_dir: Path | None = None
     max_restarts: int = 3
     restart_scope: str | None = None
+    memory_limit: str | None = None  # a size: 512M, 4G
+    cpu_limit: float | None = None
+    oom_relaunches: int = 3
+    memory_max: str | None = None
+    limits_via: str = "auto"
     heartbeat_interval: float = 1.0
     dead_after: int = 3
     orphan_timeout: float = 60.0
@@ -352,6 +417,11 @@ class RunOptions:
             policy=self.policy,
             max_restarts=self.max_restarts,
             restart_scope=self.restart_scope or ("group" if mode == "allreduce" else "process"),
+            memory_limit=_size_option("--memory-limit", self.memory_limit),
+            cpu_limit=self.cpu_limit or 0.0,
+            oom_relaunches=self.oom_relaunches,
+            memory_max=_size_option("--memory-max", self.memory_max),
+            limits_via=self.limits_via,
             heartbeat_interval=self.heartbeat_interval,
             dead_after=self.dead_after,
             orphan_timeout=self.orphan_timeout,

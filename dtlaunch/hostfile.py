@@ -8,10 +8,11 @@ A hostfile line is a superset of DeepSpeed, OpenMPI and Horovod hostfile lines::
     node3 slots=4 spare               # spare capacity: relaunch / scale-out target
     node4 slots=2 class=v100 bmax=96  # device class and its batch bounds (AntDT-DD)
     node5 slots=4 gpus=4              # 4 GPUs: each worker gets one (CUDA_VISIBLE_DEVICES)
+    node6 slots=4 cpus=16 mem=64G     # capacity: each process gets 4 CPUs and 16 GiB
     [fd00::7]:2222 slots=8            # IPv6 goes in brackets
 
 Grammar: ``[user@]host[:port] [slots=N] [servers=N] [spare] [class=NAME] [gpus=N]
-[bmin=N] [bmax=N]``.
+[bmin=N] [bmax=N] [cpus=N] [mem=SIZE]``.
 ``host`` is an IPv4 address, an RFC 1123 host name or a bracketed IPv6 address.
 
 The inline form (``-H node1:4,node2:4``) holds ``[user@]host[:slots]`` entries;
@@ -26,12 +27,19 @@ inside one :class:`~dtlaunch.errors.HostfileError`.
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from dtlaunch.errors import HostfileError
+from dtlaunch.hostaddr import (
+    HOST_HELP,
+    Problems,
+    host_label,
+    hostname_problem,
+    parse_host_token,
+)
+from dtlaunch.quantities import parse_cpus, parse_size
 
 __all__ = [
     "MAX_SLOTS",
@@ -51,17 +59,20 @@ _VALUE_FORMS = {
     "gpus": "gpus=N",
     "bmin": "bmin=N",
     "bmax": "bmax=N",
+    "cpus": "cpus=N",
+    "mem": "mem=SIZE",
 }
 _VALUE_KEYS = tuple(_VALUE_FORMS)
+_VALUE_RANGES = {"cpus": "0.001..65536", "mem": "64M..1P (did you forget G?)"}
 _FLAG_KEYS = ("spare",)
-_OPTIONS_HELP = "slots=N, servers=N, spare, class=NAME, gpus=N, bmin=N, bmax=N"
+_OPTIONS_HELP = "slots=N, servers=N, spare, class=NAME, gpus=N, bmin=N, bmax=N, cpus=N, mem=SIZE"
 # A per-device micro-batch above this is a typo, not a memory size.
 MAX_DEVICE_BATCH = 1 << 24
-_HOST_HELP = "[user@]host[:port] (e.g. node1, deploy@10.0.0.2:2222, [fd00::1]:2222)"
+# Bounds that catch typos (mem=64 meaning 64 bytes, cpus=80000), not machines.
+MIN_HOST_MEMORY = 64 << 20
+MAX_HOST_MEMORY = 1 << 50
+MAX_HOST_CPUS = 65536
 _INLINE_HELP = "[user@]host[:slots] (e.g. node1:4,deploy@node2:2)"
-# POSIX portable user names, plus the trailing '$' Samba machine accounts use.
-_USER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?")
-_DNS_LABEL_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _CLASS_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 # Only ASCII digits: str.isdigit() would accept '²' and int() would accept '+4' or '1_0'.
 _DIGITS_RE = re.compile(r"[0-9]+")
@@ -88,6 +99,11 @@ class HostSpec:
     # its saturation point and the largest batch its memory holds. None: not given.
     min_batch: int | None = None
     max_batch: int | None = None
+    # `cpus=N` and `mem=SIZE`: the capacity the processes placed here share; each
+    # gets cpus/slots and mem/slots as its limits. 0: not declared (the agent
+    # measures the memory; no CPU quota).
+    cpus: float = 0.0
+    memory_bytes: int = 0
     origin: str = ""  # "file:line" where it was defined, or "-H" for inline
 
     def __post_init__(self) -> None:
@@ -107,40 +123,11 @@ class HostSpec:
                 raise HostfileError(
                     [f"{self.label}: {key}={bound}; expected 1..{MAX_DEVICE_BATCH}"]
                 )
+        if not (0 <= self.cpus <= MAX_HOST_CPUS and 0 <= self.memory_bytes <= MAX_HOST_MEMORY):
+            raise HostfileError([f"{self.label}: cpus={self.cpus} mem={self.memory_bytes}"])
         low, high = self.min_batch, self.max_batch
         if low is not None and high is not None and low > high:
             raise HostfileError([f"{self.label}: bmin={low} exceeds bmax={high}"])
-
-
-@dataclass(slots=True)
-class _Problems:
-    """Collects ``source:line:col: message`` strings for one input."""
-
-    source: str
-    found: list[tuple[int, int, str]] = field(default_factory=list)
-
-    def add(self, line: int, col: int, message: str) -> None:
-        self.found.append((line, col, message))
-
-    def count(self) -> int:
-        return len(self.found)
-
-    def raise_if_any(self) -> None:
-        """Raise one HostfileError with every problem, in file order."""
-        if self.found:
-            ordered = sorted(self.found, key=lambda item: (item[0], item[1]))
-            raise HostfileError([f"{self.source}:{ln}:{col}: {msg}" for ln, col, msg in ordered])
-
-
-@dataclass(frozen=True, slots=True)
-class _HostPart:
-    """The ``[user@]host[:suffix]`` token, split and checked."""
-
-    user: str | None
-    hostname: str
-    is_ipv6: bool
-    suffix: str | None  # text after the ':' (port in files, slots inline)
-    suffix_col: int
 
 
 def parse_hostfile(text: str, filename: str = "<hostfile>") -> list[HostSpec]:
@@ -149,7 +136,7 @@ def parse_hostfile(text: str, filename: str = "<hostfile>") -> list[HostSpec]:
     Raises:
         HostfileError: with every problem in the text, or when it defines no host.
     """
-    problems = _Problems(filename)
+    problems = Problems(filename)
     hosts: list[HostSpec] = []
     first_seen: dict[str, str] = {}
     class_bounds: dict[str, tuple[int | None, int | None, int]] = {}
@@ -183,7 +170,7 @@ def parse_inline(spec: str) -> list[HostSpec]:
     Raises:
         HostfileError: with every problem in the list (locations ``-H:1:col``).
     """
-    problems = _Problems("-H")
+    problems = Problems("-H")
     hosts: list[HostSpec] = []
     first_seen: dict[str, str] = {}
     if not spec.strip():
@@ -208,7 +195,7 @@ def parse_inline(spec: str) -> list[HostSpec]:
             )
             continue
         before = problems.count()
-        part = _parse_host_token(token, 1, col, problems, suffix_name="slots")
+        part = parse_host_token(token, 1, col, problems, suffix_name="slots")
         slots = 1
         if part is not None and part.suffix is not None:
             value = _parse_int(part.suffix, 1, part.suffix_col, problems, "slots", 1, MAX_SLOTS)
@@ -274,7 +261,7 @@ def _looks_inline(arg: str) -> bool:
 
 
 def _parse_line(
-    tokens: list[tuple[int, str]], line: int, filename: str, problems: _Problems
+    tokens: list[tuple[int, str]], line: int, filename: str, problems: Problems
 ) -> tuple[str | None, HostSpec | None]:
     """Parse one non-blank hostfile line into ``(label, spec)``.
 
@@ -285,22 +272,24 @@ def _parse_line(
     host_col, host_token = tokens[0]
     if "=" in host_token:
         problems.add(
-            line, host_col, f"line starts with option {host_token!r}; expected {_HOST_HELP} first"
+            line, host_col, f"line starts with option {host_token!r}; expected {HOST_HELP} first"
         )
         part = None
     else:
-        part = _parse_host_token(host_token, line, host_col, problems, suffix_name="port")
+        part = parse_host_token(host_token, line, host_col, problems, suffix_name="port")
     port: int | None = None
     if part is not None and part.suffix is not None:
         port = _parse_int(part.suffix, line, part.suffix_col, problems, "port", 1, 65535)
 
-    values: dict[str, int | str | None] = {
+    values: dict[str, int | float | str | None] = {
         "slots": 1,
         "servers": 0,
         "class": None,
         "gpus": 0,
         "bmin": None,
         "bmax": None,
+        "cpus": None,
+        "mem": None,
     }
     key_cols: dict[str, int] = {}
     for col, token in tokens[1:]:
@@ -346,13 +335,14 @@ def _parse_line(
         )
     label = None
     if part is not None and (part.suffix is None or port is not None):
-        label = _label(part, port)
+        label = host_label(part, port)
     if label is None or part is None or problems.count() > before:
         return label, None
     gpus = values["gpus"]
     if not isinstance(slots, int) or not isinstance(servers, int) or not isinstance(gpus, int):
         return label, None  # unreachable: each bad value was reported
     device_class = values["class"]
+    cpus, mem = values["cpus"], values["mem"]
     return label, HostSpec(
         label=label,
         hostname=part.hostname,
@@ -365,14 +355,28 @@ def _parse_line(
         gpus=gpus,
         min_batch=bmin if isinstance(bmin, int) else None,
         max_batch=bmax if isinstance(bmax, int) else None,
+        cpus=float(cpus) if isinstance(cpus, int | float) else 0.0,
+        memory_bytes=mem if isinstance(mem, int) else 0,
         origin=f"{filename}:{line}",
     )
 
 
 def _parse_value(
-    key: str, value: str, line: int, col: int, problems: _Problems
-) -> int | str | None:
+    key: str, value: str, line: int, col: int, problems: Problems
+) -> int | float | str | None:
     """Check the value of ``key=value``; ``None`` (and a problem) when bad."""
+    if key in ("cpus", "mem"):
+        try:
+            amount = parse_cpus(value) if key == "cpus" else parse_size(value)
+            low, high = (
+                (1e-3, MAX_HOST_CPUS) if key == "cpus" else (MIN_HOST_MEMORY, MAX_HOST_MEMORY)
+            )
+            if not low <= amount <= high:
+                raise ValueError(f"{value} is out of range; expected {_VALUE_RANGES[key]}")
+        except ValueError as exc:
+            problems.add(line, col, f"{key}: {exc}")
+            return None
+        return amount
     if key == "slots":
         return _parse_int(value, line, col, problems, "slots", 1, MAX_SLOTS)
     if key == "servers":
@@ -393,7 +397,7 @@ def _parse_value(
 
 
 def _parse_int(
-    text: str, line: int, col: int, problems: _Problems, what: str, low: int, high: int
+    text: str, line: int, col: int, problems: Problems, what: str, low: int, high: int
 ) -> int | None:
     """A whole number in ``low..high``; ``None`` (and a problem) otherwise."""
     if not text:
@@ -411,123 +415,12 @@ def _parse_int(
     return number
 
 
-def _parse_host_token(
-    token: str, line: int, col: int, problems: _Problems, *, suffix_name: str
-) -> _HostPart | None:
-    """Split and check ``[user@]host[:suffix]``; ``None`` when it had problems."""
-    before = problems.count()
-    user: str | None = None
-    rest, rest_col = token, col
-    if "@" in token:
-        user, _, rest = token.partition("@")
-        rest_col = col + len(user) + 1
-        if not user:
-            problems.add(line, col, f"empty user name before '@'; expected {_HOST_HELP}")
-        elif not _USER_RE.fullmatch(user):
-            problems.add(
-                line,
-                col,
-                f"invalid user name {user!r}; expected letters, digits, '_', '.', '-' "
-                "(up to 32 characters)",
-            )
-    suffix: str | None = None
-    suffix_col = 0
-    if rest.startswith("["):
-        close = rest.find("]")
-        if close < 0:
-            problems.add(
-                line,
-                rest_col,
-                f"unclosed '['; expected [IPv6-address] or [IPv6-address]:{suffix_name}",
-            )
-            return None
-        address, after = rest[1:close], rest[close + 1 :]
-        hostname = _normal_ipv6(address)
-        if hostname is None:
-            problems.add(
-                line, rest_col + 1, f"invalid IPv6 address {address!r}; expected e.g. [fd00::1]"
-            )
-        if after.startswith(":"):
-            suffix, suffix_col = after[1:], rest_col + close + 2
-        elif after:
-            problems.add(
-                line,
-                rest_col + close + 1,
-                f"unexpected {after!r} after ']'; expected ':' followed by the {suffix_name}",
-            )
-        is_ipv6 = True
-    else:
-        if rest.count(":") > 1:
-            problems.add(
-                line,
-                rest_col,
-                f"{rest!r} looks like an IPv6 address without brackets; "
-                f"expected [address] or [address]:{suffix_name} (e.g. [fd00::1])",
-            )
-            return None
-        hostname, sep, tail = rest.partition(":")
-        if sep:
-            suffix, suffix_col = tail, rest_col + len(hostname) + 1
-        error = _hostname_problem(hostname)
-        if error is not None:
-            offset, message = error
-            problems.add(line, rest_col + offset, message)
-        hostname = hostname.lower()  # DNS and ssh_config Host matching ignore case
-        is_ipv6 = False
-    if hostname is None or problems.count() > before:
-        return None
-    return _HostPart(user, hostname, is_ipv6, suffix, suffix_col)
-
-
-def _normal_ipv6(address: str) -> str | None:
-    """The compressed form of an IPv6 address (zone ids kept), or ``None``."""
-    try:
-        return str(ipaddress.IPv6Address(address))
-    except ValueError:
-        return None
-
-
-def _hostname_problem(hostname: str) -> tuple[int, str] | None:
-    """``(offset, message)`` if ``hostname`` is no IPv4 address / RFC 1123 name."""
-    if not hostname:
-        return 0, f"missing host name; expected {_HOST_HELP}"
-    labels = hostname.split(".")
-    # An all-numeric last label can only be an IPv4 address (RFC 1123 section 2.1).
-    if _DIGITS_RE.fullmatch(labels[-1]):
-        try:
-            ipaddress.IPv4Address(hostname)
-        except ValueError:
-            return 0, (
-                f"invalid IPv4 address {hostname!r}; expected four numbers 0..255 "
-                "without leading zeros, like 10.0.0.1"
-            )
-        return None
-    if len(hostname) > 253:
-        return 0, f"host name is {len(hostname)} characters long; expected at most 253"
-    offset = 0
-    for label in labels:
-        if not _DNS_LABEL_RE.fullmatch(label):
-            what = f"invalid host name label {label!r}" if label else "empty label"
-            return offset, (
-                f"{what} in {hostname!r}; expected labels of letters, digits and '-' "
-                "(not first or last, at most 63 characters) separated by '.'"
-            )
-        offset += len(label) + 1
-    return None
-
-
-def _label(part: _HostPart, port: int | None) -> str:
-    if port is None:
-        return part.hostname
-    return f"[{part.hostname}]:{port}" if part.is_ipv6 else f"{part.hostname}:{port}"
-
-
 def _unknown_option(token: str, key: str, has_value: bool) -> str:
     """Message for a token that is no known option, with a hint when one helps."""
     close = difflib.get_close_matches(key.lower(), [*_VALUE_KEYS, *_FLAG_KEYS], n=1, cutoff=0.6)
     if close:
         hint = f" (did you mean {close[0]!r}?)"
-    elif not has_value and _hostname_problem(token.split(":")[0]) is None:
+    elif not has_value and hostname_problem(token.split(":")[0]) is None:
         hint = " (one host per line)"
     else:
         hint = ""
@@ -536,7 +429,7 @@ def _unknown_option(token: str, key: str, has_value: bool) -> str:
 
 
 def _is_duplicate(
-    label: str, seen: dict[str, str], here: str, line: int, col: int, problems: _Problems
+    label: str, seen: dict[str, str], here: str, line: int, col: int, problems: Problems
 ) -> bool:
     """Record where ``label`` is defined; report and return True if seen before.
 
@@ -559,7 +452,7 @@ def _check_class_bounds(
     line: int,
     col: int,
     seen: dict[str, tuple[int | None, int | None, int]],
-    problems: _Problems,
+    problems: Problems,
 ) -> None:
     """One device class has one pair of batch bounds: AntDT-DD gives every device
     of a class the same micro-batch, so two values would leave one of them wrong."""

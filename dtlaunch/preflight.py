@@ -42,7 +42,7 @@ __all__ = ["CHECKS", "OK", "SKIPPED", "UNVERIFIED", "HostCheck", "check_hosts", 
 
 logger = logging.getLogger(__name__)
 
-CHECKS = ("ssh", "host key", "python", "dtlaunch", "workdir", "ports")
+CHECKS = ("ssh", "host key", "python", "dtlaunch", "workdir", "ports", "limits")
 OK = "ok"
 SKIPPED = "skipped"
 UNVERIFIED = "NOT verified"  # host key checks were turned off by the user
@@ -61,6 +61,9 @@ r = {"python": "%d.%d.%d" % tuple(sys.version_info[:3])}
 try:
     import dtlaunch
     r["dtlaunch"] = str(getattr(dtlaunch, "__version__", "unknown"))
+    from dtlaunch.agent.limits import LimitEnforcer
+    s = LimitEnforcer.detect(dry_run=True).support
+    r["limits"] = {"memory": s.memory, "cpu": s.cpu, "detail": s.detail}
 except Exception as e:
     r["error"] = "%s: %s" % (type(e).__name__, e)
 p = os.path.abspath(os.path.expanduser(sys.argv[1]))
@@ -184,6 +187,8 @@ async def _check_host(
                 progress.passed("workdir")
                 remote.check_ports(report, err, ports_needed)
                 progress.passed("ports")
+                limits, degraded = _limits_of(report)
+                progress.passed("limits", limits)
     except HostCheckError as exc:
         return progress.failed(host.label, exc.problem, exc.fix)
     except TimeoutError:
@@ -198,8 +203,21 @@ async def _check_host(
         fix = exc.fix if isinstance(exc, SshError) else "check that the host is up and reachable"
         return progress.failed(host.label, problem, fix)
     return HostCheck(
-        host=host.label, ok=True, items=progress.items, fix="", version=progress.version
+        host=host.label, ok=True, items=progress.items, fix=degraded, version=progress.version
     )
+
+
+def _limits_of(report: dict[str, object] | None) -> tuple[str, str]:
+    """How the host's agent will enforce --memory-limit/--cpu-limit, and (when it
+    cannot use cgroups) why and what would let it; never a failure: the limits
+    degrade to RLIMIT_AS and CPU affinity."""
+    found = report.get("limits") if report else None
+    if not isinstance(found, dict):
+        return "unknown", ""
+    memory, cpu = str(found.get("memory", "")), str(found.get("cpu", ""))
+    cell = memory if memory == cpu else f"mem {memory}, cpu {cpu}"
+    cgroups = memory.startswith("cgroup") and cpu.startswith("cgroup")
+    return cell, "" if cgroups else f"limits: {found.get('detail', '')}"
 
 
 def _connect_failed(
@@ -339,8 +357,10 @@ class _Remote:
 
 
 def _cell(value: str) -> Text:
-    if value == OK:
+    if value == OK or value.startswith("cgroup"):
         return Text(value, style="green")
+    if "rlimit" in value or "affinity" in value:
+        return Text(value, style="yellow")  # limits hold, less exactly: not a failure
     if value == SKIPPED:
         return Text(value, style="dim")
     if value == UNVERIFIED:

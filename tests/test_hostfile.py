@@ -48,6 +48,9 @@ GOOD_LINES = [
     ("node4 slots=2 class=v100", dict(label="node4", slots=2, device_class="v100")),
     ("node4 class=a100-80gb", dict(device_class="a100-80gb")),
     ("node5 slots=4 gpus=4", dict(label="node5", slots=4, gpus=4)),
+    ("node6 slots=4 cpus=16 mem=64G", dict(cpus=16.0, memory_bytes=64 << 30)),
+    ("node6 cpus=7.5 mem=1.5gib", dict(cpus=7.5, memory_bytes=3 << 29)),
+    ("node6 mem=536870912", dict(memory_bytes=512 << 20)),
     ("node1 slots=4 # trailing comment", dict(label="node1", slots=4)),
     ("node1 slots=4#comment without space", dict(label="node1", slots=4)),
     ("10.0.0.1", dict(label="10.0.0.1", hostname="10.0.0.1")),
@@ -122,6 +125,11 @@ BAD = [
     ("node1 class", [("h:1:7", "'class' needs a value; expected class=NAME")]),
     ("node1 servers=x", [("h:1:15", "servers 'x' is not a whole number")]),
     ("node1 gpus=two", [("h:1:12", "gpus 'two' is not a whole number")]),
+    ("node1 cpus=0", [("h:1:12", "cpus: '0' is not a number of CPUs; expected e.g. 8 or 0.5")]),
+    ("node1 cpus=-2", [("h:1:12", "cpus: '-2' is not a number of CPUs")]),
+    ("node1 mem=64", [("h:1:11", "mem: 64 is out of range; expected 64M..1P (did you forget G?)")]),
+    ("node1 mem=lots", [("h:1:11", "mem: 'lots' is not a size; expected a size such as 512M")]),
+    ("node1 mem=2X", [("h:1:11", "mem: '2X' is not a size")]),
     (
         "node1 slots=2 servers=3",
         [("h:1:23", "servers=3 exceeds slots=2; expected servers <= slots")],
@@ -361,7 +369,9 @@ def test_example_hostfile_in_the_repo_parses():
         ("10.0.0.5", None, 2, 0, False, "v100"),
         ("[fd00::7]:2222", None, 2, 0, False, "v100"),
         ("node3", None, 4, 0, True, None),
+        ("node4", None, 4, 0, False, None),
     ]
+    assert [(h.cpus, h.memory_bytes) for h in hosts][-2:] == [(0.0, 0), (16.0, 64 << 30)]
 
 
 # ------------------------------------------------------------------ HostSpec guards

@@ -12,6 +12,7 @@ import pytest
 from rich.console import Console
 
 import dtlaunch
+from dtlaunch.agent.limits import LimitEnforcer
 from dtlaunch.errors import ConfigError
 from dtlaunch.hostfile import HostSpec
 from dtlaunch.preflight import (
@@ -61,9 +62,21 @@ def test_good_hosts_pass_every_check(sshd, tmp_path):
     hosts = [host(a) for a in sshd.addresses]
     results = check(hosts, sshd.options(), tmp_path, ports_needed=3)
     assert [r.host for r in results] == sshd.addresses
+    # The limits column says how the agent there would enforce limits (this machine's own).
+    support = LimitEnforcer.detect(dry_run=True).support
+    limits = (
+        support.memory
+        if support.memory == support.cpu
+        else f"mem {support.memory}, cpu {support.cpu}"
+    )
+    cgroups = support.memory.startswith("cgroup") and support.cpu.startswith("cgroup")
     for result in results:
         assert result == HostCheck(
-            host=result.host, ok=True, items=dict.fromkeys(CHECKS, OK), fix="", version=VERSION
+            host=result.host,
+            ok=True,
+            items={**dict.fromkeys(CHECKS, OK), "limits": limits},
+            fix="" if cgroups else f"limits: {support.detail}",
+            version=VERSION,
         )
 
 
@@ -177,7 +190,7 @@ def test_render_checks_shows_one_row_per_host_with_status_and_fix():
     text = out.getvalue()
     assert "1 of 2 hosts OK" in text
     header = next(line for line in text.splitlines() if "host key" in line)
-    assert [name in header for name in ("host", *CHECKS, "status", "fix")] == [True] * 9
+    assert [name in header for name in ("host", *CHECKS, "status", "fix")] == [True] * 10
     row1 = next(line for line in text.splitlines() if " n1 " in line)
     row2 = next(line for line in text.splitlines() if " n2 " in line)
     assert row1.count("ok") == len(CHECKS)

@@ -154,3 +154,24 @@ def test_a_thousand_workers_fold_to_the_stragglers_and_the_slowest():
     ranks = re.findall(r"^[ *]worker-(\d+) ", text, flags=re.MULTILINE)
     assert ranks[:4] == ["42", "500", "7", "901"], ranks  # troubled by rank, then slowest
     assert "more" in text and "+9" in text  # the rest folded into one row
+
+
+def test_limited_jobs_show_each_process_use_against_its_limits_in_a_wide_terminal():
+    snap = snapshot(workers=3)
+    limited = [
+        replace(n, memory_bytes=(150 + 200 * n.rank) << 20, memory_limit=512 << 20,
+                cpu_percent=95.0, cpu_limit=2.0)
+        if n.role == "worker" else n
+        for n in snap.nodes
+    ]  # fmt: skip
+    lines = screen(replace(snap, nodes=limited), 120, 30)
+    assert all(len(line) <= 120 for line in lines)
+    header = next(line for line in lines if "BPT" in line)
+    assert "mem/limit" in header and "cpu/limit" in header
+    text = "\n".join(lines)
+    assert "150M/512M" in text and "550M/512M" in text  # rank 2 is past it
+    assert "0.9/2" in text or "1.0/2" in text
+    # Without limits, or in 80 columns, they stay away: the screen is as before.
+    assert "mem/limit" not in "\n".join(screen(snap, 120, 30))
+    narrow = screen(replace(snap, nodes=limited), 80, 24)
+    assert all(len(line) <= 80 for line in narrow) and "mem/limit" not in "\n".join(narrow)

@@ -23,8 +23,10 @@ import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import psutil
 import zmq.asyncio
 
+from dtlaunch.agent.limits import LimitEnforcer, Limits
 from dtlaunch.agent.oom import OomWatcher
 from dtlaunch.agent.procs import ChildProcess, ExitInfo, ProcessGroupRunner, SpawnSpec
 from dtlaunch.agent.proctable import claim_agent_pid, kill_stale_groups
@@ -116,6 +118,9 @@ class Agent:
         self._dealer = dealer
         self._keys_dir = keys_dir
         self._host_addr = route_address(boot.endpoint)
+        self._limits = LimitEnforcer.detect(
+            prefer="" if boot.limits_via == "auto" else boot.limits_via
+        )
         self._runner: ProcessGroupRunner | None = None
         self._loop = asyncio.get_running_loop()
         self._last_rx = self._loop.time()
@@ -140,11 +145,19 @@ class Agent:
         self._stop_requested.set()
 
     async def run(self) -> int:
+        support = self._limits.support
+        log.info(
+            "limits: memory via %s, cpu via %s (%s)", support.memory, support.cpu, support.detail
+        )
+        swept = self._limits.sweep_stale()
+        if swept:
+            log.info("removed %d empty cgroups left by an earlier agent", swept)
         runner = ProcessGroupRunner(
             table_path=Path(self._boot.state_dir) / TABLE_FILE,
             sink=self,
             extra_env={KEYS_ENV: str(self._keys_dir)},
             oom=OomWatcher.for_this_process(),
+            limits=self._limits,
             shutdown_grace_s=self._boot.kill_grace,
         )
         async with runner:
@@ -208,6 +221,8 @@ class Agent:
                 procs=runner.reports(),
                 free_ports=find_free_ports(),
                 host_addr=self._host_addr,
+                memory_bytes=psutil.virtual_memory().total,
+                limits=f"memory {self._limits.support.memory}, cpu {self._limits.support.cpu}",
             )
         )
 
@@ -341,6 +356,7 @@ class Agent:
             argv=list(msg.argv),
             env=dict(msg.env),
             cwd=msg.cwd,
+            limits=Limits(memory_bytes=msg.memory_limit, cpus=msg.cpu_limit),
         )
         try:
             runner.spawn(spec)  # Spawned is sent by started(), before any Output

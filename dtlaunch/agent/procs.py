@@ -27,6 +27,7 @@ from typing import Protocol
 
 import psutil
 
+from dtlaunch.agent.limits import Cage, LimitEnforcer, Limits
 from dtlaunch.agent.oom import OomWatcher
 from dtlaunch.agent.output import ChunkCallback, LineTail, pump
 from dtlaunch.agent.proctable import TOKEN_ENV, ChildRecord, write_table
@@ -51,6 +52,7 @@ class SpawnSpec:
     argv: list[str]
     env: dict[str, str]
     cwd: str
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +91,7 @@ class ChildProcess:
     stderr_tail: LineTail = field(default_factory=LineTail)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     sampler: TreeSampler | None = None
+    cage: Cage | None = None  # its own cgroups (or rlimits) when it has limits
 
     @property
     def proc_id(self) -> str:
@@ -149,7 +152,7 @@ class ChildProcess:
 _prctl = ctypes.CDLL(None, use_errno=True).prctl
 
 
-def _child_preexec(parent_pid: int) -> Callable[[], None]:
+def _child_preexec(parent_pid: int, cage: Cage | None) -> Callable[[], None]:
     """Runs in the forked child before exec, so it does as little as possible."""
 
     def preexec() -> None:
@@ -159,6 +162,8 @@ def _child_preexec(parent_pid: int) -> Callable[[], None]:
             os.kill(os.getpid(), signal.SIGKILL)
         # The agent ignores SIGHUP; ignored signals survive exec, so undo it.
         signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        if cage is not None:
+            cage.enter()  # before exec: nothing the script allocates escapes its limits
 
     return preexec
 
@@ -207,12 +212,14 @@ class ProcessGroupRunner:
         sink: ProcSink,
         extra_env: Mapping[str, str] | None = None,
         oom: OomWatcher | None = None,
+        limits: LimitEnforcer | None = None,
         shutdown_grace_s: float = 5.0,
     ) -> None:
         self._table_path = table_path
         self._sink = sink
         self._extra_env = dict(extra_env or {})
         self._oom = oom or OomWatcher(None)
+        self._limits = limits
         self._shutdown_grace_s = shutdown_grace_s
         self._children: dict[str, ChildProcess] = {}
         self._tasks = asyncio.TaskGroup()
@@ -256,6 +263,7 @@ class ProcessGroupRunner:
         token = uuid.uuid4().hex
         env = {**os.environ, **spec.env, **self._extra_env, TOKEN_ENV: token}
         _check_spawnable(spec, env)
+        cage = self._cage(spec)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
@@ -267,33 +275,56 @@ class ProcessGroupRunner:
                 stdout=out_w,
                 stderr=err_w,
                 start_new_session=True,
-                preexec_fn=_child_preexec(os.getpid()),  # the only way to set PDEATHSIG
+                # The only way to set PDEATHSIG, and to enter the cgroups before exec.
+                preexec_fn=_child_preexec(os.getpid(), cage),
             )
         except (OSError, subprocess.SubprocessError) as exc:
             for fd in (out_r, err_r):
                 os.close(fd)
+            if cage is not None:
+                cage.after_fork()
+                cage.remove()
             raise LaunchError(f"{spec.proc_id}: cannot start {spec.argv[0]!r}: {exc}") from exc
         finally:
             os.close(out_w)
             os.close(err_w)
+        if cage is not None:
+            cage.after_fork()
         try:
             create_time = psutil.Process(popen.pid).create_time()
         except psutil.Error:
             create_time = 0.0  # already gone and reaped elsewhere: nothing to clean up later
         child = ChildProcess(
-            spec=spec, popen=popen, create_time=create_time, token=token, started=time.monotonic()
+            spec=spec,
+            popen=popen,
+            create_time=create_time,
+            token=token,
+            started=time.monotonic(),
+            cage=cage,
         )
         self._children[spec.proc_id] = child
         self._write_table()
         log.info(
-            "started %s attempt %d: pid %d, argv %s",
+            "started %s attempt %d: pid %d, argv %s%s",
             spec.proc_id,
             spec.attempt,
             popen.pid,
             spec.argv,
+            f", limits: {cage.backend}" if cage is not None else "",
         )
         self._tasks.create_task(self._watch(child, out_r, err_r))
         return child
+
+    def _cage(self, spec: SpawnSpec) -> Cage | None:
+        """The child's limits, set up before it forks; None without limits."""
+        if not spec.limits:
+            return None
+        if self._limits is None:
+            raise LaunchError(
+                f"{spec.proc_id}: limits were asked for ({spec.limits}) but this runner "
+                "enforces none"
+            )
+        return self._limits.cage(f"{spec.proc_id}-a{spec.attempt}", spec.limits)
 
     # ------------------------------------------------------------------ stop
 
@@ -359,7 +390,15 @@ class ProcessGroupRunner:
 
     async def _report_exit(self, child: ChildProcess, returncode: int) -> None:
         signum = -returncode if returncode < 0 else None
-        oom = signum == signal.SIGKILL and not child.requested and self._oom.claim_oom_kill()
+        own_kills = child.cage.oom_kills() if child.cage is not None else None
+        if own_kills is not None:
+            # Its own memory cgroup counts only its tree's kills: an exact answer,
+            # also when the OOM killer took a child of it (a data loader) first.
+            oom = own_kills > 0 and not child.requested
+        else:
+            oom = signum == signal.SIGKILL and not child.requested and self._oom.claim_oom_kill()
+        if child.cage is not None:
+            child.cage.remove()  # the group was SIGKILLed in _watch: it is empty
         info = ExitInfo(
             proc_id=child.proc_id,
             attempt=child.attempt,

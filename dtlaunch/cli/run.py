@@ -156,6 +156,45 @@ RestartScopeOption = Annotated[
         "process: only the failed one (ps default).",
     ),
 ]
+MemoryLimitOption = Annotated[
+    str | None,
+    typer.Option(
+        envvar="DTLAUNCH_MEMORY_LIMIT",
+        help="Memory per worker and server process, e.g. 4G (cgroup, else RLIMIT_AS). "
+        "Default: the host's mem= over its slots, else no limit.",
+    ),
+]
+CpuLimitOption = Annotated[
+    float | None,
+    typer.Option(
+        envvar="DTLAUNCH_CPU_LIMIT",
+        help="CPUs per worker and server process, e.g. 2 or 0.5 (cgroup quota, else "
+        "CPU affinity). Default: the host's cpus= over its slots, else no limit.",
+    ),
+]
+OomRelaunchesOption = Annotated[
+    int,
+    typer.Option(
+        envvar="DTLAUNCH_OOM_RELAUNCHES",
+        help="How often a process killed at its memory limit is relaunched with twice "
+        "the memory (each relaunch is also a restart).",
+    ),
+]
+MemoryMaxOption = Annotated[
+    str | None,
+    typer.Option(
+        envvar="DTLAUNCH_MEMORY_MAX",
+        help="The most memory an OOM relaunch may give a process. Default: its host's.",
+    ),
+]
+LimitsViaOption = Annotated[
+    str,
+    typer.Option(
+        envvar="DTLAUNCH_LIMITS_VIA",
+        help="auto: a cgroup per process where the agent may create one, else "
+        "RLIMIT_AS and CPU affinity | rlimit: never cgroups (e.g. a batch system owns them).",
+    ),
+]
 HeartbeatIntervalOption = Annotated[
     float,
     typer.Option(envvar="DTLAUNCH_HEARTBEAT_INTERVAL", help="Seconds between heartbeats."),
@@ -299,6 +338,11 @@ def run(
     run_dir: RunDirOption = None,
     max_restarts: MaxRestartsOption = 3,
     restart_scope: RestartScopeOption = None,
+    memory_limit: MemoryLimitOption = None,
+    cpu_limit: CpuLimitOption = None,
+    oom_relaunches: OomRelaunchesOption = 3,
+    memory_max: MemoryMaxOption = None,
+    limits_via: LimitsViaOption = "auto",
     heartbeat_interval: HeartbeatIntervalOption = 1.0,
     dead_after: DeadAfterOption = 3,
     orphan_timeout: OrphanTimeoutOption = 60.0,

@@ -160,4 +160,5 @@ class AgentStarter:
             dead_after=spec.dead_after,
             orphan_timeout=spec.orphan_timeout,
             kill_grace=spec.kill_grace,
+            limits_via=spec.limits_via,
         )

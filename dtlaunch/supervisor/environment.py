@@ -179,4 +179,6 @@ def build_spawn(ctx: LaunchContext, slot: ProcSlot, master_addr: str, master_por
         argv=process_argv(ctx.spec, ctx.python, slot.role, prewarm=slot.prewarm),
         env=process_env(ctx, slot, master_addr, master_port),
         cwd=ctx.workdir,
+        memory_limit=slot.memory_limit,
+        cpu_limit=slot.cpu_limit,
     )

@@ -20,6 +20,8 @@ class History:
     # proc id -> host of its last spawn (a KILL_RESTART may have moved it to a spare host)
     hosts: dict[str, str] = field(default_factory=dict)
     gpus: dict[str, int] = field(default_factory=dict)  # proc id -> GPU of its last spawn
+    # proc id -> (memory limit of its next attempt, how often an OOM raised it)
+    memory_limits: dict[str, tuple[int, int]] = field(default_factory=dict)
     restarts: list[RestartRecord] = field(default_factory=list)
     failures: list[FailureRecord] = field(default_factory=list)
     elapsed_s: float = 0.0  # supervised time before this supervisor took over
@@ -55,10 +57,16 @@ def load_history(events_path: Path) -> History:
             history.attempts[proc_id] = max(history.attempts.get(proc_id, 0), attempt)
             if event.host:
                 history.hosts[proc_id] = event.host
+            if "memory_limit" in event.data:
+                _, relaunches = history.memory_limits.get(proc_id, (0, 0))
+                history.memory_limits[proc_id] = (int(event.data["memory_limit"]), relaunches)
             if "gpu" in event.data:
                 history.gpus[proc_id] = int(event.data["gpu"])
             elif event.kind == "spawn":
                 history.gpus.pop(proc_id, None)
+        elif event.kind == "memory_limit":
+            relaunches = int(event.data.get("relaunch", 1))
+            history.memory_limits[proc_id] = (int(event.data["new"]), relaunches)
         elif event.kind == "restart":
             history.restarts.append(
                 RestartRecord(

@@ -27,7 +27,13 @@ from dtlaunch.supervisor.control.policies import parse_policy
 from dtlaunch.supervisor.dds import DdsService
 from dtlaunch.supervisor.environment import LaunchContext, build_spawn, builtin_ps
 from dtlaunch.supervisor.history import History, ResumePlan, load_history
-from dtlaunch.supervisor.jobstate import SERVERS_PER_HOST_MAX, JobState, ProcSlot, Timing
+from dtlaunch.supervisor.jobstate import (
+    SERVERS_PER_HOST_MAX,
+    JobState,
+    LimitRules,
+    ProcSlot,
+    Timing,
+)
 from dtlaunch.supervisor.launcher import Launcher, LocalLauncher, SshLauncher
 from dtlaunch.supervisor.output import OutputRouter
 from dtlaunch.supervisor.placement import place
@@ -349,6 +355,15 @@ def _build_supervisor(
         spare_hosts=[h.label for h in hosts if h.spare],
         host_slots={h.label: h.slots for h in hosts},
         host_gpus={h.label: h.gpus for h in hosts if h.gpus},
+        limits=LimitRules(
+            memory_limit=spec.memory_limit,
+            cpu_limit=spec.cpu_limit,
+            oom_relaunches=spec.oom_relaunches,
+            memory_max=spec.memory_max,
+            host_memory={h.label: h.memory_bytes for h in hosts if h.memory_bytes},
+            host_cpus={h.label: h.cpus for h in hosts if h.cpus},
+            host_slots={h.label: h.slots for h in hosts},
+        ),
     )
     resume = (
         ResumePlan(

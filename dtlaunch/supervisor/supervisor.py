@@ -204,6 +204,7 @@ class Supervisor:
                         attempts=history.attempts,
                         hosts=history.hosts,
                         gpus=history.gpus,
+                        memory_limits=history.memory_limits,
                         restarts=history.restarts,
                         failures=history.failures,
                         adopt=self._resume.adopt,
@@ -569,6 +570,8 @@ class Supervisor:
                     host_addr=msg.host_addr,
                     procs=msg.procs,
                     pid=msg.pid,
+                    memory_bytes=msg.memory_bytes,
+                    limits=msg.limits,
                 )
             )
             return

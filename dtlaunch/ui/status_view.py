@@ -27,6 +27,10 @@ MIN_ACTION_LINES = 3
 MAX_ACTION_LINES = 8
 TABLE_CHROME = 2  # header row and the rule under it
 FIXED_COLUMNS = 72  # every column but the sparkline, with their gaps, at width < 100
+# Use against limit (mem/limit, cpu/limit) needs this much more room; below
+# LIMITS_FROM columns they stay away (``status --json`` always has them).
+LIMIT_COLUMNS = 20
+LIMITS_FROM = 120
 _STATE_STYLE = {
     "running": "green",
     "succeeded": "green",
@@ -157,7 +161,10 @@ def _progress(snap: StatusSnapshot, width: int) -> Text:
 
 def _table(snap: StatusSnapshot, width: int, rows: int) -> Table:
     host_width = 12 if width < 100 else 24
-    spark_width = max(MIN_SPARK, min(MAX_SPARK, width - FIXED_COLUMNS - (host_width - 12)))
+    # Only in jobs that set limits (--memory-limit, mem=, cpus=), in a wide terminal.
+    limited = width >= LIMITS_FROM and any(n.memory_limit or n.cpu_limit for n in snap.nodes)
+    fixed = FIXED_COLUMNS + (host_width - 12) + (LIMIT_COLUMNS if limited else 0)
+    spark_width = max(MIN_SPARK, min(MAX_SPARK, width - fixed))
     table = Table(
         box=box.SIMPLE_HEAD,
         show_edge=False,
@@ -175,6 +182,9 @@ def _table(snap: StatusSnapshot, width: int, rows: int) -> Table:
     table.add_column("smp/s", justify="right", no_wrap=True)
     table.add_column("shards", justify="right", no_wrap=True)
     table.add_column("rst", justify="right", no_wrap=True)
+    if limited:
+        table.add_column("mem/limit", justify="right", no_wrap=True)
+        table.add_column("cpu/limit", justify="right", no_wrap=True)
     shown = _pick_nodes(snap.nodes, rows)
     top = max((v for n in snap.nodes for v in n.recent_bpt_s), default=0.0)
     for node in shown:
@@ -189,12 +199,36 @@ def _table(snap: StatusSnapshot, width: int, rows: int) -> Table:
             format_rate(node.throughput),
             str(node.shards_done) if node.role == "worker" else "-",
             str(node.restarts),
+            *((_memory_cell(node), _cpu_cell(node)) if limited else ()),
             style="bold red" if node.straggler else None,
         )
     hidden = len(snap.nodes) - len(shown)
     if hidden > 0:
-        table.add_row(Text(f" +{hidden}", style="dim"), Text("more", style="dim"), *[""] * 7)
+        blank = [""] * (9 if limited else 7)
+        table.add_row(Text(f" +{hidden}", style="dim"), Text("more", style="dim"), *blank)
     return table
+
+
+def _short_size(size: int) -> str:
+    """``1.5G``, ``512M``: four characters or so for a table cell."""
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20)):
+        if size >= scale:
+            value = size / scale
+            return f"{value:.1f}{unit}" if value < 10 else f"{value:.0f}{unit}"
+    return f"{size >> 10}K"
+
+
+def _memory_cell(node: NodeStatus) -> Text:
+    used = _short_size(node.memory_bytes) if node.memory_bytes else "-"
+    if not node.memory_limit:
+        return Text(used)
+    near = node.memory_bytes >= 0.9 * node.memory_limit  # the next allocation may be its last
+    return Text(f"{used}/{_short_size(node.memory_limit)}", style="yellow" if near else "")
+
+
+def _cpu_cell(node: NodeStatus) -> str:
+    used = f"{node.cpu_percent / 100:.1f}" if node.cpu_percent else "-"
+    return f"{used}/{node.cpu_limit:g}" if node.cpu_limit else used
 
 
 def _pick_nodes(nodes: list[NodeStatus], rows: int) -> list[NodeStatus]:

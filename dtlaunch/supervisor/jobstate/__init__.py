@@ -4,9 +4,11 @@ Stimuli go in through :class:`JobState`'s methods; each returns the commands the
 supervisor carries out (:data:`Command`). ``nodes`` holds the vocabulary (states,
 commands, records), ``failures`` classifies a process exit, ``machine`` the
 transitions, ``workers`` the workers' identities (``worker:<rank>@<attempt>``)
-and which of them still count.
+and which of them still count, ``limits`` each process's memory and CPU limits
+and the relaunch with more memory after an out-of-memory death.
 """
 
+from dtlaunch.supervisor.jobstate.limits import LimitRules
 from dtlaunch.supervisor.jobstate.machine import (
     SERVERS_PER_HOST_MAX,
     AgentState,
@@ -32,6 +34,7 @@ __all__ = [
     "Finish",
     "JobState",
     "LaunchAgent",
+    "LimitRules",
     "Phase",
     "ProcSlot",
     "ProcState",

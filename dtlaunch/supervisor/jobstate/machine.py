@@ -28,13 +28,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from dtlaunch.quantities import format_size
 from dtlaunch.supervisor.jobstate.failures import (
     CRASH_LOOP_RUNTIME_S,
     ExitVerdict,
     classify_exit,
+    exception_name,
     failure_signature,
+    last_exception_line,
     traceback_tail,
 )
+from dtlaunch.supervisor.jobstate.limits import LimitRules
 from dtlaunch.supervisor.jobstate.nodes import (
     LIVE_PROC_STATES,
     AgentSlot,
@@ -91,6 +95,16 @@ _REACHABLE_AGENT_STATES = (AgentState.UP, AgentState.UNRESPONSIVE, AgentState.LA
 _BUSY_PROC_STATES = (*LIVE_PROC_STATES, ProcState.PENDING)
 
 
+def _limits_of(slot: ProcSlot) -> dict[str, float]:
+    """The limit fields of a spawn event: only those that are set."""
+    limits: dict[str, float] = {}
+    if slot.memory_limit:
+        limits["memory_limit"] = slot.memory_limit
+    if slot.cpu_limit:
+        limits["cpu_limit"] = slot.cpu_limit
+    return limits
+
+
 def _gpu_of(slot: ProcSlot) -> dict[str, int]:
     """The ``gpu`` field of a process event: present only on a GPU host."""
     return {"gpu": slot.gpu} if slot.gpu >= 0 else {}
@@ -114,8 +128,10 @@ class JobState:
         spare_hosts: Sequence[str] = (),
         host_slots: Mapping[str, int] | None = None,
         host_gpus: Mapping[str, int] | None = None,
+        limits: LimitRules | None = None,
     ) -> None:
         self.timing = timing
+        self.limits = limits or LimitRules()
         self.max_restarts = max_restarts
         self.restart_scope = restart_scope
         self._build_spawn = build_spawn
@@ -123,7 +139,12 @@ class JobState:
         self._master_addr_of = master_addr_of  # (host label, agent host_addr) -> address
         self.procs: dict[str, ProcSlot] = {}
         for a in assignments:
-            slot = ProcSlot(assignment=a, host=a.host)
+            slot = ProcSlot(
+                assignment=a,
+                host=a.host,
+                memory_limit=self.limits.first_memory(a.host),
+                cpu_limit=self.limits.first_cpus(a.host),
+            )
             self.procs[slot.proc_id] = slot
         self.spare_hosts = list(spare_hosts)
         # Slots per host (the hostfile's): how many moved workers a spare takes.
@@ -189,6 +210,7 @@ class JobState:
         restart_workers: str = "",
         hosts: dict[str, str] | None = None,
         gpus: dict[str, int] | None = None,
+        memory_limits: dict[str, tuple[int, int]] | None = None,
     ) -> list[Command]:
         """A supervisor restarted with --resume: the agents in ``adopt`` (those the
         dead supervisor had started) are expected to reconnect; others are launched.
@@ -205,6 +227,10 @@ class JobState:
             if moved_to in self.agents:  # replaced on a spare host before the crash
                 slot.host = moved_to
             slot.gpu = (gpus or {}).get(slot.proc_id, -1)
+            # An OOM relaunch's larger limit holds for every later attempt.
+            slot.memory_limit, slot.oom_relaunches = (memory_limits or {}).get(
+                slot.proc_id, (slot.memory_limit, 0)
+            )
             slot.bump_before_spawn = slot.proc_id in attempts
             if slot.role == "worker":
                 slot.restart_if_found = restart_workers
@@ -290,6 +316,8 @@ class JobState:
         host_addr: str,
         procs: list[ProcReport],
         pid: int = 0,
+        memory_bytes: int = 0,
+        limits: str = "",
     ) -> list[Command]:
         agent = self.agents.get(host)
         if agent is None or agent.state in (AgentState.GONE,):
@@ -311,10 +339,12 @@ class JobState:
         if free_ports:
             agent.free_ports = list(free_ports)
         agent.host_addr = host_addr or agent.host_addr
+        agent.memory_bytes = memory_bytes or agent.memory_bytes
         if was in (AgentState.LAUNCHING, AgentState.LOST):
-            out.append(
-                EmitEvent(kind="agent_up", host=host, data={"pid": pid, "free_ports": free_ports})
-            )
+            data: dict[str, Any] = {"pid": pid, "free_ports": free_ports}
+            if limits:
+                data |= {"memory_bytes": memory_bytes, "limits": limits}
+            out.append(EmitEvent(kind="agent_up", host=host, data=data))
         elif was is AgentState.UNRESPONSIVE:
             out.append(EmitEvent(kind="heartbeat_recovered", host=host, role="agent"))
         out += self._adopt_reported(host, procs, now, replaced=replaced)
@@ -350,6 +380,7 @@ class JobState:
             slot = self.procs.get(report.proc_id)
             if slot is None or slot.attempt != report.attempt or slot.host != host:
                 continue
+            slot.rss_bytes, slot.cpu_percent = report.rss_bytes, report.cpu_percent
             stopped = report.state == "stopped"
             if stopped and not slot.unresponsive:
                 slot.unresponsive = True
@@ -817,10 +848,60 @@ class JobState:
         if verdict.succeeded:
             slot.state = ProcState.SUCCEEDED
             return out + self._maybe_complete(now)
-        verdict = self._crash_loop(slot, verdict, msg)
+        memory = self._out_of_memory(slot, msg)
+        if memory is None:
+            verdict = self._crash_loop(slot, verdict, msg)
+        else:
+            verdict, grown = memory
+            out += grown
         return out + self._on_failure(
             slot, verdict, msg.exit_code, msg.signal, msg.stderr_tail, now
         )
+
+    def _out_of_memory(
+        self, slot: ProcSlot, msg: Exited
+    ) -> tuple[ExitVerdict, list[Command]] | None:
+        """A process that died at its memory limit (OOM kill in its cgroup, or
+        MemoryError under RLIMIT_AS) is relaunched with more memory, or fails the
+        job when it already had all it may get (``limits.py``); None: not that.
+        Not a crash loop: the next attempt differs by its limit."""
+        if not slot.memory_limit:
+            return None  # an OOM kill without a limit: the host ran out, retry as ever
+        if msg.oom_killed:
+            how = "killed by the OOM killer"
+        elif exception_name(last_exception_line(msg.stderr_tail)) == "MemoryError":
+            how = "MemoryError"
+        else:
+            return None
+        agent = self.agents.get(slot.host)
+        decision = self.limits.after_oom(
+            proc_id=slot.proc_id,
+            host=slot.host,
+            limit=slot.memory_limit,
+            relaunches=slot.oom_relaunches,
+            measured_host_memory=agent.memory_bytes if agent is not None else 0,
+        )
+        if not decision.new_limit:
+            error = f"{decision.error} ({how})"
+            return ExitVerdict(
+                succeeded=False, retryable=False, reason="out of memory", error=error
+            ), []
+        old, slot.memory_limit = slot.memory_limit, decision.new_limit
+        slot.oom_relaunches += 1
+        event = self._proc_event(
+            "memory_limit",
+            slot,
+            old=old,
+            new=slot.memory_limit,
+            reason=how,
+            relaunch=slot.oom_relaunches,
+        )
+        error = (
+            f"{how} at its limit of {format_size(old)}; the next attempt gets "
+            f"{format_size(slot.memory_limit)}"
+        )
+        verdict = ExitVerdict(succeeded=False, retryable=True, reason="out of memory", error=error)
+        return verdict, [event]
 
     def _crash_loop(self, slot: ProcSlot, verdict: ExitVerdict, msg: Exited) -> ExitVerdict:
         """The same error at the same line as the previous attempt, before any
@@ -1021,7 +1102,12 @@ class JobState:
             out.append(SendToAgent(host=slot.host, message=spawn))
             out.append(
                 self._proc_event(
-                    "spawn", slot, attempt=slot.attempt, argv=spawn.argv, **_gpu_of(slot)
+                    "spawn",
+                    slot,
+                    attempt=slot.attempt,
+                    argv=spawn.argv,
+                    **_gpu_of(slot),
+                    **_limits_of(slot),
                 )
             )
         return out

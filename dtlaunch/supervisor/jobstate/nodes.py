@@ -130,6 +130,13 @@ class ProcSlot:
     finished_by_predecessor: bool = False
     # The GPU (index into its host's gpus=) the current attempt runs on; -1: none.
     gpu: int = -1
+    # Limits of the next attempt (0: none); an OOM relaunch doubles the memory.
+    memory_limit: int = 0
+    cpu_limit: float = 0.0
+    oom_relaunches: int = 0
+    # What its process tree used at the last heartbeat (for status).
+    rss_bytes: int = 0
+    cpu_percent: float = 0.0
 
     @property
     def proc_id(self) -> str:
@@ -152,6 +159,7 @@ class AgentSlot:
     last_seen: float = 0.0
     free_ports: list[int] = field(default_factory=list)
     host_addr: str = ""
+    memory_bytes: int = 0  # the host's memory as its agent measured it
     channel_closed: bool = False
     launches: int = 0
     adopting: bool = False  # resumed supervisor: waiting for a running agent to reconnect

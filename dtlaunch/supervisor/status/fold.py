@@ -16,7 +16,7 @@ import dataclasses
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from dtlaunch.events import Event
 from dtlaunch.supervisor.control.monitor import fast_reference
@@ -341,12 +341,13 @@ class StatusFold:
         states: Mapping[NodeKey, tuple[str, str, int]] | None = None,
         shards: tuple[int, int] | None = None,
         phase: str | None = None,
+        resources: Mapping[NodeKey, Resources] | None = None,
     ) -> StatusSnapshot:
         """The snapshot at ``now`` (event-log seconds).
 
         ``states`` ((role, rank) -> (host, state, restarts)), ``shards`` (done,
         total) and ``phase`` override what the events say: a live supervisor knows
-        them first-hand.
+        them first-hand; so does ``resources``, each process's use and limits.
         """
         live = source == "live"
         for key in states or {}:
@@ -354,6 +355,13 @@ class StatusFold:
         keys = sorted(self.nodes, key=lambda k: (k[0] != "worker", k[1]))
         points = max(4, min(SPARK_POINTS, FLOAT_BUDGET // max(1, len(keys))))
         nodes = [self._node_status(key, points, stragglers, states, now, live) for key in keys]
+        if resources:
+            nodes = [
+                dataclasses.replace(node, **resources[key]._asdict())
+                if (key := (node.role, node.rank)) in resources
+                else node
+                for node in nodes
+            ]
         done, total = shards if shards is not None else (self.shards_done, self.shards_total)
         return StatusSnapshot(
             run_id=self.run_id,
@@ -403,6 +411,15 @@ class StatusFold:
             shards_done=track.shards_done,
             straggler=reason,
         )
+
+
+class Resources(NamedTuple):
+    """A process's use at its last heartbeat beside its limits (0: none)."""
+
+    memory_bytes: int
+    memory_limit: int
+    cpu_percent: float
+    cpu_limit: float
 
 
 def action_target(data: Mapping[str, Any]) -> str:

@@ -23,8 +23,8 @@ from dtlaunch.events import Event
 from dtlaunch.supervisor.control.controller import Controller
 from dtlaunch.supervisor.control.monitor import MonitorSnapshot, WindowStats
 from dtlaunch.supervisor.dds.service import DdsService
-from dtlaunch.supervisor.jobstate.machine import JobState
-from dtlaunch.supervisor.status.fold import NodeKey, StatusFold, lambda_of
+from dtlaunch.supervisor.jobstate.machine import JobState, ProcState
+from dtlaunch.supervisor.status.fold import NodeKey, Resources, StatusFold, lambda_of
 from dtlaunch.wire.messages import StatusReply, StatusRequest, StatusSnapshot
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,16 @@ class StatusTracker:
             )
             for slot in state.procs.values()
         }
+        resources = {
+            (slot.role, slot.rank): Resources(
+                memory_bytes=slot.rss_bytes if slot.state is ProcState.RUNNING else 0,
+                memory_limit=slot.memory_limit,
+                cpu_percent=slot.cpu_percent if slot.state is ProcState.RUNNING else 0.0,
+                cpu_limit=slot.cpu_limit,
+            )
+            for slot in state.procs.values()
+            if slot.memory_limit or slot.cpu_limit or slot.rss_bytes
+        }
         queue = dds.queue if dds is not None else None
         shards = (queue.done_count, queue.total) if queue is not None else None
         if controller is not None:
@@ -77,6 +87,7 @@ class StatusTracker:
             states=states,
             shards=shards,
             phase=state.phase.value,
+            resources=resources,
         )
 
     def reply(

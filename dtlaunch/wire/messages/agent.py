@@ -65,6 +65,7 @@ class AgentBootstrap(Message):
     dead_after: int  # missed heartbeat intervals before a peer counts as lost
     orphan_timeout: float
     kill_grace: float  # SIGTERM -> SIGKILL delay when stopping a process
+    limits_via: str = "auto"  # "auto": cgroups where usable; "rlimit": never cgroups
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,6 +138,8 @@ class Spawn(Message):
     argv: list[str]
     env: dict[str, str]  # complete environment additions; never secrets
     cwd: str
+    memory_limit: int = 0  # bytes; 0: none (the agent applies it: cgroup, else rlimit)
+    cpu_limit: float = 0.0  # CPUs; 0: none (cgroup quota, else CPU affinity)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

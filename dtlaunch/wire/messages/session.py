@@ -39,6 +39,8 @@ class Hello(Message):
     host_addr: str = ""  # agents: an address of their host others can reach
     attempt: int = 0  # workers/servers: TORCHELASTIC_RESTART_COUNT of the sender
     leases: list[int] = field(default_factory=list)  # workers: DDS leases held (on reconnect)
+    memory_bytes: int = 0  # agents: their host's memory (bounds an OOM relaunch's limit)
+    limits: str = ""  # agents: how they enforce limits ("memory cgroup-v1, cpu affinity")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

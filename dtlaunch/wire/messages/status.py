@@ -43,6 +43,11 @@ class NodeStatus(Record):
     throughput: float = 0.0  # samples/s, recent
     shards_done: int = 0
     straggler: str = ""  # why it counts as a straggler; empty when it does not
+    # Its process tree at the last heartbeat, and its limits (0: none).
+    memory_bytes: int = 0
+    memory_limit: int = 0
+    cpu_percent: float = 0.0  # 100 = one CPU
+    cpu_limit: float = 0.0  # CPUs
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
