@@ -24,10 +24,13 @@ def chaos(tmp_path, *args: str, timeout: float) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_one_fault_of_each_hard_kind_in_each_job_kind(tmp_path):
     """A supervisor SIGKILL (then --resume) in a DDS job, a server SIGKILL in a PS
     job, a worker SIGKILL in an allreduce job: each at a random instant in the
-    first seconds."""
+    first seconds. (The harness's quick check, in make test-slow; make test has a
+    dedicated test of each fault: test_dds_resume, test_ps_failover, test_run_ssh.)"""
     plan = "dds:kill-supervisor,ps:kill-server,allreduce:kill-worker"
     result = chaos(tmp_path, "--plan", plan, "--trials", "3", "--baseline", "0", timeout=170)
     totals = result["totals"]

@@ -57,7 +57,10 @@ def test_lb_bsp_shrinks_the_slow_workers_batch_and_keeps_the_global_batch(tmp_pa
     for rank in range(3):
         seen = batch_sizes(ledger, rank)
         assert set(seen[: step - 1]) <= {10}
-        assert seen[step - 1] == sizes[rank] or len(seen) < step  # (a short last batch aside)
+        # A worker whose data ended before the switch has no batch at that step:
+        # the straggler reads fewer shards, and a late decision (a loaded machine)
+        # may switch after its last step.
+        assert len(seen) < step or seen[step - 1] == sizes[rank]
     data = summary(run_dir)
     assert data["actions"]["ADJUST_BS"] >= 1
     assert set(ledger_counts(ledger)) == set(range(4500))  # no record lost on the way

@@ -395,9 +395,11 @@ def test_a_bad_spec_is_refused():
 
 
 def test_large_job_snapshot_is_small_and_quick():
-    """K = 100 000 shards x 10 epochs: 1M shards, all DONE, by 64 workers."""
-    spec = DatasetSpec(dataset_size=1_000_000, shard_size=10, epochs=10, seed=3)
-    assert spec.total_shards == 1_000_000
+    """K = 100 000 shards x 3 epochs: 300k shards, nearly all DONE, by 64 workers
+    (benchmarks/dds.py measures 1M and more; here the fetch/ack loop that builds
+    the state is what costs)."""
+    spec = DatasetSpec(dataset_size=1_000_000, shard_size=10, epochs=3, seed=3)
+    assert spec.total_shards == 300_000
     q = ShardQueue(spec)
     rng = random.Random(0)
     while not q.finished:
@@ -406,7 +408,7 @@ def test_large_job_snapshot_is_small_and_quick():
         if rng.random() < 0.01:
             q.release_leases(ids(grants[:5]))
         q.ack(worker, ids(grants))
-        if q.done_count >= 990_000 and q.doing_count == 0:
+        if q.done_count >= 297_000 and q.doing_count == 0:
             break  # leave some shards DOING and TODO: a snapshot mid-run
     for worker in range(64):
         q.fetch(worker, 10)
@@ -414,7 +416,7 @@ def test_large_job_snapshot_is_small_and_quick():
     began = time.perf_counter()
     snap = q.snapshot()
     took = time.perf_counter() - began
-    assert len(snap) < 1_000_000, len(snap)  # < 1 byte per shard
+    assert len(snap) < 300_000, len(snap)  # < 1 byte per shard
     assert took < 2.0
     began = time.perf_counter()
     restored = ShardQueue.restore(spec, snap)
