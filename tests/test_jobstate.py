@@ -445,8 +445,47 @@ def test_a_lost_hosts_worker_moves_to_a_free_spare_host_and_its_stale_attempt_is
     assert sent(out, Spawn) == [] and sent(out, Kill) == []
     out = state.exited("h1", exited("worker-1", 0, sig=9, requested=True), 29.0)
     assert [e.data.get("fenced") for e in events(out, "exit")] == [True]
-    assert state.free_spare_hosts() == ["h1"]  # idle and back: the next spare
+    assert state.free_spare_hosts() == []  # idle and back, but cooling down (30 s)
+    state.agent_seen("h1", 35.0)
+    state.agent_seen("h2", 35.0)
+    assert events(state.tick(35.0), "host_cooldown_over")[0].host == "h1"
+    assert state.free_spare_hosts() == ["h1"]  # the next spare
     assert state.procs["worker-1"].host == "h2" and state.phase is Phase.RUNNING
+
+
+def test_a_host_lost_again_and_again_cools_down_longer_before_it_takes_work():
+    """Issue 16 (Horovod's blacklist problem): a host that was lost takes no moved
+    process for 30 s x 2^(losses-1); a worker that has nowhere else to go waits,
+    and moves there once the cooldown is over."""
+    state = make_state(workers=2, scope="process", hosts=SPARE_HOSTS, spare_hosts=["h2"])
+    bring_up(state)
+    out = lose(state, "h1", 1.0)  # lost at 4.5: until 34.5
+    assert [(e.data["losses"], e.data["cooldown_s"]) for e in events(out, "agent_lost")] == [
+        (1, 30.0)
+    ]
+    assert state.procs["worker-1"].host == "h2"
+    state.agent_hello("h1", 10.0, free_ports=[9000], host_addr="", procs=[], pid=77)
+    state.agent_seen("h1", 15.5)
+    out = lose(state, "h2", 12.0)  # worker-1's new host goes too, at 15.5
+    assert events(out, "moved") == [] and state.procs["worker-1"].state is ProcState.PENDING
+    assert state.free_spare_hosts() == []  # h1 is back and idle, but cooling down
+    for now in (20.0, 25.0, 30.0, 34.4):
+        for host in ("h0", "h1"):
+            state.agent_seen(host, now)
+        assert events(state.tick(now), "moved") == []
+    state.agent_seen("h0", 34.6)
+    state.agent_seen("h1", 34.6)
+    out = state.tick(34.6)
+    assert [e.host for e in events(out, "host_cooldown_over")] == ["h1"]
+    assert [(e.data["old_host"], e.data["new_host"]) for e in events(out, "moved")] == [
+        ("h2", "h1")
+    ]
+    assert [(s.proc_id, c.host) for c in out if isinstance(c, SendToAgent)
+            for s in [c.message] if isinstance(s, Spawn)] == [("worker-1", "h1")]  # fmt: skip
+    out = lose(state, "h1", 40.0)  # its second loss: twice as long
+    assert [(e.data["losses"], e.data["cooldown_s"]) for e in events(out, "agent_lost")] == [
+        (2, 60.0)
+    ]
 
 
 def test_a_lost_host_whose_process_cannot_move_is_waited_for_at_most_the_orphan_timeout():

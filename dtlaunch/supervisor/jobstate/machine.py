@@ -85,6 +85,11 @@ MASTER_PORT_SLOTS = 2
 SERVERS_PER_HOST_MAX = 6
 # A lost host is tried again after 2, 4, 8, 16 s, then every 30 s.
 RELAUNCH_BACKOFF_MAX_S = 30.0
+# A host lost for the n-th time takes no moved or restarted process for
+# 30 s x 2^(n-1), at most 30 min (Horovod's elastic mode blacklists a failed
+# host for good; a flapping one here comes back once it has stayed away).
+HOST_COOLDOWN_BASE_S = 30.0
+HOST_COOLDOWN_MAX_S = 1800.0
 
 # A function that builds the Spawn for a process: (slot, master_addr, master_port).
 SpawnBuilder = Callable[[ProcSlot, str, int], Spawn]
@@ -178,6 +183,7 @@ class JobState:
         self.failures: list[FailureRecord] = []
         self.restarts: list[RestartRecord] = []
         self.started_at = 0.0
+        self.now = 0.0  # the clock of the last tick: when host cooldowns end
 
     def first_failure(self) -> FailureRecord | None:
         return self.failures[0] if self.failures else None
@@ -254,6 +260,12 @@ class JobState:
 
     def tick(self, now: float) -> list[Command]:
         out: list[Command] = []
+        cooled = [a for a in self.agents.values() if self.now < a.cooldown_until <= now]
+        self.now = now
+        for agent in cooled:
+            out.append(EmitEvent(kind="host_cooldown_over", host=agent.host))
+        if cooled:
+            out += self._reconcile(now)  # a waiting worker may move there now
         for agent in self.agents.values():
             out += self._check_silence(agent, now)
         if self.phase is Phase.STOPPING and now >= self.stop_deadline:
@@ -694,11 +706,13 @@ class JobState:
         again; an agent seen to die took its processes with it."""
         agent.state = AgentState.LOST
         agent.lost_at = agent.lost_at or now
+        agent.losses += 1
+        cooldown = min(HOST_COOLDOWN_MAX_S, HOST_COOLDOWN_BASE_S * 2.0 ** (agent.losses - 1))
+        agent.cooldown_until = now + cooldown
         # Its fenced processes go with it (a new agent stops its predecessor's).
         self.fenced = {p: held for p, held in self.fenced.items() if held[0] != agent.host}
-        out: list[Command] = [
-            EmitEvent(kind="agent_lost", host=agent.host, data={"reason": reason})
-        ]
+        data = {"reason": reason, "losses": agent.losses, "cooldown_s": cooldown}
+        out: list[Command] = [EmitEvent(kind="agent_lost", host=agent.host, data=data)]
         verdict = ExitVerdict(
             succeeded=False, retryable=True, reason="lost connection", error=reason
         )
@@ -1160,8 +1174,10 @@ class JobState:
         return next(iter(self.free_spare_hosts()), None)
 
     def _has_room(self, host: str) -> bool:
-        """Up, with a slot (and on a GPU host a GPU) that nothing runs or waits on."""
-        if self.agents[host].state is not AgentState.UP:
+        """Up and not cooling down after a loss, with a slot (and on a GPU host a
+        GPU) that nothing runs or waits on."""
+        agent = self.agents[host]
+        if agent.state is not AgentState.UP or agent.cooldown_until > self.now:
             return False
         # What runs or waits there, and what is on its way there (a KILL_RESTART
         # stopping on another host), plus a replaced process that still runs.

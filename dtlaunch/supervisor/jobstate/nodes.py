@@ -174,6 +174,10 @@ class AgentSlot:
     lost_at: float = 0.0
     relaunch_at: float = 0.0  # lost and its relaunch failed: when to try again
     relaunch_failures: int = 0
+    # How often it was lost, and until when it takes no moved process (a spare
+    # target, a KILL_RESTART's): a flapping host must not draw the job's work.
+    losses: int = 0
+    cooldown_until: float = 0.0
     # proc id -> attempt it ran here when it was lost: stale once restarted, and
     # fenced when the host is heard again (see JobState._fence_stale).
     stale_attempts: dict[str, int] = field(default_factory=dict)
