@@ -544,7 +544,7 @@ def test_a_deeply_nested_value_is_a_wire_error_not_a_recursion_error(where):
         decode(msgpack.packb(frame))
 
 
-@settings(max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_decode_raises_only_wire_error_on_mutated_frames(data):
     """Coverage-guided by hypothesis: valid frames of every registered message,
