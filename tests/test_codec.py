@@ -581,3 +581,28 @@ def test_decode_raises_only_wire_error_on_any_msgpack_value(value):
                                                                   "reports": [value]}):  # fmt: skip
         with contextlib.suppress(WireError):
             decode(msgpack.packb(frame))
+
+
+def test_a_list_of_floats_taken_in_one_pass_is_still_checked_item_by_item_when_it_must():
+    """The fast path for float lists (a status snapshot's 10^4 sparkline points)
+    passes only finite floats through; anything else gets the per-item check:
+    an int becomes a float, NaN and text are refused with the item's path."""
+    node = {"role": "worker", "rank": 0, "host": "h", "proc_state": "running"}
+    snapshot = {"run_id": "r", "policy": "none", "mode": "ps", "phase": "running",
+                "source": "live", "nodes": [node]}  # fmt: skip
+
+    def reply(points):
+        nodes = [{**node, "recent_bpt_s": points}]
+        frame = {"t": "status_reply", "v": PROTOCOL_VERSION, "request_id": 1}
+        return pack({**frame, "snapshot": {**snapshot, "nodes": nodes}})
+
+    def points_of(frame):
+        return decode(frame).snapshot.nodes[0].recent_bpt_s
+
+    assert points_of(reply([0.1, 0.2])) == [0.1, 0.2]
+    mixed = points_of(reply([0.1, 2]))
+    assert mixed == [0.1, 2.0] and type(mixed[1]) is float
+    with pytest.raises(WireError, match=r"recent_bpt_s\[1\]: nan is not a finite number"):
+        decode(reply([0.1, float("nan")]))
+    with pytest.raises(WireError, match=r"recent_bpt_s\[0\]: expected float"):
+        decode(reply(["0.1"]))

@@ -38,3 +38,17 @@ def test_the_scale_benchmark_quick_mode(tmp_path):
     assert steps["sim"]["plans_applied"] > 0  # nd balanced the slow worker; plans arrived
     assert dds["dds_ops_per_s"] > 0 and dds["sim"]["leases_acked"] > 0
     assert (tmp_path / "scale.md").read_text().startswith("| N |")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_status_snapshot_benchmark_quick_mode():
+    """A 1,000-worker status answer against the checkout before its fast paths:
+    measured 2x on a quiet machine; the margin here is for a loaded one."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "status_snapshot.py"), "--quick"],
+        cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    assert row["workers"] == 1000 and row["speedup"] >= 1.3, row

@@ -159,6 +159,7 @@ _RECORD_CHECKS: dict[tuple[type[Any], bool], _Check] = {}
 _FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {}
 # The path a checker gets on the fast first pass (see _build): build no names.
 _NO_PATH = ""
+_SCALARS = frozenset({float, int, str, bool, type(None)})
 
 
 # ------------------------------------------------------------------- public API
@@ -419,6 +420,11 @@ def _float(value: Any, path: str) -> Any:
     return value
 
 
+def _all_finite_floats(values: list[Any]) -> bool:
+    """Whether ``_float`` would pass every item unchanged (else it checks each)."""
+    return all(type(v) is float for v in values) and all(map(math.isfinite, values))
+
+
 def _bytes_json(value: Any, path: str) -> Any:
     if type(value) is bytes:
         return value
@@ -446,6 +452,8 @@ def _list(item: _Check) -> _Check:
     def check(value: Any, path: str) -> Any:
         if type(value) is not list:
             raise WireError(f"{path}: expected a list, got {_type_name(value)}")
+        if item is _float and _all_finite_floats(value):
+            return value  # a status snapshot's sparklines: 10^4 floats, one pass
         if not path:
             return [item(v, _NO_PATH) for v in value]
         return [item(v, f"{path}[{i}]") for i, v in enumerate(value)]
@@ -504,6 +512,8 @@ def _plain_value(value: object, json_form: bool) -> object:
             for name in _field_names(type(value))
         }
     if isinstance(value, list | tuple):
+        if all(type(v) in _SCALARS for v in value):
+            return list(value)  # numbers and text stay as they are: no call per item
         return [_plain_value(v, json_form) for v in value]
     if isinstance(value, dict):
         return {k: _plain_value(v, json_form) for k, v in value.items()}

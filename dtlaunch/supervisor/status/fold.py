@@ -28,7 +28,9 @@ ACTIONS_KEPT = 20
 ETA_WINDOW_S = 60.0  # shard completion rate over this much recent time
 STALE_S = 10.0  # live: a worker silent this long counts as not running
 THROUGHPUT_WINDOW_S = 10.0  # live global throughput: samples trained over this much time
-FLOAT_BUDGET = 100_000  # sparkline floats per snapshot, far below the wire frame limit
+# Sparkline floats per snapshot: 40 points a node up to 250 nodes, 10 at 1,000
+# (a screen shows a few dozen rows; the snapshot is built, sent and parsed whole).
+FLOAT_BUDGET = 10_000
 DEFAULT_LAMBDA = 1.5  # as the built-in policies (policies.base.DEFAULT_LAMBDA)
 
 NodeKey = tuple[str, int]  # (role, rank)
@@ -83,6 +85,22 @@ class NodeTrack:
     def injected(self) -> float:
         recent = self.recent()
         return sum(p.injected_s for p in recent) / len(recent) if recent else 0.0
+
+    def recent_means(self) -> tuple[float, float, float]:
+        """(bpt, throughput, injected) from one pass over the recent points: a
+        snapshot of 1,000 nodes asks for all three of each."""
+        bpt = busy = injected = 0.0
+        samples = 0
+        recent = self.recent()
+        for p in recent:
+            bpt += p.bpt
+            busy += p.busy_s
+            injected += p.injected_s
+            samples += p.samples
+        if not recent:
+            return 0.0, 0.0, 0.0
+        n = len(recent)
+        return bpt / n, samples / busy if busy > 0 else 0.0, injected / n
 
 
 class StatusFold:
@@ -390,9 +408,9 @@ class StatusFold:
     ) -> NodeStatus:
         track = self.nodes[key]
         host, state, restarts = (states or {}).get(key, (track.host, track.state, track.restarts))
+        bpt, throughput, injected = track.recent_means()
         reason = stragglers.get(key, "")
         if reason:
-            injected = track.injected()
             if injected > 0:
                 reason += f"; injected {injected:.3g} s/step"
             if track.action_note:
@@ -405,9 +423,9 @@ class StatusFold:
             proc_state=state,
             restarts=restarts,
             batch_size=track.batch_size,
-            bpt_s=track.bpt(),
+            bpt_s=bpt,
             recent_bpt_s=[round(p.bpt, 6) for p in list(track.points)[-points:]],
-            throughput=track.throughput() if fresh else 0.0,
+            throughput=throughput if fresh else 0.0,
             shards_done=track.shards_done,
             straggler=reason,
         )
