@@ -7,8 +7,12 @@ directory (mode 0700 keys) can control the job.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import zmq.asyncio
 
@@ -30,6 +34,11 @@ from dtlaunch.wire.messages import (
 from dtlaunch.wire.sockets import Dealer
 
 __all__ = ["StatusSource", "request_stop"]
+
+# After --timeout without an answer the event log is folded, and an answer that
+# still comes meanwhile wins: a busy supervisor answers in seconds, while folding
+# the log of a long job of 1,000 workers took a minute. This long at most.
+LATE_ANSWER_MAX_S = 120.0
 
 
 async def request_stop(run_dir: Path, *, timeout: float) -> str:  # noqa: ASYNC109
@@ -83,6 +92,7 @@ class StatusSource:
         self._dealer: Dealer | None = None
         self._run_id = ""
         self._request_id = 0
+        self._fold: asyncio.Future[StatusSnapshot] | None = None  # at most one at a time
 
     async def current(self) -> tuple[StatusSnapshot, str]:
         """The newest snapshot and a note on where it came from ("" when live).
@@ -94,24 +104,77 @@ class StatusSource:
             self.close()
             snap = snapshot_from_run_dir(self.run)
             return snap, f"job ended ({snap.status or 'unknown'}): shown from the event log"
-        snap_live = await self._ask()
-        if snap_live is not None:
-            return snap_live, ""
-        snap = snapshot_from_run_dir(self.run)
+        asked = time.monotonic()
+        request_id = await self._ask()
+        if request_id is not None:
+            snap_live = await self._answer(request_id, self.timeout)
+            if snap_live is not None:
+                return snap_live, ""
+        # No answer yet: fold the log meanwhile, and take whichever comes first.
+        fold = self._folded()
+        if request_id is not None:
+            late = asyncio.ensure_future(self._answer(request_id, LATE_ANSWER_MAX_S))
+            racing: set[asyncio.Future[Any]] = {fold, late}
+            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+            snap_late = late.result() if late.done() else None
+            if snap_late is not None:
+                took = time.monotonic() - asked
+                return snap_late, f"the supervisor is busy: it answered after {took:.1f} s"
+            late.cancel()
+        snap = await fold
+        self._fold = None
         if self.run.summary_path.exists():
             return snap, f"job ended ({snap.status or 'unknown'}): shown from the event log"
         return snap, (
             f"the supervisor did not answer within {self.timeout:g} s: shown from the event log"
         )
 
-    async def _ask(self) -> StatusSnapshot | None:
+    def _folded(self) -> asyncio.Future[StatusSnapshot]:
+        """The event log's snapshot, folded in a daemon thread: the process may
+        exit (a live answer came first) without waiting for it."""
+        if self._fold is not None:
+            return self._fold
+        loop = asyncio.get_running_loop()
+        fold: asyncio.Future[StatusSnapshot] = loop.create_future()
+
+        def settle(snap: StatusSnapshot | None, error: BaseException | None) -> None:
+            if fold.done():
+                return
+            if error is not None:
+                fold.set_exception(error)
+            else:
+                assert snap is not None
+                fold.set_result(snap)
+
+        def work() -> None:
+            snap: StatusSnapshot | None = None
+            error: BaseException | None = None
+            try:
+                snap = snapshot_from_run_dir(self.run)
+            except BaseException as exc:  # handed to the waiting task, raised there
+                error = exc
+            # A live answer may have come first and its loop ended: nobody waits.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(settle, snap, error)
+
+        threading.Thread(target=work, name="fold-event-log", daemon=True).start()
+        self._fold = fold
+        return fold
+
+    async def _ask(self) -> int | None:
+        """Send a status request; its id, or None when no supervisor can be asked."""
         dealer = self._connect()
         if dealer is None:
             return None
         self._request_id += 1
-        request_id = self._request_id
-        await dealer.send(StatusRequest(request_id=request_id, run_id=self._run_id))
-        deadline = asyncio.get_running_loop().time() + self.timeout
+        await dealer.send(StatusRequest(request_id=self._request_id, run_id=self._run_id))
+        return self._request_id
+
+    async def _answer(self, request_id: int, wait_s: float) -> StatusSnapshot | None:
+        dealer = self._connect()
+        if dealer is None:
+            return None
+        deadline = asyncio.get_running_loop().time() + wait_s
         while True:
             left = deadline - asyncio.get_running_loop().time()
             answer = await dealer.recv(timeout=max(0.0, left))
