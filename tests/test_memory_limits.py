@@ -19,6 +19,7 @@ from dtlaunch.supervisor.jobstate import LimitRules
 from dtlaunch.supervisor.jobstate.machine import JobState, Phase
 from dtlaunch.supervisor.placement import place
 from dtlaunch.supervisor.status.tracker import StatusTracker
+from dtlaunch.ui.plots import plot_data
 from dtlaunch.wire.messages import ProcReport, Spawn
 from tests.test_jobstate import TIMING, events, exited, sent
 
@@ -226,3 +227,35 @@ def test_status_shows_each_process_use_beside_its_limits():
     assert (worker1.memory_bytes, worker1.memory_limit) == (200 * M, 256 * M)
     assert (worker1.cpu_percent, worker1.cpu_limit) == (140.0, 1.5)
     assert (worker0.memory_bytes, worker0.memory_limit) == (0, 256 * M)  # no report yet
+
+
+def test_each_running_process_use_is_sampled_into_the_event_log_for_replay():
+    state = limited_state(LimitRules(memory_limit=256 * M))
+    up(state)
+    report = ProcReport(
+        proc_id="worker-1", role="worker", rank=1, attempt=0, pid=7, state="running",
+        rss_bytes=200 * M, cpu_percent=140.0,
+    )  # fmt: skip
+    for now in (1.0, 5.0):
+        state.agent_seen("h0", now)
+        state.heartbeat("h1", now, [report])
+    [sample] = events(state.tick(15.0), "resources")
+    assert sample.data == {"procs": {"worker-1": [200 * M, 140.0, 256 * M]}}  # none yet from 0
+    state.agent_seen("h0", 20.0)
+    state.agent_seen("h1", 20.0)
+    assert events(state.tick(20.0), "resources") == []  # every 15 s, not every tick
+    # A restarted process's figures are its new attempt's, not the old one's.
+    out = state.exited("h1", oom_killed("worker-1", 0), 21.0)
+    assert state.procs["worker-1"].rss_bytes == 0 and events(out, "memory_limit")
+
+    plotted = plot_data([
+        Event(kind="resources", mono=15.0, wall=100.0, data=sample.data),
+        Event(kind="resources", mono=30.0, wall=115.0,
+              data={"procs": {"worker-1": [300 * M, 90.0, 512 * M]}}),
+    ])  # fmt: skip
+    assert plotted.memory is not None and plotted.memory_limit is not None
+    assert plotted.cpu is not None
+    memory = plotted.memory["worker-1"]
+    assert (memory.xs, memory.ys) == ([0.0, 15.0], [200.0, 300.0])
+    assert plotted.memory_limit["worker-1"].ys == [256.0, 512.0]
+    assert plotted.cpu["worker-1"].ys == [1.4, 0.9]

@@ -1,14 +1,18 @@
 """``dtlaunch replay --plot FILE.png``: one picture of a run, after AntDT's figures.
 
-Four panels, all on the same time axis (seconds since the run's first event)
-except the last:
+Six panels, all on the same time axis (seconds since the run's first event)
+except the fourth:
 
 1. BPT per worker over time (AntDT Fig. 13): one line per worker, one point a step;
 2. local batch size per worker over time (Fig. 12);
 3. global throughput in samples/s (Fig. 14), with a vertical marker per action
    the Controller took (ADJUST_BS, KILL_RESTART, ...), so cause and effect line up;
 4. shards each worker finished beside its throughput (Fig. 16): with DDS a fast
-   worker fetches more shards, and the bars show whether it did.
+   worker fetches more shards, and the bars show whether it did;
+5. memory (RSS of its process tree) per process, each beside its limit, dashed:
+   an OOM relaunch shows as a line that reaches its limit and comes back higher;
+6. CPU per process, in cores (DLRover's view of what a process really uses).
+   Both from the supervisor's ``resources`` samples (every 15 s).
 
 :func:`plot_data` turns events into the numbers drawn (tests check those);
 :func:`draw` draws them with matplotlib (an optional extra, Agg backend, no display).
@@ -29,8 +33,9 @@ from dtlaunch.ui.runlog import ActionRow, RecordedRun, StepRow, read_run
 
 log = logging.getLogger(__name__)
 
-FIG_SIZE_IN = (14.0, 9.0)
-DPI = 100  # FIG_SIZE_IN x DPI = 1400 x 900 pixels
+FIG_SIZE_IN = (14.0, 12.0)
+DPI = 100  # FIG_SIZE_IN x DPI = 1400 x 1200 pixels
+MIB = 1 << 20
 MIN_BIN_S = 0.5  # throughput bins: never finer than this (step noise)
 BINS = 80  # about this many throughput points over the run
 _ACTION_COLOURS = {
@@ -65,6 +70,9 @@ class PlotData:
     worker_throughput: dict[int, float]  # rank -> samples/s of step time
     end_s: float
     title: str
+    memory: dict[str, Series] | None = None  # proc id -> RSS (MiB) over time
+    memory_limit: dict[str, Series] | None = None  # proc id -> its limit (MiB), if any
+    cpu: dict[str, Series] | None = None  # proc id -> CPU (cores) over time
 
 
 def plot_data(events: Iterable[Event], *, title: str = "") -> PlotData:
@@ -78,7 +86,16 @@ def plot_data(events: Iterable[Event], *, title: str = "") -> PlotData:
             xs, ys_bpt, ys_batch = _with_breaks(rows)
             bpt[rank] = Series(xs=xs, ys=ys_bpt)
             batch[rank] = Series(xs=xs, ys=ys_batch)
+    memory = {p: Series(xs=[t for t, *_ in r], ys=[rss / MIB for _, rss, _, _ in r])
+              for p, r in run.resources.items()}  # fmt: skip
+    limits = {p: Series(xs=[t for t, *_ in r], ys=[lim / MIB for *_, lim in r])
+              for p, r in run.resources.items() if any(lim for *_, lim in r)}  # fmt: skip
+    cpu = {p: Series(xs=[t for t, *_ in r], ys=[c / 100 for _, _, c, _ in r])
+           for p, r in run.resources.items()}  # fmt: skip
     return PlotData(
+        memory=memory,
+        memory_limit=limits,
+        cpu=cpu,
         bpt=bpt,
         batch=batch,
         throughput=_global_throughput(run),
@@ -162,9 +179,10 @@ def draw(data: PlotData, path: Path) -> None:
         OSError: ``path`` cannot be written.
     """
     plt = _pyplot()
-    fig, axes = plt.subplots(2, 2, figsize=FIG_SIZE_IN, dpi=DPI, layout="constrained")
+    fig, axes = plt.subplots(3, 2, figsize=FIG_SIZE_IN, dpi=DPI, layout="constrained")
     try:
         ax_bpt, ax_batch, ax_tput, ax_shards = axes[0][0], axes[0][1], axes[1][0], axes[1][1]
+        ax_mem, ax_cpu = axes[2][0], axes[2][1]
         colours = _worker_colours(plt, sorted(set(data.bpt) | set(data.shards)))
         _draw_per_worker(ax_bpt, data.bpt, colours, steps=False)
         ax_bpt.set(title="Batch processing time per worker", ylabel="BPT (s)")
@@ -172,8 +190,9 @@ def draw(data: PlotData, path: Path) -> None:
         ax_batch.set(title="Local batch size per worker", ylabel="batch size (samples)")
         _draw_throughput(ax_tput, data)
         _draw_shards(ax_shards, data, colours)
+        _draw_resources(ax_mem, ax_cpu, data)
         x_end = max(data.end_s, 1e-3)
-        for ax in (ax_bpt, ax_batch, ax_tput):
+        for ax in (ax_bpt, ax_batch, ax_tput, ax_mem, ax_cpu):
             ax.set_xlim(0.0, x_end)
             ax.set_xlabel("time since job start (s)")
             ax.grid(alpha=0.3)
@@ -185,6 +204,25 @@ def draw(data: PlotData, path: Path) -> None:
         fig.savefig(path, dpi=DPI)
     finally:
         plt.close(fig)
+
+
+def _draw_resources(ax_mem: Any, ax_cpu: Any, data: PlotData) -> None:
+    ax_mem.set(title="Memory per process (RSS), limit dashed", ylabel="MiB")
+    ax_cpu.set(title="CPU per process", ylabel="cores")
+    if not data.memory or not data.cpu:
+        for ax in (ax_mem, ax_cpu):
+            _no_data(ax, "no resource samples in this run's events")
+        return
+    for proc_id, series in sorted(data.memory.items()):
+        (line,) = ax_mem.plot(series.xs, series.ys, label=proc_id, linewidth=1.2)
+        limit = (data.memory_limit or {}).get(proc_id)
+        if limit is not None:
+            ax_mem.step(limit.xs, limit.ys, where="post", linestyle="--",
+                        color=line.get_color(), linewidth=0.9)  # fmt: skip
+    for proc_id, series in sorted(data.cpu.items()):
+        ax_cpu.plot(series.xs, series.ys, label=proc_id, linewidth=1.2)
+    if len(data.memory) <= 12:  # a legend of 1,000 processes helps nobody
+        _legend_outside(ax_mem)
 
 
 def _worker_colours(plt: Any, ranks: list[int]) -> dict[int, Any]:

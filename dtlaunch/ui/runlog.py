@@ -90,6 +90,8 @@ class RecordedRun:
     workers: list[int] = field(default_factory=list)
     # (time, rank, host) of every worker spawn, in time order: where each runs when
     worker_spawns: list[tuple[float, int, str]] = field(default_factory=list)
+    # proc id -> (time, RSS bytes, CPU %, memory limit) from the "resources" samples
+    resources: dict[str, list[tuple[float, int, float, int]]] = field(default_factory=dict)
 
     @property
     def worker_hosts(self) -> dict[int, str]:
@@ -166,6 +168,7 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
     policy = ""
     malformed = 0
     end = 0.0
+    resources: dict[str, list[tuple[float, int, float, int]]] = {}
     for event in events:
         if origin is None:
             origin = event.wall
@@ -202,6 +205,13 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
             )
         elif event.kind == "exit" and event.role == "worker":
             ends.append((at, event.rank))
+        elif event.kind == "resources" and isinstance(event.data.get("procs"), dict):
+            for proc_id, sample in event.data["procs"].items():
+                if isinstance(sample, list) and len(sample) == 3:
+                    rss, cpu, limit = sample
+                    resources.setdefault(str(proc_id), []).append(
+                        (at, int(rss), float(cpu), int(limit))
+                    )
         elif event.kind == "running" and event.role == "worker" and first_running is None:
             first_running = at
         if event.kind in ("spawn", "adopted") and event.role == "worker" and event.host:
@@ -219,4 +229,5 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
         malformed=malformed,
         workers=workers,
         worker_spawns=spawns,
+        resources=resources,
     )

@@ -90,6 +90,9 @@ RELAUNCH_BACKOFF_MAX_S = 30.0
 # host for good; a flapping one here comes back once it has stayed away).
 HOST_COOLDOWN_BASE_S = 30.0
 HOST_COOLDOWN_MAX_S = 1800.0
+# Each running process's memory and CPU (from the agents' heartbeats) go into the
+# event log this often, for `replay --plot`: about 30 bytes a process.
+RESOURCE_SAMPLE_S = 15.0
 
 # A function that builds the Spawn for a process: (slot, master_addr, master_port).
 SpawnBuilder = Callable[[ProcSlot, str, int], Spawn]
@@ -184,6 +187,7 @@ class JobState:
         self.restarts: list[RestartRecord] = []
         self.started_at = 0.0
         self.now = 0.0  # the clock of the last tick: when host cooldowns end
+        self._sampled_at = 0.0  # the last "resources" event
 
     def first_failure(self) -> FailureRecord | None:
         return self.failures[0] if self.failures else None
@@ -266,11 +270,24 @@ class JobState:
             out.append(EmitEvent(kind="host_cooldown_over", host=agent.host))
         if cooled:
             out += self._reconcile(now)  # a waiting worker may move there now
+        if self.phase is Phase.RUNNING and now - self._sampled_at >= RESOURCE_SAMPLE_S:
+            self._sampled_at = now
+            out += self._resource_sample()
         for agent in self.agents.values():
             out += self._check_silence(agent, now)
         if self.phase is Phase.STOPPING and now >= self.stop_deadline:
             out += self._finish()
         return out
+
+    def _resource_sample(self) -> list[Command]:
+        """proc id -> [RSS bytes, CPU %, memory limit] of every running process
+        an agent has measured (none before the first heartbeat)."""
+        procs = {
+            s.proc_id: [s.rss_bytes, round(s.cpu_percent, 1), s.memory_limit]
+            for s in self.procs.values()
+            if s.state is ProcState.RUNNING and s.rss_bytes
+        }
+        return [EmitEvent(kind="resources", data={"procs": procs})] if procs else []
 
     def _maybe_complete(self, now: float) -> list[Command]:
         workers = [s for s in self.procs.values() if s.role == "worker"]
@@ -1033,6 +1050,7 @@ class JobState:
         slot.state = ProcState.PENDING
         slot.unresponsive = False
         slot.progressed = False
+        slot.rss_bytes, slot.cpu_percent = 0, 0.0  # the next attempt's come with its reports
         self.restarts.append(
             RestartRecord(
                 role=slot.role,
