@@ -18,6 +18,7 @@ from dtlaunch.supervisor.history import load_history
 from dtlaunch.supervisor.jobstate import LimitRules
 from dtlaunch.supervisor.jobstate.machine import JobState, Phase
 from dtlaunch.supervisor.placement import place
+from dtlaunch.supervisor.status.fold import StatusFold
 from dtlaunch.supervisor.status.tracker import StatusTracker
 from dtlaunch.ui.plots import plot_data
 from dtlaunch.wire.messages import ProcReport, Spawn
@@ -259,3 +260,15 @@ def test_each_running_process_use_is_sampled_into_the_event_log_for_replay():
     assert (memory.xs, memory.ys) == ([0.0, 15.0], [200.0, 300.0])
     assert plotted.memory_limit["worker-1"].ys == [256.0, 512.0]
     assert plotted.cpu["worker-1"].ys == [1.4, 0.9]
+
+
+def test_status_from_the_event_log_shows_the_latest_resource_sample():
+    fold = StatusFold(run_id="r", policy="none", mode="allreduce")
+    for at, rss in ((15.0, 100 * M), (30.0, 180 * M)):
+        data = {"procs": {"worker-0": [rss, 95.0, 256 * M], "bogus": [1, 2, 3]}}
+        fold.emit(Event(kind="resources", mono=at, wall=at, data=data))
+    [node] = fold.snapshot(now=31.0, source="events", stragglers={}).nodes
+    assert (node.role, node.rank, node.memory_bytes, node.memory_limit) == (
+        "worker", 0, 180 * M, 256 * M,
+    )  # fmt: skip
+    assert node.cpu_percent == 95.0

@@ -61,6 +61,8 @@ class NodeTrack:
     since: float = 0.0  # the current process's start: ratios use only its own points
     points: deque[BptPoint] = field(default_factory=lambda: deque(maxlen=SPARK_POINTS))
     action_note: str = ""  # the latest policy action that touched this node
+    # From the latest "resources" sample (a live status gets them first-hand).
+    resources: Resources | None = None
 
     def recent(self) -> list[BptPoint]:
         mine = [p for p in self.points if p.t >= self.since]
@@ -197,6 +199,24 @@ class StatusFold:
             self._samples_history.append((point.t, point.samples))
             while self._samples_history[0][0] < point.t - THROUGHPUT_WINDOW_S:
                 self._samples_history.popleft()
+
+    def _resources(self, event: Event) -> None:
+        """A sample of every running process's RSS, CPU and memory limit."""
+        procs = event.data.get("procs")
+        if not isinstance(procs, dict):
+            return
+        for proc_id, sample in procs.items():
+            role, _, rank = str(proc_id).rpartition("-")
+            if role not in ("worker", "server") or not rank.isdigit():
+                continue
+            if isinstance(sample, list) and len(sample) == 3:
+                rss, cpu, limit = sample
+                self.node(role, int(rank)).resources = Resources(
+                    memory_bytes=int(rss),
+                    memory_limit=int(limit),
+                    cpu_percent=float(cpu),
+                    cpu_limit=0.0,
+                )
 
     def _server_reports(self, event: Event) -> None:
         """A server's update times (T_s) stand in for its BPT."""
@@ -373,6 +393,8 @@ class StatusFold:
         keys = sorted(self.nodes, key=lambda k: (k[0] != "worker", k[1]))
         points = max(4, min(SPARK_POINTS, FLOAT_BUDGET // max(1, len(keys))))
         nodes = [self._node_status(key, points, stragglers, states, now, live) for key in keys]
+        if resources is None:  # from the log: each node's latest sample
+            resources = {k: t.resources for k, t in self.nodes.items() if t.resources}
         if resources:
             nodes = [
                 dataclasses.replace(node, **resources[key]._asdict())
@@ -528,6 +550,7 @@ _HANDLERS: dict[str, Callable[[StatusFold, Event], object]] = {
     "spawn_failed": lambda fold, e: fold._proc(e, "failed"),
     "restart": StatusFold._restart,
     "reports": StatusFold._reports,
+    "resources": StatusFold._resources,
     "server_reports": StatusFold._server_reports,
     "shards_done": StatusFold._shards_done,
     "dds_recovered": StatusFold._progress,
