@@ -278,15 +278,23 @@ def test_no_limits_make_a_cage_that_does_nothing(tmp_path):
     assert os.sched_getaffinity(0) == affinity
 
 
-def test_remove_never_raises_and_warns_when_a_cgroup_stays(tmp_path, caplog):
+def test_a_cgroup_still_busy_at_remove_is_removed_before_the_next_cage(tmp_path, caplog):
     mem, _ = v1_tree(tmp_path / "cg")
-    cage = detect(tmp_path, *V1_LINES).cage("w", Limits(memory_bytes=MiB))
+    enforcer = detect(tmp_path, *V1_LINES)
+    cage = enforcer.cage("w", Limits(memory_bytes=MiB))
+    busy = mem / f"dtlaunch-{PID}-w"
     # A plain directory with files cannot be rmdir'ed, as a busy cgroup cannot.
-    with caplog.at_level(logging.WARNING, logger="dtlaunch.agent.limits"):
+    with caplog.at_level(logging.INFO, logger="dtlaunch.agent.limits"):
         cage.remove()
         cage.remove()  # idempotent: nothing left to try
-    warnings = [r for r in caplog.records if "cannot remove cgroup" in r.getMessage()]
-    assert len(warnings) == 1 and str(mem / f"dtlaunch-{PID}-w") in warnings[0].getMessage()
+    notes = [r for r in caplog.records if "cannot remove cgroup" in r.getMessage()]
+    assert len(notes) == 1 and str(busy) in notes[0].getMessage()
+    assert cage.left_behind == [busy]
+    enforcer.forget(cage)
+    for leftover in busy.iterdir():  # its last grandchild is gone: the cgroup empties
+        leftover.unlink()
+    enforcer.cage("w2", Limits())  # the next cage retries what was left behind
+    assert not busy.exists()
 
 
 def test_sweep_stale_removes_empty_cgroups_of_dead_agents_only(tmp_path):

@@ -73,6 +73,8 @@ class Cage:
         self._rlimit_as = 0
         self._cpu_set = frozenset[int]()
         self._oom_file: Path | None = None
+        self.left_behind: list[Path] = []  # cgroups remove() could not remove (yet)
+        self.dirs: tuple[Path, ...] = ()  # every cgroup made for it, kept after remove()
 
     def enter(self) -> None:
         """In the forked child (preexec_fn): join the cgroups, set the rlimit and affinity.
@@ -106,8 +108,10 @@ class Cage:
             try:
                 path.rmdir()
             except OSError as exc:
-                # EBUSY: a grandchild left the process group and lives on in it.
-                log.warning("cannot remove cgroup %s: %s; a later sweep will", path, exc)
+                # EBUSY: a grandchild left the process group and lives on in it (or,
+                # a moment after a SIGKILL, is not reaped yet); the agent retries.
+                log.info("cannot remove cgroup %s yet: %s", path, exc)
+                self.left_behind.append(path)
 
 
 class LimitEnforcer:
@@ -127,6 +131,7 @@ class LimitEnforcer:
         self._cpus = cpus  # the agent's allowed CPUs, for the affinity fallback
         self._next_cpu = 0
         self._made: set[Path] = set()  # our own cgroups: never stale for sweep_stale
+        self._left_behind: set[Path] = set()  # ours, busy when their child ended
 
     @classmethod
     def detect(
@@ -191,6 +196,7 @@ class LimitEnforcer:
         Raises:
             LaunchError: a cgroup cannot be made or the kernel refuses a limit.
         """
+        self.retry_left_behind()
         cage = Cage(limits)
         if not limits:
             return cage
@@ -232,9 +238,31 @@ class LimitEnforcer:
             cage.remove()  # half made: take it back
             raise
         cage._dirs, cage._fds = tuple(made.values()), tuple(fds)
+        cage.dirs = cage._dirs
         cage.backend = ", ".join(backend)
         self._made.update(cage._dirs)
         return cage
+
+    def forget(self, cage: Cage) -> None:
+        """``cage`` was removed: its cgroups are no longer kept from a sweep, and
+        those it could not remove yet are retried before the next cage is made."""
+        self._made.difference_update(cage.dirs)
+        self._left_behind.update(cage.left_behind)
+        cage.left_behind.clear()
+
+    def retry_left_behind(self) -> int:
+        """Remove the cgroups earlier cages left behind once they are empty; how many."""
+        removed = 0
+        for path in sorted(self._left_behind):
+            try:
+                path.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                continue
+            self._left_behind.discard(path)
+            removed += 1
+        return removed
 
     def sweep_stale(self) -> int:
         """Remove the empty ``dtlaunch-*`` cgroups killed agents left; how many. Never raises."""

@@ -398,7 +398,9 @@ class ProcessGroupRunner:
         else:
             oom = signum == signal.SIGKILL and not child.requested and self._oom.claim_oom_kill()
         if child.cage is not None:
-            child.cage.remove()  # the group was SIGKILLed in _watch: it is empty
+            child.cage.remove()  # the group was SIGKILLed in _watch: empty, or soon
+            if self._limits is not None:
+                self._limits.forget(child.cage)
         info = ExitInfo(
             proc_id=child.proc_id,
             attempt=child.attempt,
