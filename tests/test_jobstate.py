@@ -32,7 +32,9 @@ TIMING = Timing(
 HOSTS = [HostSpec(label=f"h{i}", hostname=f"127.0.0.{i + 1}", slots=1) for i in range(3)]
 
 
-def make_state(workers=3, servers=0, scope="group", max_restarts=2, hosts=HOSTS, spare_hosts=()):
+def make_state(
+    workers=3, servers=0, scope="group", max_restarts=2, hosts=HOSTS, spare_hosts=(), limits=None
+):
     def build_spawn(slot, addr, port):
         return Spawn(
             proc_id=slot.proc_id,
@@ -42,6 +44,8 @@ def make_state(workers=3, servers=0, scope="group", max_restarts=2, hosts=HOSTS,
             argv=["python", "train.py"],
             env={"MASTER_ADDR": addr, "MASTER_PORT": str(port)},
             cwd="/",
+            memory_limit=slot.memory_limit,
+            cpu_limit=slot.cpu_limit,
         )
 
     return JobState(
@@ -54,6 +58,7 @@ def make_state(workers=3, servers=0, scope="group", max_restarts=2, hosts=HOSTS,
         spare_hosts=spare_hosts,
         host_slots={h.label: h.slots for h in hosts},
         host_gpus={h.label: h.gpus for h in hosts if h.gpus},
+        limits=limits,
     )
 
 

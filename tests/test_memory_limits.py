@@ -17,12 +17,11 @@ from dtlaunch.quantities import format_size, parse_size
 from dtlaunch.supervisor.history import load_history
 from dtlaunch.supervisor.jobstate import LimitRules
 from dtlaunch.supervisor.jobstate.machine import JobState, Phase
-from dtlaunch.supervisor.placement import place
 from dtlaunch.supervisor.status.fold import StatusFold
 from dtlaunch.supervisor.status.tracker import StatusTracker
 from dtlaunch.ui.plots import plot_data
 from dtlaunch.wire.messages import ProcReport, Spawn
-from tests.test_jobstate import TIMING, events, exited, sent
+from tests.test_jobstate import events, exited, make_state, sent
 
 G = 1 << 30
 M = 1 << 20
@@ -73,28 +72,8 @@ HOSTS = [HostSpec(label=f"h{i}", hostname=f"127.0.0.{i + 1}", slots=1) for i in 
 
 
 def limited_state(rules: LimitRules, *, scope="group", max_restarts=5, workers=2) -> JobState:
-    def build_spawn(slot, addr, port):
-        return Spawn(
-            proc_id=slot.proc_id,
-            role=slot.role,
-            rank=slot.rank,
-            attempt=slot.attempt,
-            argv=["python", "train.py"],
-            env={},
-            cwd="/",
-            memory_limit=slot.memory_limit,
-            cpu_limit=slot.cpu_limit,
-        )
-
-    return JobState(
-        place(HOSTS, workers=workers, servers=0),
-        timing=TIMING,
-        max_restarts=max_restarts,
-        restart_scope=scope,
-        build_spawn=build_spawn,
-        master_addr_of=lambda label, reported: label,
-        host_slots={h.label: h.slots for h in HOSTS},
-        limits=rules,
+    return make_state(
+        workers=workers, scope=scope, max_restarts=max_restarts, hosts=HOSTS, limits=rules
     )
 
 
