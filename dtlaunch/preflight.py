@@ -35,6 +35,7 @@ from dtlaunch.config import DEFAULT_SSH_CONCURRENCY, check_concurrency
 from dtlaunch.errors import ConfigError, HostCheckError, SshError
 from dtlaunch.fanout import fan_out
 from dtlaunch.hostfile import HostSpec
+from dtlaunch.quantities import format_size
 from dtlaunch.sshconn import SshConnectError, SshFailure, SshOptions, connect, run_remote
 from dtlaunch.ui.fit import FitTable
 
@@ -42,7 +43,7 @@ __all__ = ["CHECKS", "OK", "SKIPPED", "UNVERIFIED", "HostCheck", "check_hosts", 
 
 logger = logging.getLogger(__name__)
 
-CHECKS = ("ssh", "host key", "python", "dtlaunch", "workdir", "ports", "limits")
+CHECKS = ("ssh", "host key", "python", "dtlaunch", "workdir", "ports", "capacity", "limits")
 OK = "ok"
 SKIPPED = "skipped"
 UNVERIFIED = "NOT verified"  # host key checks were turned off by the user
@@ -64,6 +65,8 @@ try:
     from dtlaunch.agent.limits import LimitEnforcer
     s = LimitEnforcer.detect(dry_run=True).support
     r["limits"] = {"memory": s.memory, "cpu": s.cpu, "detail": s.detail}
+    import psutil
+    r["capacity"] = {"cpus": len(os.sched_getaffinity(0)), "memory": psutil.virtual_memory().total}
 except Exception as e:
     r["error"] = "%s: %s" % (type(e).__name__, e)
 p = os.path.abspath(os.path.expanduser(sys.argv[1]))
@@ -187,6 +190,7 @@ async def _check_host(
                 progress.passed("workdir")
                 remote.check_ports(report, err, ports_needed)
                 progress.passed("ports")
+                progress.passed("capacity", _check_capacity(host, report))
                 limits, degraded = _limits_of(report)
                 progress.passed("limits", limits)
     except HostCheckError as exc:
@@ -205,6 +209,29 @@ async def _check_host(
     return HostCheck(
         host=host.label, ok=True, items=progress.items, fix=degraded, version=progress.version
     )
+
+
+def _check_capacity(host: HostSpec, report: dict[str, object] | None) -> str:
+    """The CPUs and memory the host has ("8 cpu, 31.2G"); a hostfile that declares
+    more (cpus=, mem=) fails: each process's limits would promise what is not there."""
+    found = report.get("capacity") if report else None
+    if not isinstance(found, dict):
+        return "unknown"
+    cpus, memory = int(found.get("cpus", 0)), int(found.get("memory", 0))
+    over = []
+    if host.cpus and cpus and host.cpus > cpus:
+        over.append(f"cpus={host.cpus:g} but {host.label} has {cpus}")
+    if host.memory_bytes and memory and host.memory_bytes > memory:
+        over.append(
+            f"mem={format_size(host.memory_bytes)} but {host.label} has {format_size(memory)}"
+        )
+    if over:
+        raise HostCheckError(
+            f"declares more: {'; '.join(over)}"[:60],
+            f"the hostfile declares {' and '.join(over)}; lower cpus=/mem= on that line or "
+            "leave them out (then the agent measures the memory)",
+        )
+    return f"{cpus} cpu, {memory / (1 << 30):.1f}G"
 
 
 def _limits_of(report: dict[str, object] | None) -> tuple[str, str]:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import socket
 import subprocess
 import sys
 
+import psutil
 import pytest
 from rich.console import Console
 
@@ -70,14 +72,27 @@ def test_good_hosts_pass_every_check(sshd, tmp_path):
         else f"mem {support.memory}, cpu {support.cpu}"
     )
     cgroups = support.memory.startswith("cgroup") and support.cpu.startswith("cgroup")
+    # The capacity column: this machine's CPUs and memory (all "hosts" are this one).
+    gib = psutil.virtual_memory().total / (1 << 30)
+    capacity = f"{len(os.sched_getaffinity(0))} cpu, {gib:.1f}G"
     for result in results:
         assert result == HostCheck(
             host=result.host,
             ok=True,
-            items={**dict.fromkeys(CHECKS, OK), "limits": limits},
+            items={**dict.fromkeys(CHECKS, OK), "capacity": capacity, "limits": limits},
             fix="" if cgroups else f"limits: {support.detail}",
             version=VERSION,
         )
+
+
+def test_a_host_declaring_more_memory_or_cpus_than_it_has_fails_its_capacity_check(sshd, tmp_path):
+    a, b, c = sshd.addresses
+    declared = [host(a, memory_bytes=1 << 50), host(b, cpus=4096.0), host(c, cpus=1.0)]
+    over_mem, over_cpus, fine = check(declared, sshd.options(), tmp_path)
+    assert assert_failed_at(over_mem, "capacity").startswith("declares more: mem=1024.0 TiB")
+    assert "lower cpus=/mem= on that line" in over_mem.fix
+    assert assert_failed_at(over_cpus, "capacity").startswith("declares more: cpus=4096 but")
+    assert fine.ok and fine.items["capacity"].endswith("G")
 
 
 def test_wrong_port_fails_ssh_and_leaves_other_hosts_alone(sshd, tmp_path):
@@ -190,7 +205,7 @@ def test_render_checks_shows_one_row_per_host_with_status_and_fix():
     text = out.getvalue()
     assert "1 of 2 hosts OK" in text
     header = next(line for line in text.splitlines() if "host key" in line)
-    assert [name in header for name in ("host", *CHECKS, "status", "fix")] == [True] * 10
+    assert [name in header for name in ("host", *CHECKS, "status", "fix")] == [True] * 11
     row1 = next(line for line in text.splitlines() if " n1 " in line)
     row2 = next(line for line in text.splitlines() if " n2 " in line)
     assert row1.count("ok") == len(CHECKS)
