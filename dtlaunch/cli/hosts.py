@@ -46,7 +46,8 @@ def check(
         ),
     ] = DEFAULT_SSH_CONCURRENCY,
 ) -> None:
-    """Check every host in parallel: ssh, host key, python, dtlaunch, workdir, ports."""
+    """Check every host in parallel: ssh, host key, python, dtlaunch, workdir, ports,
+    capacity (CPUs, memory) and how limits would be enforced."""
     setup_logging(False)
     from dtlaunch.preflight import check_hosts, render_checks
     from dtlaunch.sshconn import SshOptions
