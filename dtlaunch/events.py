@@ -165,6 +165,18 @@ class EventRecorder:
         return event
 
 
+def resource_samples(event: Event) -> Iterator[tuple[str, int, float, int]]:
+    """(proc id, RSS bytes, CPU %, memory limit) of each process in a ``resources``
+    event (the supervisor's sample every 15 s); malformed entries are skipped."""
+    procs = event.data.get("procs")
+    if event.kind != "resources" or not isinstance(procs, dict):
+        return
+    for proc_id, sample in procs.items():
+        if isinstance(sample, list) and len(sample) == 3:
+            rss, cpu, limit = sample
+            yield str(proc_id), int(rss), float(cpu), int(limit)
+
+
 def read_events(path: Path) -> Iterator[Event]:
     """Events of a log, tolerating a torn last line (a crashed supervisor)."""
     with path.open(encoding="utf-8") as handle:

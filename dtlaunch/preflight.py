@@ -191,7 +191,7 @@ async def _check_host(
                 remote.check_ports(report, err, ports_needed)
                 progress.passed("ports")
                 progress.passed("capacity", _check_capacity(host, report))
-                limits, degraded = _limits_of(report)
+                limits, degraded = _limits_cell(report)
                 progress.passed("limits", limits)
     except HostCheckError as exc:
         return progress.failed(host.label, exc.problem, exc.fix)
@@ -234,7 +234,7 @@ def _check_capacity(host: HostSpec, report: dict[str, object] | None) -> str:
     return f"{cpus} cpu, {memory / (1 << 30):.1f}G"
 
 
-def _limits_of(report: dict[str, object] | None) -> tuple[str, str]:
+def _limits_cell(report: dict[str, object] | None) -> tuple[str, str]:
     """How the host's agent will enforce --memory-limit/--cpu-limit, and (when it
     cannot use cgroups) why and what would let it; never a failure: the limits
     degrade to RLIMIT_AS and CPU affinity."""

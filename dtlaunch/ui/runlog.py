@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dtlaunch.events import Event
+from dtlaunch.events import Event, resource_samples
 
 _REPORT_COLUMNS = ("step", "batch_size", "compute_s", "comm_s", "samples", "injected_s", "t")
 
@@ -205,13 +205,9 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
             )
         elif event.kind == "exit" and event.role == "worker":
             ends.append((at, event.rank))
-        elif event.kind == "resources" and isinstance(event.data.get("procs"), dict):
-            for proc_id, sample in event.data["procs"].items():
-                if isinstance(sample, list) and len(sample) == 3:
-                    rss, cpu, limit = sample
-                    resources.setdefault(str(proc_id), []).append(
-                        (at, int(rss), float(cpu), int(limit))
-                    )
+        elif event.kind == "resources":
+            for proc_id, rss, cpu, limit in resource_samples(event):
+                resources.setdefault(proc_id, []).append((at, rss, cpu, limit))
         elif event.kind == "running" and event.role == "worker" and first_running is None:
             first_running = at
         if event.kind in ("spawn", "adopted") and event.role == "worker" and event.host:

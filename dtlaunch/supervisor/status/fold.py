@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from dtlaunch.events import Event
+from dtlaunch.events import Event, resource_samples
 from dtlaunch.supervisor.control.monitor import fast_reference
 from dtlaunch.wire.messages import ActionStatus, NodeStatus, StatusSnapshot
 
@@ -68,25 +68,12 @@ class NodeTrack:
         mine = [p for p in self.points if p.t >= self.since]
         return mine[-RECENT_POINTS:]
 
-    def bpt(self) -> float:
-        recent = self.recent()
-        return sum(p.bpt for p in recent) / len(recent) if recent else 0.0
-
-    def throughput(self) -> float:
-        recent = self.recent()
-        busy = sum(p.busy_s for p in recent)
-        return sum(p.samples for p in recent) / busy if busy > 0 else 0.0
-
     def bpt_eq(self, batch_ref: float) -> float:
         """Recent BPT as if this node had ``batch_ref`` samples a step (see monitor)."""
         recent = self.recent()
         if not recent:
             return 0.0
         return sum(p.compute_per_sample * batch_ref + p.comm for p in recent) / len(recent)
-
-    def injected(self) -> float:
-        recent = self.recent()
-        return sum(p.injected_s for p in recent) / len(recent) if recent else 0.0
 
     def recent_means(self) -> tuple[float, float, float]:
         """(bpt, throughput, injected) from one pass over the recent points: a
@@ -202,20 +189,11 @@ class StatusFold:
 
     def _resources(self, event: Event) -> None:
         """A sample of every running process's RSS, CPU and memory limit."""
-        procs = event.data.get("procs")
-        if not isinstance(procs, dict):
-            return
-        for proc_id, sample in procs.items():
-            role, _, rank = str(proc_id).rpartition("-")
-            if role not in ("worker", "server") or not rank.isdigit():
-                continue
-            if isinstance(sample, list) and len(sample) == 3:
-                rss, cpu, limit = sample
+        for proc_id, rss, cpu, limit in resource_samples(event):
+            role, _, rank = proc_id.rpartition("-")
+            if role in ("worker", "server") and rank.isdigit():
                 self.node(role, int(rank)).resources = Resources(
-                    memory_bytes=int(rss),
-                    memory_limit=int(limit),
-                    cpu_percent=float(cpu),
-                    cpu_limit=0.0,
+                    memory_bytes=rss, memory_limit=limit, cpu_percent=cpu, cpu_limit=0.0
                 )
 
     def _server_reports(self, event: Event) -> None:
