@@ -188,11 +188,15 @@ def test_the_recorded_policy_re_decides_what_it_decided(recorded_run: Path) -> N
     # the replay on the interval's grid, up to 0.5 s apart, and a first plan comes
     # from 2-3 steps a worker, so a step more or less moves a throughput by
     # several percent (seen: slow shares 9+6 live, 6+6 replayed 0.35 s later).
+    # Neither is a fast worker promised more than the equal share: on a loaded
+    # machine one of them can have a slow step among its first few (seen in CI:
+    # 10+16 fast, 7+7 slow); the slow host's pair below both of them is the claim.
     would_sizes, actual_sizes = would[0]["fields"]["sizes"], actual[0]["fields"]["sizes"]
     assert would_sizes.keys() == actual_sizes.keys() == {"0", "1", "2", "3"}
     assert sum(would_sizes.values()) == sum(actual_sizes.values()) == 40
     for sizes in (would_sizes, actual_sizes):
-        assert max(sizes["2"], sizes["3"]) < 10 < min(sizes["0"], sizes["1"]), sizes
+        slowest_share = max(sizes["2"], sizes["3"])
+        assert slowest_share < 10 and slowest_share < min(sizes["0"], sizes["1"]), sizes
     # What the live plan was made from is in its event: re-solved, it gives the
     # same sizes (a proportional model per worker until a line is fitted).
     [decision] = [e for e in events(recorded_run)
