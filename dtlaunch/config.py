@@ -25,6 +25,9 @@ from dtlaunch.quantities import format_size, parse_size
 from dtlaunch.sharding import DatasetSpec
 
 MODES = ("allreduce", "ps")
+# torch: torchrun's variables (and ps-lite's in PS mode); tf: TensorFlow's TF_CONFIG
+# too, and in PS mode dtlaunch runs TF's worker and ps tasks itself.
+FRAMEWORKS = ("torch", "tf")
 PS_SERVERS = ("builtin", "script")  # python -m dtlaunch.ps, or the user's own (ps-lite, TF)
 PS_CONSISTENCY = ("bsp", "asp")
 DEFAULT_PS_BLOCK_BYTES = 4 << 20
@@ -118,6 +121,7 @@ class JobSpec:
     workers: int = 1
     servers: int = 0
     mode: str = "allreduce"
+    framework: str = "torch"  # one of FRAMEWORKS
     policy: str = "none"
     max_restarts: int = 3
     restart_scope: str = "group"
@@ -199,6 +203,7 @@ class JobSpec:
             raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.mode == "ps" and self.servers == 0:
             raise ConfigError("--mode ps needs parameter servers; add --servers M (M >= 1)")
+        self._validate_framework()
         if self.ps_server not in PS_SERVERS:
             raise ConfigError(
                 f"--ps-server must be one of {', '.join(PS_SERVERS)}, got {self.ps_server!r}"
@@ -309,6 +314,33 @@ class JobSpec:
                 "fewer slots, or give --memory-limit"
             )
 
+    def _validate_framework(self) -> None:
+        if self.framework not in FRAMEWORKS:
+            raise ConfigError(
+                f"--framework must be one of {', '.join(FRAMEWORKS)}, got {self.framework!r}"
+            )
+        if self.framework != "tf" or self.mode != "ps":
+            return
+        if self.workers < 2:
+            raise ConfigError(
+                f"--framework tf in PS mode runs worker 0 as TensorFlow's chief and the "
+                f"others as its workers, so it needs --workers 2 or more (got {self.workers}); "
+                "e.g. --workers 3 --servers 2 is a chief, 2 workers and 2 ps tasks"
+            )
+        if self.policy.split(":", 1)[0].strip() not in ("", "none"):
+            raise ConfigError(
+                f"--policy {self.policy} steers dtlaunch workers' batches, but with "
+                "--framework tf in PS mode only the chief runs the script and TensorFlow's "
+                "coordinator hands each step to whichever worker is free (a straggler "
+                "simply takes fewer steps); drop --policy"
+            )
+        if self.ps_server != "builtin":
+            raise ConfigError(
+                "--framework tf starts TensorFlow's ps tasks itself; drop "
+                f"--ps-server {self.ps_server} (a script that starts its own servers runs "
+                "with --framework torch --ps-server script and reads DMLC_ROLE)"
+            )
+
     def to_json(self) -> str:
         data = asdict(self)
         data["run_dir"] = str(self.run_dir)
@@ -353,6 +385,7 @@ class RunOptions:
     nproc_per_node: int | None = None  # torchrun's: workers on every host
     servers: int = 0
     mode: str | None = None
+    framework: str = "torch"
     ps_server: str = "builtin"
     ps_consistency: str = "bsp"
     ps_block_bytes: int = DEFAULT_PS_BLOCK_BYTES
@@ -414,6 +447,7 @@ class RunOptions:
             workers=workers,
             servers=self.servers,
             mode=mode,
+            framework=self.framework,
             policy=self.policy,
             max_restarts=self.max_restarts,
             restart_scope=self.restart_scope or ("group" if mode == "allreduce" else "process"),

@@ -101,7 +101,7 @@ def test_nproc_per_node_sets_every_hosts_room_and_the_worker_count(tmp_path):
         "control_interval": 10.0, "max_restarts": 3, "heartbeat_interval": 1.0,
         "dead_after": 3, "orphan_timeout": 60.0, "agent_timeout": 60.0, "kill_grace": 5.0,
         "output": "all", "insecure_no_host_key_check": False, "ssh_concurrency": 64,
-        "dataset_size": 0, "oom_relaunches": 3, "limits_via": "auto",
+        "dataset_size": 0, "oom_relaunches": 3, "limits_via": "auto", "framework": "torch",
         "shard_size": 0, "epochs": 1, "global_batch": 0, "seed": 0,
         "run_dir": tmp_path / "run",
     }  # fmt: skip

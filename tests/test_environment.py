@@ -90,7 +90,7 @@ def test_module_mode():
 def test_builtin_ps_servers_run_dtlaunch_ps_and_workers_get_their_endpoints():
     ctx = _ctx(workers=2, servers=2, mode="ps", ps_snapshot_interval=5.0)
     server = _slot(role="server", rank=1, attempt=0)
-    server.ps_port = 41000
+    server.listen_port = 41000
     spawn = build_spawn(ctx, server, "10.0.0.9", 29500)
     assert spawn.argv == ["/usr/bin/python3", "-u", "-m", "dtlaunch.ps"]
     env = spawn.env

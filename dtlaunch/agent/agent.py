@@ -57,7 +57,7 @@ from dtlaunch.wire.sockets import Dealer
 
 log = logging.getLogger(__name__)
 
-FREE_PORTS = 8  # jobstate: MASTER_PORT_SLOTS (2) + SERVERS_PER_HOST_MAX (6)
+FREE_PORTS = 32  # jobstate: MASTER_PORT_SLOTS (2) + LISTENERS_PER_HOST_MAX (30)
 KEYS_ENV = "DTLAUNCH_KEYS"
 TABLE_FILE = "procs.json"
 KEYS_DIR = "keys"

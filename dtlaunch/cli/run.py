@@ -92,6 +92,14 @@ ModeOption = Annotated[
     str | None,
     typer.Option(envvar="DTLAUNCH_MODE", help="ps | allreduce (default: ps when servers > 0)."),
 ]
+FrameworkOption = Annotated[
+    str,
+    typer.Option(
+        envvar="DTLAUNCH_FRAMEWORK",
+        help="torch: torchrun's variables | tf: TensorFlow's TF_CONFIG too; in PS mode "
+        "worker 0 runs SCRIPT as the chief and dtlaunch runs the worker and ps tasks.",
+    ),
+]
 PsServerOption = Annotated[
     str,
     typer.Option(
@@ -328,6 +336,7 @@ def run(
     nproc_per_node: NprocPerNodeOption = None,
     servers: ServersOption = 0,
     mode: ModeOption = None,
+    framework: FrameworkOption = "torch",
     ps_server: PsServerOption = "builtin",
     ps_consistency: PsConsistencyOption = "bsp",
     ps_block_bytes: PsBlockBytesOption = DEFAULT_PS_BLOCK_BYTES,

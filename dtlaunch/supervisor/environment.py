@@ -1,7 +1,9 @@
 """The command line and environment of every worker and server process.
 
 Workers get torchrun's variables so that a script written for torchrun runs
-unmodified; PS-mode processes also get ps-lite's ``DMLC_*`` variables. Secrets
+unmodified; PS-mode processes also get ps-lite's ``DMLC_*`` variables, and with
+``--framework tf`` every process gets ``TF_CONFIG`` (``jobstate/tftasks.py``
+says which TF task each one is). Secrets
 never go here: the CURVE keys are files, and the agent adds their folder as
 ``DTLAUNCH_KEYS``.
 """
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from dtlaunch.config import JobSpec
 from dtlaunch.runtime.steps import REPORT_EVERY_S
 from dtlaunch.supervisor.jobstate.machine import ProcSlot
+from dtlaunch.supervisor.jobstate.tftasks import runs_script, tf_config
 from dtlaunch.wire.messages import Spawn
 
 
@@ -30,10 +33,12 @@ class LaunchContext:
 
 
 def process_argv(
-    spec: JobSpec, python: str, role: str = "worker", *, prewarm: bool = False
+    spec: JobSpec, python: str, role: str = "worker", rank: int = 0, *, prewarm: bool = False
 ) -> list[str]:
     if role == "server" and builtin_ps(spec):
         return [python, "-u", "-m", "dtlaunch.ps"]
+    if spec.framework == "tf" and not runs_script(role, rank, ps_mode=spec.mode == "ps"):
+        return [python, "-u", "-m", "dtlaunch.tfserver"]
     # A replacement started ahead of its regroup warms up in dtlaunch's wrapper,
     # which then runs the script as python would.
     wrapper = ["-m", "dtlaunch.runtime.prewarm"] if prewarm else []
@@ -48,6 +53,10 @@ def process_env(
     spec = ctx.spec
     a = slot.assignment
     role_world = spec.workers if a.role == "worker" else spec.servers
+    if spec.framework == "tf" and spec.mode == "ps" and a.role == "worker":
+        # Only the chief runs the script (and reads the data): it is the world of
+        # torchrun's variables and of the SDK's batches.
+        role_world = 1
     env: dict[str, str] = {
         # torchrun / torchelastic
         "RANK": str(a.rank),
@@ -106,6 +115,9 @@ def process_env(
         env["DMLC_WORKER_ID" if a.role == "worker" else "DMLC_SERVER_ID"] = str(a.rank)
     if builtin_ps(spec):
         env.update(ps_env(ctx, slot))
+    if spec.framework == "tf":
+        cluster = {kind: list(addresses) for kind, addresses in slot.tf_cluster}
+        env["TF_CONFIG"] = tf_config(cluster, a.role, a.rank, ps_mode=spec.mode == "ps")
     # The user's --env wins over ours except where ours is the job's identity.
     for key, value in spec.env.items():
         env.setdefault(key, value)
@@ -139,8 +151,14 @@ def gpu_env(spec: JobSpec, slot: ProcSlot) -> dict[str, str]:
 
 
 def builtin_ps(spec: JobSpec) -> bool:
-    """Whether the servers are dtlaunch's own (``python -m dtlaunch.ps``)."""
-    return spec.mode == "ps" and spec.servers > 0 and spec.ps_server == "builtin"
+    """Whether the servers are dtlaunch's own (``python -m dtlaunch.ps``); with
+    ``--framework tf`` they are TensorFlow's ps tasks instead."""
+    return (
+        spec.mode == "ps"
+        and spec.servers > 0
+        and spec.ps_server == "builtin"
+        and spec.framework != "tf"
+    )
 
 
 def ps_env(ctx: LaunchContext, slot: ProcSlot) -> dict[str, str]:
@@ -155,7 +173,7 @@ def ps_env(ctx: LaunchContext, slot: ProcSlot) -> dict[str, str]:
     # its host, so a restarted server continues from its last snapshot.
     snapshot = f"{ctx.state_dirs.get(slot.host, '/tmp')}/ps/server-{slot.rank}.snapshot"
     env = {
-        "DTLAUNCH_PS_BIND": f"tcp://*:{slot.ps_port}",
+        "DTLAUNCH_PS_BIND": f"tcp://*:{slot.listen_port}",
         "DTLAUNCH_PS_MODE": spec.ps_consistency,
         "DTLAUNCH_PS_WORKERS": ",".join(str(r) for r in range(spec.workers)),
         "DTLAUNCH_PS_SNAPSHOT": snapshot,
@@ -176,7 +194,7 @@ def build_spawn(ctx: LaunchContext, slot: ProcSlot, master_addr: str, master_por
         role=slot.role,
         rank=slot.rank,
         attempt=slot.attempt,
-        argv=process_argv(ctx.spec, ctx.python, slot.role, prewarm=slot.prewarm),
+        argv=process_argv(ctx.spec, ctx.python, slot.role, slot.rank, prewarm=slot.prewarm),
         env=process_env(ctx, slot, master_addr, master_port),
         cwd=ctx.workdir,
         memory_limit=slot.memory_limit,

@@ -28,7 +28,7 @@ from dtlaunch.supervisor.dds import DdsService
 from dtlaunch.supervisor.environment import LaunchContext, build_spawn, builtin_ps
 from dtlaunch.supervisor.history import History, ResumePlan, load_history
 from dtlaunch.supervisor.jobstate import (
-    SERVERS_PER_HOST_MAX,
+    LISTENERS_PER_HOST_MAX,
     JobState,
     LimitRules,
     ProcSlot,
@@ -122,8 +122,8 @@ async def _run_job(
 ) -> JobResult:
     hosts = list(spec.hosts) or embedded_hosts(spec)
     assignments = place(hosts, workers=spec.workers, servers=spec.servers)
-    if builtin_ps(spec):
-        _check_server_ports(assignments)
+    if builtin_ps(spec) or spec.framework == "tf":
+        _check_listen_ports(assignments, spec.framework)
     history: History | None = None
     if resume:
         run = RunDir.open(spec.run_dir)
@@ -246,15 +246,18 @@ async def _run_job(
     )
 
 
-def _check_server_ports(assignments: list[Any]) -> None:
-    """Built-in servers bind ports their agent found free; it finds a fixed number."""
-    per_host = Counter(a.host for a in assignments if a.role == "server")
-    room = SERVERS_PER_HOST_MAX
+def _check_listen_ports(assignments: list[Any], framework: str) -> None:
+    """Built-in servers and TF tasks bind ports their agent found free; it finds a
+    fixed number."""
+    tf = framework == "tf"
+    per_host = Counter(a.host for a in assignments if tf or a.role == "server")
+    room = LISTENERS_PER_HOST_MAX
     crowded = sorted(host for host, count in per_host.items() if count > room)
     if crowded:
+        what = "TensorFlow tasks" if tf else "parameter servers"
         raise ConfigError(
-            f"more than {room} parameter servers on {', '.join(crowded)}; spread them over "
-            "more hosts (servers=N on hostfile lines) or use fewer --servers"
+            f"more than {room} {what} on {', '.join(crowded)}; spread them over more "
+            "hosts (lower slots= or servers= on hostfile lines) or start fewer processes"
         )
 
 
@@ -351,6 +354,7 @@ def _build_supervisor(
         restart_scope=spec.restart_scope,
         build_spawn=spawn_for,
         builtin_ps=builtin_ps(spec),
+        tf_tasks=spec.mode if spec.framework == "tf" else "",
         master_addr_of=master_addr_of,
         spare_hosts=[h.label for h in hosts if h.spare],
         host_slots={h.label: h.slots for h in hosts},

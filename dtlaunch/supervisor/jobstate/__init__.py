@@ -10,7 +10,7 @@ and the relaunch with more memory after an out-of-memory death.
 
 from dtlaunch.supervisor.jobstate.limits import LimitRules
 from dtlaunch.supervisor.jobstate.machine import (
-    SERVERS_PER_HOST_MAX,
+    LISTENERS_PER_HOST_MAX,
     AgentState,
     Command,
     EmitEvent,
@@ -27,7 +27,7 @@ from dtlaunch.supervisor.jobstate.machine import (
 from dtlaunch.supervisor.jobstate.workers import WorkerPeers
 
 __all__ = [
-    "SERVERS_PER_HOST_MAX",
+    "LISTENERS_PER_HOST_MAX",
     "AgentState",
     "Command",
     "EmitEvent",

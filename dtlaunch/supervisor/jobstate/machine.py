@@ -57,12 +57,13 @@ from dtlaunch.supervisor.jobstate.nodes import (
     Timing,
     WorkerGone,
 )
+from dtlaunch.supervisor.jobstate.tftasks import tf_cluster
 from dtlaunch.supervisor.placement import Assignment
 from dtlaunch.wire.messages import Exited, Kill, ProcReport, Shutdown, Spawn
 
 __all__ = [
+    "LISTENERS_PER_HOST_MAX",
     "MASTER_PORT_SLOTS",
-    "SERVERS_PER_HOST_MAX",
     "AgentState",
     "Command",
     "EmitEvent",
@@ -79,10 +80,11 @@ __all__ = [
 ]
 
 
-# The first agent free ports alternate as MASTER_PORT; built-in PS servers take the
-# rest (the agent finds FREE_PORTS = MASTER_PORT_SLOTS + SERVERS_PER_HOST_MAX).
+# The first agent free ports alternate as MASTER_PORT; processes that listen (the
+# built-in PS servers, TensorFlow's tasks) take the rest, one each for the job
+# (the agent finds FREE_PORTS = MASTER_PORT_SLOTS + LISTENERS_PER_HOST_MAX).
 MASTER_PORT_SLOTS = 2
-SERVERS_PER_HOST_MAX = 6
+LISTENERS_PER_HOST_MAX = 30
 # A lost host is tried again after 2, 4, 8, 16 s, then every 30 s.
 RELAUNCH_BACKOFF_MAX_S = 30.0
 # A host lost for the n-th time takes no moved or restarted process for
@@ -132,6 +134,7 @@ class JobState:
         restart_scope: str,
         build_spawn: SpawnBuilder,
         builtin_ps: bool = False,
+        tf_tasks: str = "",
         master_addr_of: Callable[[str, str], str],
         spare_hosts: Sequence[str] = (),
         host_slots: Mapping[str, int] | None = None,
@@ -144,6 +147,10 @@ class JobState:
         self.restart_scope = restart_scope
         self._build_spawn = build_spawn
         self.builtin_ps = builtin_ps  # servers are python -m dtlaunch.ps on agent-chosen ports
+        # --framework tf: "allreduce" or "ps" (which TF tasks the processes are, see
+        # tftasks); every process listens on an agent-chosen port and gets TF_CONFIG.
+        # In PS mode worker 0, TF's chief, is the one whose success ends the job.
+        self.tf_tasks = tf_tasks
         self._master_addr_of = master_addr_of  # (host label, agent host_addr) -> address
         self.procs: dict[str, ProcSlot] = {}
         for a in assignments:
@@ -159,13 +166,15 @@ class JobState:
         self.host_slots = dict(host_slots or {})
         # GPUs per host (the hostfile's gpus=): each worker there holds one.
         self.host_gpus = dict(host_gpus or {})
-        # Built-in PS: which of a host's free ports each server binds, by index,
-        # kept for the job (a server moving away must not shift the others').
-        self.ps_port_index: dict[tuple[str, int], int] = {}
-        for host in dict.fromkeys(a.host for a in assignments if a.role == "server"):
-            local = sorted(a.rank for a in assignments if a.role == "server" and a.host == host)
-            for i, rank in enumerate(local):
-                self.ps_port_index[host, rank] = MASTER_PORT_SLOTS + i
+        # Which of a host's free ports each listening process binds, by index,
+        # kept for the job: a restarted task keeps its host:port (TF's coordinator
+        # and the PS clients expect it), and a process moving away must not shift
+        # the others'.
+        self.listen_port_index: dict[tuple[str, str], int] = {}
+        for host in dict.fromkeys(a.host for a in assignments):
+            local = [s for s in self.procs.values() if s.host == host and self._listens(s)]
+            for i, slot in enumerate(local):
+                self.listen_port_index[host, slot.proc_id] = MASTER_PORT_SLOTS + i
         # proc id -> (host, attempt) of a replaced process that still runs while
         # its prewarmed replacement waits (see replace_prewarmed).
         self.retiring: dict[str, tuple[str, int]] = {}
@@ -290,6 +299,11 @@ class JobState:
         return [EmitEvent(kind="resources", data={"procs": procs})] if procs else []
 
     def _maybe_complete(self, now: float) -> list[Command]:
+        if self.tf_tasks == "ps":
+            # TF's worker and ps tasks serve until stopped; the chief's end is the job's.
+            if self.procs["worker-0"].state is ProcState.SUCCEEDED:
+                return self._begin_stopping("succeeded", "the chief (worker 0) finished", now)
+            return []
         workers = [s for s in self.procs.values() if s.role == "worker"]
         if all(s.state is ProcState.SUCCEEDED for s in workers):
             return self._begin_stopping("succeeded", "all workers finished", now)
@@ -1122,6 +1136,8 @@ class JobState:
                 continue
             if self.builtin_ps and not self._place_ps(slot):
                 continue  # a port or a server endpoint is not known yet
+            if self.tf_tasks and not self._place_tf(slot):
+                continue  # some task's address is not known yet
             if slot.bump_before_spawn:
                 slot.bump_before_spawn = False
                 out.append(self._restart(slot, "lost while the supervisor was down", now))
@@ -1435,8 +1451,8 @@ class JobState:
     def _place_ps(self, slot: ProcSlot) -> bool:
         """Built-in PS: a server's port, a worker's server endpoints; False until known."""
         if slot.role == "server":
-            slot.ps_port = self._server_port(slot)
-            return slot.ps_port != 0
+            slot.listen_port = self._listen_port(slot)
+            return slot.listen_port != 0
         endpoints = []
         for server in sorted(self._servers(), key=lambda s: s.rank):
             endpoint = self._server_endpoint(server)
@@ -1447,27 +1463,49 @@ class JobState:
         return True
 
     def _server_endpoint(self, server: ProcSlot) -> str:
-        port = self._server_port(server)
+        address = self._listen_address(server)
+        return f"tcp://{address}" if address else ""
+
+    def _place_tf(self, slot: ProcSlot) -> bool:
+        """TF_CONFIG's cluster: every task's host:port; False until all are known."""
+        endpoints = []
+        for proc in self.procs.values():
+            address = self._listen_address(proc)
+            if not address:
+                return False
+            endpoints.append((proc.role, proc.rank, address))
+        slot.listen_port = self._listen_port(slot)
+        cluster = tf_cluster(endpoints, ps_mode=self.tf_tasks == "ps")
+        slot.tf_cluster = tuple((kind, tuple(addresses)) for kind, addresses in cluster.items())
+        return True
+
+    def _listens(self, slot: ProcSlot) -> bool:
+        """Whether the process binds a port of its agent's for the job."""
+        return bool(self.tf_tasks) or (self.builtin_ps and slot.role == "server")
+
+    def _listen_address(self, slot: ProcSlot) -> str:
+        """``host:port`` where the process listens ("" while unknown)."""
+        port = self._listen_port(slot)
         if port == 0:
             return ""
-        agent = self.agents[server.host]
-        return f"tcp://{self._master_addr_of(server.host, agent.host_addr)}:{port}"
+        agent = self.agents[slot.host]
+        return f"{self._master_addr_of(slot.host, agent.host_addr)}:{port}"
 
     def _servers(self) -> list[ProcSlot]:
         return [s for s in self.procs.values() if s.role == "server"]
 
-    def _server_port(self, server: ProcSlot) -> int:
-        """A server's port on its host: one of the agent's free ports after the ones
-        kept for MASTER_PORT, the same for every attempt on that host (so the
-        workers' endpoints stay valid across its restarts); 0 if unknown. A server
-        that moves to a host takes a port index no server used there before (the
-        one it replaces may still be bound to its own)."""
-        agent = self.agents[server.host]
+    def _listen_port(self, slot: ProcSlot) -> int:
+        """A listening process's port on its host: one of the agent's free ports
+        after the ones kept for MASTER_PORT, the same for every attempt on that
+        host (so its peers' endpoints stay valid across its restarts); 0 if
+        unknown. A process that moves to a host takes a port index no process used
+        there before (the one it replaces may still be bound to its own)."""
+        agent = self.agents[slot.host]
         if agent.state is not AgentState.UP:
             return 0
-        index = self.ps_port_index.get((server.host, server.rank))
+        index = self.listen_port_index.get((slot.host, slot.proc_id))
         if index is None:
-            taken = {i for (host, _), i in self.ps_port_index.items() if host == server.host}
+            taken = {i for (host, _), i in self.listen_port_index.items() if host == slot.host}
             index = next(i for i in range(MASTER_PORT_SLOTS, 1 << 16) if i not in taken)
-            self.ps_port_index[server.host, server.rank] = index
+            self.listen_port_index[slot.host, slot.proc_id] = index
         return agent.free_ports[index] if index < len(agent.free_ports) else 0

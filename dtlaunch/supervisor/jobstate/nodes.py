@@ -112,10 +112,12 @@ class ProcSlot:
     next_host: str = ""
     join: JoinSpec | None = None
     prewarm: bool = False  # the next spawn waits, warm, to join the survivors
-    # Built-in PS: the port a server binds (set before each spawn), and for a
-    # worker the servers' endpoints in rank order.
-    ps_port: int = 0
+    # The port the process binds, set before each spawn (a built-in PS server, a
+    # TF task); a built-in PS worker's server endpoints in rank order; a TF
+    # task's cluster: (task type, its tasks' host:port in index order) per type.
+    listen_port: int = 0
     ps_servers: tuple[str, ...] = ()
+    tf_cluster: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # A server's attempt that starts empty (a migration's target): no snapshot restore.
     ps_fresh_attempt: int = -1
     spent_attempts: int = 0  # the highest attempt number ever given to this slot
