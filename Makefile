@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -qq --upgrade pip
-	$(BIN)/pip install -qq -e '.[torch,dev]'
+	$(BIN)/pip install -qq -e '.[torch,tf,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

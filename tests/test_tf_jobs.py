@@ -9,6 +9,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import psutil
@@ -85,3 +87,17 @@ def test_a_multiworker_job_ends_with_the_same_weights_on_every_worker(sshd, tmp_
     assert all(loss == losses[0] for loss in losses)  # one global loss, summed by all
     # 100 steps of 300 records from the same start: 0.611 -> 0.562 measured.
     assert losses[0]["loss_last"] < min(0.57, losses[0]["loss_first"] - 0.04), losses[0]
+
+
+def test_the_ps_example_trains_alone_without_tf_config(tmp_path):
+    # No TF_CONFIG and no supervisor: TF's default strategy and the SDK's own leases.
+    result_file = tmp_path / "result.json"
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "tf_ps.py"), "--train-records", "6000",
+         "--test-records", "4000", "--result", str(result_file)],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(result_file.read_text())
+    assert result["steps"] == 24 and result["gap"] < 0.2, result  # 6000 / 256 steps
