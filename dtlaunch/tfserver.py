@@ -21,15 +21,12 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from dtlaunch.errors import ConfigError
 from dtlaunch.proctitle import name_this_process
 
-__all__ = ["TfConfigError", "TfTask", "main", "read_tf_config"]
+__all__ = ["TfTask", "main", "read_tf_config"]
 
 _TASK_TYPES = ("worker", "ps")  # the tasks this module serves (the chief runs the script)
-
-
-class TfConfigError(ValueError):
-    """TF_CONFIG is missing or does not describe a worker or ps task."""
 
 
 class TfTask:
@@ -46,30 +43,34 @@ class TfTask:
 
 
 def read_tf_config(environ: Mapping[str, str]) -> TfTask:
-    """The task TF_CONFIG names, checked before TensorFlow is imported (seconds)."""
+    """The task TF_CONFIG names, checked before TensorFlow is imported (seconds).
+
+    Raises:
+        ConfigError: TF_CONFIG is missing or does not describe a worker or ps task.
+    """
     text = environ.get("TF_CONFIG", "")
     if not text:
-        raise TfConfigError("TF_CONFIG is not set; dtlaunch run --framework tf sets it")
+        raise ConfigError("TF_CONFIG is not set; dtlaunch run --framework tf sets it")
     try:
         data: Any = json.loads(text)
         cluster = {str(k): [str(a) for a in v] for k, v in data["cluster"].items()}
         task_type, index = str(data["task"]["type"]), int(data["task"]["index"])
     except (ValueError, KeyError, TypeError, AttributeError) as err:
-        raise TfConfigError(f"TF_CONFIG is not a TensorFlow cluster description: {err}") from err
+        raise ConfigError(f"TF_CONFIG is not a TensorFlow cluster description: {err}") from err
     if task_type not in _TASK_TYPES:
-        raise TfConfigError(
+        raise ConfigError(
             f"TF_CONFIG names a {task_type!r} task; this server runs only "
             f"{' or '.join(_TASK_TYPES)} tasks (the chief runs the script)"
         )
     if not 0 <= index < len(cluster.get(task_type, [])):
-        raise TfConfigError(f"TF_CONFIG's task {task_type} {index} is not in its cluster")
+        raise ConfigError(f"TF_CONFIG's task {task_type} {index} is not in its cluster")
     return TfTask(cluster, task_type, index)
 
 
 def main() -> int:
     try:
         task = read_tf_config(os.environ)
-    except TfConfigError as err:
+    except ConfigError as err:
         print(f"dtlaunch.tfserver: {err}", file=sys.stderr)
         return 2
     name_this_process(

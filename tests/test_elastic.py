@@ -254,6 +254,9 @@ def test_a_busy_spare_host_is_not_a_restart_target():
     assert state.free_spare("spare") is None  # worker 1 runs there now
 
 
+# In make test-slow: 40 s; KILL_RESTART's regroup is held in make test by the
+# spare-host tests, and the in-place choice by the I/O-free policy tests.
+@pytest.mark.slow
 @pytest.mark.integration
 def test_without_a_spare_host_the_straggler_is_replaced_in_place(tmp_path):
     ledger = tmp_path / "ledger"

@@ -16,7 +16,7 @@ from dtlaunch.supervisor.environment import LaunchContext, build_spawn
 from dtlaunch.supervisor.jobstate.machine import JobState, ProcState, SendToAgent, Timing
 from dtlaunch.supervisor.jobstate.tftasks import runs_script, tf_cluster, tf_config, tf_task
 from dtlaunch.supervisor.placement import place
-from dtlaunch.tfserver import TfConfigError, read_tf_config
+from dtlaunch.tfserver import read_tf_config
 from dtlaunch.wire.messages import Exited, Spawn
 
 TIMING = Timing(
@@ -236,13 +236,13 @@ def test_the_tf_server_reads_its_task_and_refuses_what_it_cannot_serve():
     cluster = {"chief": ["a:1"], "worker": ["a:2"], "ps": ["b:3"]}
     task = read_tf_config({"TF_CONFIG": tf_config(cluster, "server", 0, ps_mode=True)})
     assert (task.task_type, task.index, task.address) == ("ps", 0, "b:3")
-    with pytest.raises(TfConfigError, match="TF_CONFIG is not set"):
+    with pytest.raises(ConfigError, match="TF_CONFIG is not set"):
         read_tf_config({})
-    with pytest.raises(TfConfigError, match="not a TensorFlow cluster description"):
+    with pytest.raises(ConfigError, match="not a TensorFlow cluster description"):
         read_tf_config({"TF_CONFIG": "{"})
-    with pytest.raises(TfConfigError, match="the chief runs the script"):
+    with pytest.raises(ConfigError, match="the chief runs the script"):
         read_tf_config({"TF_CONFIG": tf_config(cluster, "worker", 0, ps_mode=True)})
-    with pytest.raises(TfConfigError, match="not in its cluster"):
+    with pytest.raises(ConfigError, match="not in its cluster"):
         read_tf_config(
             {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "ps", "index": 4}})}
         )

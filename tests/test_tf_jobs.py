@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -44,21 +43,23 @@ def test_a_ps_job_trains_through_a_killed_worker(sshd, tmp_path):
     with started(argv, env=_tf_env(sshd), log=tmp_path / "out.log") as job:
         # Once the chief trains, SIGKILL TF worker task 0 (dtlaunch's worker 1).
         wait_for_event(run_dir, kind("reports", rank=0), timeout=150, what="the chief's steps")
-        running = wait_for_event(run_dir, kind("running", role="worker", rank=1), timeout=5)
-        victim = psutil.Process(running["pid"])
+        first = wait_for_event(run_dir, kind("running", role="worker", rank=1), timeout=5)
+        victim = psutil.Process(first["pid"])
         assert victim.cmdline()[0].startswith("dtlaunch tf-worker 0 run=")  # its title
         os.kill(victim.pid, signal.SIGKILL)
         assert job.wait(timeout=240) == 0, job.output()[-4000:]
     out = job.output()
+    # Restarted on the same host:port, where the chief's coordinator finds it again.
+    spawns = [e for e in events(run_dir) if kind("spawn", role="worker", rank=1)(e)]
+    assert [(e["attempt"], e["host"], e["port"]) for e in spawns] == [
+        (0, first["host"], spawns[0]["port"]),
+        (1, first["host"], spawns[0]["port"]),
+    ], spawns
     exits = [e for e in events(run_dir) if e["kind"] == "exit" and not e["requested"]]
     assert [(e["role"], e["rank"], e["signal"]) for e in exits] == [
         ("worker", 1, 9),
         ("worker", 0, None),  # the chief, exit 0: the job's end
     ], exits
-    # Restarted on the same host:port, where the chief's coordinator found it again.
-    log = (run_dir / "logs" / "worker-1.log").read_text()
-    served = re.findall(r"TensorFlow worker 0 serving at (\S+)", log)
-    assert len(served) == 2 and served[0] == served[1], log[-2000:]
     result = json.loads(result_file.read_text())
     # 48k records, one epoch: within 0.06 AUC of the teacher (measured ~0.04).
     assert result["gap"] < 0.06 and result["loss"] < 0.58, result
@@ -66,6 +67,16 @@ def test_a_ps_job_trains_through_a_killed_worker(sshd, tmp_path):
     done = summary(run_dir)
     assert done["status"] == "succeeded" and len(done["restarts"]) == 1, done
     assert done["shards_done"] == done["shards_total"], done
+    # status and replay tell a TF job like any other.
+    status = run(["status", "--once", str(run_dir)], env={}, timeout=30)
+    assert status.returncode == 0, status.stderr
+    for node in ("worker-0  ", "worker-1  ", "worker-2  ", "server-0  ", "server-1  "):
+        assert node in status.stdout, status.stdout
+    assert "END succeeded: the chief (worker 0) finished" in status.stdout
+    replay = run(["replay", str(run_dir)], env={}, timeout=30)
+    assert replay.returncode == 0, replay.stderr
+    told = " ".join(replay.stdout.split())
+    assert "restart worker 1 on" in told and "killed by SIGKILL" in told, told[-2000:]
 
 
 def test_a_multiworker_job_ends_with_the_same_weights_on_every_worker(sshd, tmp_path):
@@ -89,6 +100,8 @@ def test_a_multiworker_job_ends_with_the_same_weights_on_every_worker(sshd, tmp_
     assert losses[0]["loss_last"] < min(0.57, losses[0]["loss_first"] - 0.04), losses[0]
 
 
+# In make test-slow: 20 s, TensorFlow's start-up mostly; the job above runs the example.
+@pytest.mark.slow
 def test_the_ps_example_trains_alone_without_tf_config(tmp_path):
     # No TF_CONFIG and no supervisor: TF's default strategy and the SDK's own leases.
     result_file = tmp_path / "result.json"

@@ -121,6 +121,8 @@ def read_result(path: Path, output: str) -> dict[str, float]:
     return result
 
 
+# In make test-slow: 30 s; the model and the PS are held in make test by the run under dtlaunch.
+@pytest.mark.slow
 @pytest.mark.integration
 def test_standalone_run_with_its_own_servers_learns_the_teacher(tmp_path):
     out = tmp_path / "result.json"

@@ -120,6 +120,11 @@ def _gpu_of(slot: ProcSlot) -> dict[str, int]:
     return {"gpu": slot.gpu} if slot.gpu >= 0 else {}
 
 
+def _port_of(slot: ProcSlot) -> dict[str, int]:
+    """The ``port`` field of a spawn event: where a listening process binds."""
+    return {"port": slot.listen_port} if slot.listen_port else {}
+
+
 class JobState:
     """All the supervisor knows about the job's agents and processes."""
 
@@ -1155,6 +1160,7 @@ class JobState:
                     attempt=slot.attempt,
                     argv=spawn.argv,
                     **_gpu_of(slot),
+                    **_port_of(slot),
                     **_limits_of(slot),
                 )
             )
