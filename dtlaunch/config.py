@@ -319,20 +319,22 @@ class JobSpec:
             raise ConfigError(
                 f"--framework must be one of {', '.join(FRAMEWORKS)}, got {self.framework!r}"
             )
-        if self.framework != "tf" or self.mode != "ps":
+        if self.framework != "tf":
+            return
+        if self.policy.split(":", 1)[0].strip() not in ("", "none"):
+            raise ConfigError(
+                f"--policy {self.policy} acts through dtlaunch's SDK and torch.distributed "
+                "(batch plans, regroups onto spare hosts), which TensorFlow's strategies do "
+                "not follow: their cluster is fixed in TF_CONFIG, and in PS mode TF's "
+                "coordinator already hands each step to whichever worker is free; drop --policy"
+            )
+        if self.mode != "ps":
             return
         if self.workers < 2:
             raise ConfigError(
                 f"--framework tf in PS mode runs worker 0 as TensorFlow's chief and the "
                 f"others as its workers, so it needs --workers 2 or more (got {self.workers}); "
                 "e.g. --workers 3 --servers 2 is a chief, 2 workers and 2 ps tasks"
-            )
-        if self.policy.split(":", 1)[0].strip() not in ("", "none"):
-            raise ConfigError(
-                f"--policy {self.policy} steers dtlaunch workers' batches, but with "
-                "--framework tf in PS mode only the chief runs the script and TensorFlow's "
-                "coordinator hands each step to whichever worker is free (a straggler "
-                "simply takes fewer steps); drop --policy"
             )
         if self.ps_server != "builtin":
             raise ConfigError(

@@ -174,7 +174,14 @@ def test_nothing_is_spawned_until_every_tasks_address_is_known():
     assert len([c for c in out if isinstance(c, SendToAgent)]) == 5
 
 
-def _exited(proc_id: str, attempt: int, *, code: int | None = None, sig: int | None = None):
+def _exited(
+    proc_id: str,
+    attempt: int,
+    *,
+    code: int | None = None,
+    sig: int | None = None,
+    requested: bool = False,
+):
     return Exited(
         proc_id=proc_id,
         attempt=attempt,
@@ -183,8 +190,43 @@ def _exited(proc_id: str, attempt: int, *, code: int | None = None, sig: int | N
         signal=sig,
         runtime_s=30.0,
         stderr_tail=[],
-        requested=False,
+        requested=requested,
     )
+
+
+def test_a_task_of_a_lost_host_waits_for_it_instead_of_moving_to_a_spare():
+    hosts = [*HOSTS, HostSpec(label="spare", hostname="127.0.0.9", slots=2, spare=True)]
+    ctx = _ctx(workers=3, framework="tf")
+    state = JobState(
+        place(hosts, workers=3, servers=0),
+        timing=TIMING,
+        max_restarts=2,
+        restart_scope="group",
+        build_spawn=lambda slot, addr, port: build_spawn(ctx, slot, addr, port),
+        tf_tasks="allreduce",
+        master_addr_of=lambda label, reported: reported,
+        spare_hosts=["spare"],
+        host_slots={h.label: h.slots for h in hosts},
+    )
+    ports = PORTS | {"spare": [40000 + p for p in range(32)]}
+    first = {s.proc_id: s.env["TF_CONFIG"] for s in _bring_up(state, ports)}
+    for proc_id in first:
+        state.spawned(state.procs[proc_id].host, proc_id, 0, 100, 0.2)
+    out = state.agent_exited("h1", 5.0, definite=True, detail="ssh channel closed")
+    for proc_id in ("worker-0", "worker-1"):  # the group restart stops the others
+        out += state.exited("h0", _exited(proc_id, 0, sig=15, requested=True), 5.5)
+    out += state.tick(6.0)
+    # worker-2's address is in everyone's TF_CONFIG: the group waits for its host.
+    assert state.procs["worker-2"].host == "h1"
+    assert [s.state for s in state.procs.values()] == [ProcState.PENDING] * 3
+    assert not [c for c in out if isinstance(c, SendToAgent) and isinstance(c.message, Spawn)]
+    # Back after its cooldown (30 s for a first loss), h0 heard all along.
+    state.agent_seen("h0", 35.5)
+    out = state.agent_hello("h1", 36.0, free_ports=PORTS["h1"], host_addr="addr-h1", procs=[])
+    out += state.tick(36.5)
+    again = {c.message.proc_id: c.message.env["TF_CONFIG"] for c in out
+             if isinstance(c, SendToAgent) and isinstance(c.message, Spawn)}  # fmt: skip
+    assert again == first
 
 
 def test_a_restarted_task_keeps_its_address_and_the_chief_ends_the_job():
@@ -215,6 +257,7 @@ def test_a_restarted_task_keeps_its_address_and_the_chief_ends_the_job():
             {"framework": "tf", "mode": "ps", "servers": 1, "workers": 2, "policy": "nd"},
             "drop --policy",
         ),
+        ({"framework": "tf", "workers": 2, "policy": "lb-bsp:lambda=1.2"}, "drop --policy"),
         (
             {"framework": "tf", "mode": "ps", "servers": 1, "workers": 2, "ps_server": "script"},
             "drop --ps-server script",

@@ -1196,9 +1196,10 @@ class JobState:
         """A pending worker whose host was lost starts on a free spare host instead
         of waiting for it to come back (the hostfile's ``spare``). The lost host
         becomes a spare in turn once it is back and idle. Servers stay: their
-        snapshot lives on their host."""
+        snapshot lives on their host. TF tasks stay too: every task's TF_CONFIG
+        names the others' addresses, fixed for the job."""
         lost = self.agents[slot.host]
-        if slot.role != "worker" or not lost.lost_at:
+        if slot.role != "worker" or not lost.lost_at or self.tf_tasks:
             return []
         target = self._spare_with_room()
         if target is None:
