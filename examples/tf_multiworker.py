@@ -95,9 +95,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     @tf.function
     def train_step(dense: tf.Tensor, buckets: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-        def replica_step(
-            dense: tf.Tensor, buckets: tf.Tensor, labels: tf.Tensor
-        ) -> Any:
+        def replica_step(dense: tf.Tensor, buckets: tf.Tensor, labels: tf.Tensor) -> Any:
             with tf.GradientTape() as tape:
                 logits = model(dense, buckets)
                 # Summed over this worker's records, over the global batch: the

@@ -37,7 +37,7 @@ def test_a_ps_job_trains_through_a_killed_worker(sshd, tmp_path):
     argv = [
         "run", "-H", str(_hosts(sshd, tmp_path)), "--framework", "tf",
         "--workers", "3", "--servers", "2", "--run-dir", str(run_dir), "--output", "0",
-        str(EXAMPLES / "tf_ps.py"), "--train-records", "48000", "--test-records", "8000",
+        str(EXAMPLES / "tf_ps.py"), "--train-records", "30000", "--test-records", "6000",
         "--result", str(result_file),
     ]  # fmt: skip
     with started(argv, env=_tf_env(sshd), log=tmp_path / "out.log") as job:
@@ -61,8 +61,9 @@ def test_a_ps_job_trains_through_a_killed_worker(sshd, tmp_path):
         ("worker", 0, None),  # the chief, exit 0: the job's end
     ], exits
     result = json.loads(result_file.read_text())
-    # 48k records, one epoch: within 0.06 AUC of the teacher (measured ~0.04).
-    assert result["gap"] < 0.06 and result["loss"] < 0.58, result
+    # 30k records, one epoch, asynchronous steps: within 0.07 AUC of the teacher
+    # (measured 0.054; 0.046 with 48k records), log-loss 0.54.
+    assert result["gap"] < 0.07 and result["loss"] < 0.58, result
     assert "AUC test=" in out
     done = summary(run_dir)
     assert done["status"] == "succeeded" and len(done["restarts"]) == 1, done
@@ -84,7 +85,7 @@ def test_a_multiworker_job_ends_with_the_same_weights_on_every_worker(sshd, tmp_
     argv = [
         "run", "-H", str(_hosts(sshd, tmp_path)), "--framework", "tf", "--workers", "3",
         "--run-dir", str(tmp_path / "run"), str(EXAMPLES / "tf_multiworker.py"),
-        "--train-records", "30000", "--global-batch", "300", "--lr", "0.5",
+        "--train-records", "18000", "--global-batch", "300", "--lr", "0.5",
         "--weights-out", str(weights),
     ]  # fmt: skip
     result = run(argv, env=_tf_env(sshd), timeout=240)
@@ -96,8 +97,8 @@ def test_a_multiworker_job_ends_with_the_same_weights_on_every_worker(sshd, tmp_
             np.testing.assert_array_equal(arrays[0][name], other[name], err_msg=name)
     losses = [json.loads((weights / f"worker-{i}.json").read_text()) for i in range(3)]
     assert all(loss == losses[0] for loss in losses)  # one global loss, summed by all
-    # 100 steps of 300 records from the same start: 0.611 -> 0.562 measured.
-    assert losses[0]["loss_last"] < min(0.57, losses[0]["loss_first"] - 0.04), losses[0]
+    # 60 steps of 300 records from the same start: 0.611 -> 0.565 measured.
+    assert losses[0]["loss_last"] < min(0.575, losses[0]["loss_first"] - 0.035), losses[0]
 
 
 # In make test-slow: 20 s, TensorFlow's start-up mostly; the job above runs the example.
