@@ -17,7 +17,7 @@ from dtlaunch.supervisor.jobstate.machine import JobState, ProcState, SendToAgen
 from dtlaunch.supervisor.jobstate.tftasks import runs_script, tf_cluster, tf_config, tf_task
 from dtlaunch.supervisor.placement import place
 from dtlaunch.tfserver import read_tf_config
-from dtlaunch.wire.messages import Exited, Spawn
+from dtlaunch.wire.messages import Exited, ProcReport, Spawn
 
 TIMING = Timing(
     heartbeat_interval=1.0, dead_after=3, orphan_timeout=60.0, kill_grace=2.0, agent_timeout=30.0
@@ -289,3 +289,48 @@ def test_the_tf_server_reads_its_task_and_refuses_what_it_cannot_serve():
         read_tf_config(
             {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "ps", "index": 4}})}
         )
+
+
+def test_a_tasks_port_holds_when_its_agent_reports_other_free_ports():
+    # Every Hello probes anew, and the ports the tasks hold are not free then.
+    ctx = _ctx(workers=3, servers=2, mode="ps", framework="tf")
+    state = _state(ctx)
+    first = {s.proc_id: s for s in _bring_up(state, PORTS)}
+    for proc_id in first:
+        state.spawned(state.procs[proc_id].host, proc_id, 0, 100, 0.2)
+    host = state.procs["worker-1"].host
+    running = [
+        ProcReport(proc_id=p, role=s.role, rank=s.rank, attempt=0, pid=100, state="running")
+        for p, s in state.procs.items()
+        if s.host == host
+    ]
+    state.agent_hello(host, 1.0, free_ports=[9000 + p for p in range(32)], host_addr=f"addr-{host}",
+                      procs=running, pid=0)  # fmt: skip
+    out = state.exited(host, _exited("worker-1", 0, sig=9), 5.0) + state.tick(6.0)
+    [again] = [c.message for c in out if isinstance(c, SendToAgent)]
+    assert again.attempt == 1
+    assert again.env["TF_CONFIG"] == first["worker-1"].env["TF_CONFIG"]
+
+
+def test_a_resumed_supervisor_gives_restarted_tasks_the_ports_of_the_event_log():
+    ctx = _ctx(workers=3, servers=2, mode="ps", framework="tf")
+    before = {s.proc_id: s for s in _bring_up(_state(ctx), PORTS)}
+    ports = {}
+    for proc_id, spawn in before.items():
+        task = json.loads(spawn.env["TF_CONFIG"])["task"]
+        address = json.loads(spawn.env["TF_CONFIG"])["cluster"][task["type"]][task["index"]]
+        ports[proc_id] = (address.split(":")[0].removeprefix("addr-"), int(address.split(":")[1]))
+    resumed = _state(ctx)
+    attempts = dict.fromkeys(before, 0)
+    resumed.resume(0.0, attempts=attempts, restarts=[], failures=[], adopt=set(),
+                   listen_ports=ports)  # fmt: skip
+    other = {h: [7000 + 100 * i + p for p in range(32)] for i, h in enumerate(PORTS)}
+    out: list = []
+    for host in resumed.agents:
+        out += resumed.agent_hello(host, 1.0, free_ports=other[host], host_addr=f"addr-{host}",
+                                   procs=[])  # fmt: skip
+    after = {c.message.proc_id: c.message for c in out
+             if isinstance(c, SendToAgent) and isinstance(c.message, Spawn)}  # fmt: skip
+    assert {p: s.env["TF_CONFIG"] for p, s in after.items()} == {
+        p: s.env["TF_CONFIG"] for p, s in before.items()
+    }

@@ -20,6 +20,8 @@ class History:
     # proc id -> host of its last spawn (a KILL_RESTART may have moved it to a spare host)
     hosts: dict[str, str] = field(default_factory=dict)
     gpus: dict[str, int] = field(default_factory=dict)  # proc id -> GPU of its last spawn
+    # proc id -> (host, port) a listening process's last spawn bound (PS server, TF task)
+    listen_ports: dict[str, tuple[str, int]] = field(default_factory=dict)
     # proc id -> (memory limit of its next attempt, how often an OOM raised it)
     memory_limits: dict[str, tuple[int, int]] = field(default_factory=dict)
     restarts: list[RestartRecord] = field(default_factory=list)
@@ -60,6 +62,8 @@ def load_history(events_path: Path) -> History:
             if "memory_limit" in event.data:
                 _, relaunches = history.memory_limits.get(proc_id, (0, 0))
                 history.memory_limits[proc_id] = (int(event.data["memory_limit"]), relaunches)
+            if "port" in event.data and event.host:
+                history.listen_ports[proc_id] = (event.host, int(event.data["port"]))
             if "gpu" in event.data:
                 history.gpus[proc_id] = int(event.data["gpu"])
             elif event.kind == "spawn":

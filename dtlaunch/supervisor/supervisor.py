@@ -205,6 +205,7 @@ class Supervisor:
                         hosts=history.hosts,
                         gpus=history.gpus,
                         memory_limits=history.memory_limits,
+                        listen_ports=history.listen_ports,
                         restarts=history.restarts,
                         failures=history.failures,
                         adopt=self._resume.adopt,
@@ -291,8 +292,7 @@ class Supervisor:
     async def _launch(self, label: str) -> None:
         try:
             # At most --ssh-concurrency hosts at a time, each from its turn until its
-            # agent says Hello; its timeouts (connect, probe, --agent-timeout) start
-            # with its turn.
+            # agent says Hello; its timeouts (connect, probe, --agent-timeout) too.
             self._apply(self.state.agent_launch_queued(label))
             async with self._agents_starter.turn():
                 if self._launch_abandoned(label):

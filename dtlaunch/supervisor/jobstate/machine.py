@@ -180,6 +180,10 @@ class JobState:
             local = [s for s in self.procs.values() if s.host == host and self._listens(s)]
             for i, slot in enumerate(local):
                 self.listen_port_index[host, slot.proc_id] = MASTER_PORT_SLOTS + i
+        # (host, proc id) -> the port it was given: fixed from then on, even when
+        # the agent reports other free ports in a later Hello (each Hello probes
+        # anew, and a port its processes hold is not free), and across a resume.
+        self.listen_ports: dict[tuple[str, str], int] = {}
         # proc id -> (host, attempt) of a replaced process that still runs while
         # its prewarmed replacement waits (see replace_prewarmed).
         self.retiring: dict[str, tuple[str, int]] = {}
@@ -235,9 +239,11 @@ class JobState:
         hosts: dict[str, str] | None = None,
         gpus: dict[str, int] | None = None,
         memory_limits: dict[str, tuple[int, int]] | None = None,
+        listen_ports: dict[str, tuple[str, int]] | None = None,
     ) -> list[Command]:
         """A supervisor restarted with --resume: the agents in ``adopt`` (those the
         dead supervisor had started) are expected to reconnect; others are launched.
+        ``listen_ports``: proc id -> (host, port) its last spawn listened on, kept.
 
         Processes keep their last attempt; those no agent reports running are
         restarted (the next spawn bumps the attempt) once all agents are back.
@@ -256,6 +262,9 @@ class JobState:
                 slot.proc_id, (slot.memory_limit, 0)
             )
             slot.bump_before_spawn = slot.proc_id in attempts
+            host, port = (listen_ports or {}).get(slot.proc_id, ("", 0))
+            if port:
+                self.listen_ports[host, slot.proc_id] = port
             if slot.role == "worker":
                 slot.restart_if_found = restart_workers
         out: list[Command] = [EmitEvent(kind="resume", data={"attempts": attempts})]
@@ -1510,9 +1519,15 @@ class JobState:
         agent = self.agents[slot.host]
         if agent.state is not AgentState.UP:
             return 0
+        pinned = self.listen_ports.get((slot.host, slot.proc_id))
+        if pinned:
+            return pinned
         index = self.listen_port_index.get((slot.host, slot.proc_id))
         if index is None:
             taken = {i for (host, _), i in self.listen_port_index.items() if host == slot.host}
             index = next(i for i in range(MASTER_PORT_SLOTS, 1 << 16) if i not in taken)
             self.listen_port_index[slot.host, slot.proc_id] = index
-        return agent.free_ports[index] if index < len(agent.free_ports) else 0
+        if index >= len(agent.free_ports):
+            return 0
+        self.listen_ports[slot.host, slot.proc_id] = agent.free_ports[index]
+        return agent.free_ports[index]
