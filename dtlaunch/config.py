@@ -25,6 +25,7 @@ from dtlaunch.quantities import format_size, parse_size
 from dtlaunch.sharding import DatasetSpec
 
 MODES = ("allreduce", "ps")
+MIN_CPU_LIMIT = 0.01  # the CFS quota's floor: 1 ms per 100 ms period
 # torch: torchrun's variables (and ps-lite's in PS mode); tf: TensorFlow's TF_CONFIG
 # too, and in PS mode dtlaunch runs TF's worker and ps tasks itself.
 FRAMEWORKS = ("torch", "tf")
@@ -288,6 +289,11 @@ class JobSpec:
             raise ConfigError(
                 f"--cpu-limit must be a number of CPUs above 0 (e.g. 2 or 0.5), "
                 f"got {self.cpu_limit}"
+            )
+        if 0 < self.cpu_limit < MIN_CPU_LIMIT:
+            raise ConfigError(
+                f"--cpu-limit {self.cpu_limit} is below the kernel's least CPU quota "
+                f"({MIN_CPU_LIMIT} CPUs, 1 ms per 100 ms); give {MIN_CPU_LIMIT} or more"
             )
         if self.limits_via not in LIMITS_VIA:
             raise ConfigError(

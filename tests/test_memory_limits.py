@@ -187,6 +187,9 @@ def test_the_options_refuse_limits_that_cannot_work(tmp_path):
         spec(memory_limit=2 * G, memory_max=G)
     with pytest.raises(ConfigError, match="--cpu-limit"):
         spec(cpu_limit=-1.0)
+    with pytest.raises(ConfigError, match="below the kernel's least CPU quota"):
+        spec(cpu_limit=0.005)
+    assert spec(cpu_limit=0.01).cpu_limit == 0.01
     crowded = HostSpec(label="n", hostname="n", slots=4, memory_bytes=128 * M)
     with pytest.raises(ConfigError, match="less than 64M per process on n"):
         spec(hosts=(crowded,))
