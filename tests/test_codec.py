@@ -544,7 +544,8 @@ def test_a_deeply_nested_value_is_a_wire_error_not_a_recursion_error(where):
         decode(msgpack.packb(frame))
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck))
+# 1,200 fresh examples a run (no database, no fixed seed): every CI run mutates others.
+@settings(max_examples=1200, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_decode_raises_only_wire_error_on_mutated_frames(data):
     """Coverage-guided by hypothesis: valid frames of every registered message,

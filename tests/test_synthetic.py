@@ -37,6 +37,9 @@ def final_line(text: str) -> tuple[float, float, int, int]:
     return float(jct), float(train), int(steps), int(records)
 
 
+# In make test-slow: 30 s. make test runs synthetic.py under dtlaunch in the demo's
+# test (nd, two jobs), and lb-bsp's balancing of an injected straggler in test_control.
+@pytest.mark.slow
 @pytest.mark.integration
 def test_synthetic_under_dtlaunch_balances_an_injected_straggler(tmp_path):
     run_dir = tmp_path / "run"
