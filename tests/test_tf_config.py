@@ -75,13 +75,17 @@ def _ctx(**spec_fields):
     )
 
 
+def _spawns(out) -> list[Spawn]:
+    return [c.message for c in out if isinstance(c, SendToAgent) and isinstance(c.message, Spawn)]
+
+
 def _bring_up(state: JobState, ports: dict[str, list[int]]) -> list[Spawn]:
     out = state.start(0.0)
     for host in state.agents:
         out += state.agent_hello(
             host, 0.1, free_ports=ports[host], host_addr=f"addr-{host}", procs=[]
         )
-    return [c.message for c in out if isinstance(c, SendToAgent) and isinstance(c.message, Spawn)]
+    return _spawns(out)
 
 
 def _state(ctx: LaunchContext, hosts=HOSTS) -> JobState:
@@ -92,8 +96,9 @@ def _state(ctx: LaunchContext, hosts=HOSTS) -> JobState:
         max_restarts=2,
         restart_scope="process" if spec.mode == "ps" else "group",
         build_spawn=lambda slot, addr, port: build_spawn(ctx, slot, addr, port),
-        tf_tasks=spec.mode,
+        tf_tasks=spec.mode if spec.framework == "tf" else "",
         master_addr_of=lambda label, reported: reported,
+        spare_hosts=[h.label for h in hosts if h.spare],
         host_slots={h.label: h.slots for h in hosts},
     )
 
@@ -147,20 +152,8 @@ def test_an_allreduce_job_gives_every_worker_the_workers_list_and_its_index():
 
 
 def test_without_tf_there_is_no_tf_config():
-    spawns = _bring_up(_plain_state(), PORTS)
+    spawns = _bring_up(_state(_ctx(workers=2)), PORTS)
     assert spawns and not any("TF_CONFIG" in s.env for s in spawns)
-
-
-def _plain_state() -> JobState:
-    ctx = _ctx(workers=2)
-    return JobState(
-        place(HOSTS, workers=2, servers=0),
-        timing=TIMING,
-        max_restarts=2,
-        restart_scope="group",
-        build_spawn=lambda slot, addr, port: build_spawn(ctx, slot, addr, port),
-        master_addr_of=lambda label, reported: reported,
-    )
 
 
 def test_nothing_is_spawned_until_every_tasks_address_is_known():
@@ -169,7 +162,7 @@ def test_nothing_is_spawned_until_every_tasks_address_is_known():
     out = state.start(0.0)
     out += state.agent_hello("h0", 0.1, free_ports=PORTS["h0"], host_addr="addr-h0", procs=[])
     out += state.agent_hello("h1", 0.1, free_ports=PORTS["h1"], host_addr="addr-h1", procs=[])
-    assert not [c for c in out if isinstance(c, SendToAgent) and isinstance(c.message, Spawn)]
+    assert not _spawns(out)
     out = state.agent_hello("h2", 0.2, free_ports=PORTS["h2"], host_addr="addr-h2", procs=[])
     assert len([c for c in out if isinstance(c, SendToAgent)]) == 5
 
@@ -196,18 +189,7 @@ def _exited(
 
 def test_a_task_of_a_lost_host_waits_for_it_instead_of_moving_to_a_spare():
     hosts = [*HOSTS, HostSpec(label="spare", hostname="127.0.0.9", slots=2, spare=True)]
-    ctx = _ctx(workers=3, framework="tf")
-    state = JobState(
-        place(hosts, workers=3, servers=0),
-        timing=TIMING,
-        max_restarts=2,
-        restart_scope="group",
-        build_spawn=lambda slot, addr, port: build_spawn(ctx, slot, addr, port),
-        tf_tasks="allreduce",
-        master_addr_of=lambda label, reported: reported,
-        spare_hosts=["spare"],
-        host_slots={h.label: h.slots for h in hosts},
-    )
+    state = _state(_ctx(workers=3, framework="tf"), hosts)
     ports = PORTS | {"spare": [40000 + p for p in range(32)]}
     first = {s.proc_id: s.env["TF_CONFIG"] for s in _bring_up(state, ports)}
     for proc_id in first:
@@ -219,13 +201,12 @@ def test_a_task_of_a_lost_host_waits_for_it_instead_of_moving_to_a_spare():
     # worker-2's address is in everyone's TF_CONFIG: the group waits for its host.
     assert state.procs["worker-2"].host == "h1"
     assert [s.state for s in state.procs.values()] == [ProcState.PENDING] * 3
-    assert not [c for c in out if isinstance(c, SendToAgent) and isinstance(c.message, Spawn)]
+    assert not _spawns(out)
     # Back after its cooldown (30 s for a first loss), h0 heard all along.
     state.agent_seen("h0", 35.5)
     out = state.agent_hello("h1", 36.0, free_ports=PORTS["h1"], host_addr="addr-h1", procs=[])
     out += state.tick(36.5)
-    again = {c.message.proc_id: c.message.env["TF_CONFIG"] for c in out
-             if isinstance(c, SendToAgent) and isinstance(c.message, Spawn)}  # fmt: skip
+    again = {s.proc_id: s.env["TF_CONFIG"] for s in _spawns(out)}
     assert again == first
 
 
@@ -329,8 +310,7 @@ def test_a_resumed_supervisor_gives_restarted_tasks_the_ports_of_the_event_log()
     for host in resumed.agents:
         out += resumed.agent_hello(host, 1.0, free_ports=other[host], host_addr=f"addr-{host}",
                                    procs=[])  # fmt: skip
-    after = {c.message.proc_id: c.message for c in out
-             if isinstance(c, SendToAgent) and isinstance(c.message, Spawn)}  # fmt: skip
+    after = {s.proc_id: s for s in _spawns(out)}
     assert {p: s.env["TF_CONFIG"] for p, s in after.items()} == {
         p: s.env["TF_CONFIG"] for p, s in before.items()
     }
