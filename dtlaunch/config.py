@@ -258,6 +258,7 @@ class JobSpec:
                 "--policy dd plans gradient accumulation for allreduce jobs (job.bsp_batches); "
                 "a parameter-server job has no accumulation passes: use --policy lb-bsp or nd"
             )
+        self._validate_psld()
         if self.dead_after < 2:
             raise ConfigError(f"--dead-after must be at least 2 intervals, got {self.dead_after}")
         if self.orphan_timeout < self.heartbeat_interval * self.dead_after:
@@ -278,6 +279,26 @@ class JobSpec:
         if dataset is not None:
             dataset.validate()
         return self
+
+    def _validate_psld(self) -> None:
+        if self.policy.partition(":")[0].strip() != "psld":
+            return
+        if self.mode != "ps" or self.ps_server != "builtin":
+            raise ConfigError(
+                "--policy psld moves parameter blocks between dtlaunch's built-in parameter "
+                "servers; run a PS job with --servers N (and the default --ps-server builtin)"
+            )
+        if self.servers < 2:
+            raise ConfigError(
+                f"--policy psld spreads the blocks over the servers by their speed; with "
+                f"--servers {self.servers} there is nowhere to move them: use --servers 2 or more"
+            )
+        if self.ps_consistency != "bsp":
+            raise ConfigError(
+                "--policy psld moves blocks at a step boundary every server agrees on, which "
+                "--ps-consistency asp does not have; use --ps-consistency bsp, or --policy nd "
+                "to move a slow server whole"
+            )
 
     def _validate_limits(self) -> None:
         if self.memory_limit and self.memory_limit < MIN_MEMORY_LIMIT:

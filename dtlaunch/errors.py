@@ -21,7 +21,8 @@
     │   └── WalFsyncError         a write or fsync failed; the log accepts nothing more
     ├── DdsStateError             a shard-queue record or snapshot disagrees with the data set
     ├── PsError                   a parameter server refused a request or did not answer
-    │   └── ServerRestarted       a server restarted where the caller cannot resync
+    │   ├── ServerRestarted       a server restarted where the caller cannot resync
+    │   └── PlacementChanged      blocks asked for were reassigned: follow the job's newer map
     └── InfeasibleError           batch balancing has no solution (also a ValueError)
 
 Raises sites document which of these they raise under ``Raises:``. Each class is
@@ -53,6 +54,7 @@ __all__ = [
     "KeyFileError",
     "LaunchError",
     "LockHeldError",
+    "PlacementChanged",
     "PsError",
     "RunDirError",
     "ServerRestarted",
@@ -305,6 +307,22 @@ class ServerRestarted(PsError):
         super().__init__(f"parameter server {server} restarted (incarnation {incarnation})")
         self.server = server
         self.incarnation = incarnation
+
+
+class PlacementChanged(PsError):
+    """Servers answered that blocks asked of them were reassigned (PSLD §5.2): the
+    job's placement map ``version`` puts them elsewhere. ``servers`` (indices) are
+    the servers that said so; the others' answers were taken as usual.
+    ``dtlaunch.ps.Client`` follows the job's map and sends its requests again."""
+
+    def __init__(self, version: int, servers: list[int]) -> None:
+        super().__init__(
+            f"parameter servers {servers} no longer hold blocks asked of them: they were "
+            f"reassigned in placement map version {version}; follow the job's map from that "
+            "version on"
+        )
+        self.version = version
+        self.servers = servers
 
 
 # ---------------------------------------------------------------- solvers

@@ -190,6 +190,9 @@ SAMPLES += [
     wire_messages.PsIdleReply(request_id=5, member_from=9, version=8, incarnation=9),
     wire_messages.PsSnapshotNow(request_id=6),
     wire_messages.PsExport(request_id=7, blocks=[3], at_version=8, remove=True),
+    wire_messages.PsExport(request_id=7, blocks=[3, 4], at_version=9, remove=False, hold=True),
+    wire_messages.PsRelease(request_id=12, blocks=[3], placement_version=2),
+    wire_messages.PsHoldEnd(request_id=13, blocks=[3, 4]),
     wire_messages.PsExported(request_id=7, version=8, optimizer=_PS_OPT, blocks=[_PS_STATE]),
     wire_messages.PsImport(request_id=8, version=8, optimizer=_PS_OPT, blocks=[_PS_STATE]),
     wire_messages.PsStatsRequest(request_id=9, since_version=2),
@@ -198,6 +201,7 @@ SAMPLES += [
     wire_messages.PsShutdown(request_id=10),
     wire_messages.PsReply(request_id=10, ok=False, version=8, detail="not seeded",
                           incarnation=9, holding=True),
+    wire_messages.PsReply(request_id=10, ok=False, version=9, placement_version=2),
     wire_messages.PsPing(request_id=11, awaiting=10),
 ]
 # A valid frame's fields, for building wrong variants of it.

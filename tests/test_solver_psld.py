@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dtlaunch.solvers.proportional import assign_proportional
 from dtlaunch.solvers.psld import (
     CONFIDENCE_Z,
     BlockAssignment,
@@ -604,3 +605,21 @@ def test_fit_recovers_noiseless_lines(alpha, beta, sizes):
     for x in xs:
         assert fit.mean(x) == pytest.approx(alpha * x + beta, rel=1e-9, abs=1e-12 + 1e-9 * scale)
     assert fit.sem(xs[0]) <= 1e-9 * scale + 1e-15
+
+
+def test_proportional_assignment_gives_bytes_by_speed_largest_block_first():
+    # Speeds 3:1: of 8 equal blocks the fast server takes 6, the slow one 2.
+    assert sorted(assign_proportional([10] * 8, [3.0, 1.0])) == [0] * 6 + [1] * 2
+    # Largest first: the 40-byte block goes to the fastest, the rest even out.
+    owner = assign_proportional([5, 40, 5, 5, 5], [2.0, 1.0, 1.0])
+    assert owner[1] == 0
+    loads = [
+        sum(s for s, j in zip([5, 40, 5, 5, 5], owner, strict=True) if j == r) for r in range(3)
+    ]
+    assert loads == [40, 10, 10]
+    # Equal times go to the lowest index.
+    assert assign_proportional([1, 1], [1.0, 1.0]) == (0, 1)
+    with pytest.raises(InfeasibleError, match="speeds must be"):
+        assign_proportional([1], [0.0])
+    with pytest.raises(InfeasibleError, match="speeds must be"):
+        assign_proportional([1], [])

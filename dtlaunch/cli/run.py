@@ -136,7 +136,8 @@ PolicyOption = Annotated[
         envvar="DTLAUNCH_POLICY",
         help="Straggler policy: none | lb-bsp | nd[:lambda=1.5,l_trans=60,l_per=300] "
         "| backup[:b=1] (PS mode) | dd[:cmin=1,cmax=5] (mixed devices: micro-batch and "
-        "gradient accumulation per hostfile class=) | module:Class[:k=v].",
+        "gradient accumulation per hostfile class=) | psld[:eps=0.1,threshold=1] (built-in "
+        "PS: spread blocks by server speed) | module:Class[:k=v].",
     ),
 ]
 ControlIntervalOption = Annotated[

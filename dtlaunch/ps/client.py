@@ -18,8 +18,21 @@ it (``Job.ps_placement``). A pull asks each server for its blocks and copies
 them into the parameters as each answer arrives; a push sends the gradients
 straight from ``p.grad`` (no copy) and waits for every server's ack, so ``p.grad``
 may change once ``push`` returns. Both time each server (bytes, seconds) for the
-Monitor (``take_timings``). The first worker to reach an unseeded server seeds it
-with its initial parameters.
+Monitor (``take_timings``): a pull's seconds leave out the time the server kept
+it waiting for its version (the other workers' pushes: the BSP barrier, which
+the job records as this worker's wait), so they are the server's own service.
+The first worker to reach an unseeded server seeds it with its initial
+parameters.
+
+The map may change while the job trains (PSLD's live reassignment: some blocks
+move between running servers at a step boundary). A server that gave blocks
+away answers a request naming them "reassigned in map version V"; the client
+fetches the job's map (``placement_source``; under ``dtlaunch run`` the
+supervisor's), follows it (``use_placement``) and sends the request again: a
+pull is pulled again from the new owners, the time it was held counts as wait,
+not communication. A push can meet it only when it is late (BACKUP_WORKERS
+applied its step without it, before the blocks moved): it counts as dropped,
+as any late push, and the next pull takes what is there.
 
 A worker whose ``job.batches()`` waits for data (at the end of an epoch or of
 the data set, the other workers hold the last shards) steps aside: the client,
@@ -48,10 +61,11 @@ change the parameters, and a restart loses no gradient.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +74,7 @@ import zmq
 
 from dtlaunch.errors import ConfigError, DtlaunchError
 from dtlaunch.ps.blocks import Placement, check_layout, plan
+from dtlaunch.ps.client_catchup import CatchUp
 from dtlaunch.ps.config import (
     ENV_KEYS,
     block_bytes_from,
@@ -69,12 +84,11 @@ from dtlaunch.ps.config import (
 )
 from dtlaunch.ps.exchange import (
     Exchanger,
+    PlacementChanged,
     PsError,
     Request,
-    ServerRestarted,
     ServerTiming,
     expect,
-    expecting,
 )
 from dtlaunch.ps.frames import as_buffer, block_spec, optimizer_to_wire, tensor_from_frame
 from dtlaunch.ps.model_blocks import GradMark, ModelTensors
@@ -85,8 +99,6 @@ from dtlaunch.runtime.context import current_job
 from dtlaunch.wire.keys import PeerKeys, load_peer_keys
 from dtlaunch.wire.messages import (
     Message,
-    PsIdle,
-    PsIdleReply,
     PsInit,
     PsInitReply,
     PsLeave,
@@ -101,10 +113,9 @@ __all__ = ["Client", "PsError", "ServerTiming"]
 logger = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_S = 2.0
-MAX_RESYNCS = 5  # a server that restarts again during a resync is resynced again
 
 
-class Client:
+class Client(CatchUp):
     """See the module docstring.
 
     Raises (constructor):
@@ -133,7 +144,10 @@ class Client:
         block_bytes: int | None = None,
         job: Any = None,
         timeout: float | None = None,
+        placement_source: Callable[[], Placement] | None = None,
     ) -> None:
+        """``placement_source``: the job's current map, asked when a server says
+        blocks were reassigned (default: the job's, under ``dtlaunch run``)."""
         env = os.environ
         self.config = OptimizerConfig(
             name=optimizer,
@@ -150,6 +164,7 @@ class Client:
         endpoints = list(servers) if servers is not None else endpoints_from(env)
         self.worker = worker if worker is not None else worker_rank_from(env)
         self._job = job
+        self._placement_source = placement_source
         self._timeout = timeout if timeout is not None else timeout_from(env)
         self._tensors = ModelTensors(model)
         specs = self._tensors.specs
@@ -243,23 +258,27 @@ class Client:
             final = job is not None and job.data_ended
         if final and not self._left:
             self._leave()
-        requests: dict[int, Request] = {
-            j: (
-                PsPull(
-                    request_id=0,
-                    # Final: its own step need not apply (the others may never
-                    # push it); "settled" waits for any step that holds records.
-                    min_version=self._versions[j] if final else self._want[j],
-                    blocks=self._ids(j),
-                    worker=self.worker,
-                    settled=final,
-                ),
-                [],
-            )
-            for j in range(len(self._exch.links))
-        }
-        started, mark = time.perf_counter(), len(self._exch.timings)
         waited: list[float] = []
+
+        def requests() -> dict[int, Request]:
+            waited.clear()  # only the round that completes says what the barrier was
+            return {
+                j: (
+                    PsPull(
+                        request_id=0,
+                        # Final: its own step need not apply (the others may never
+                        # push it); "settled" waits for any step that holds records.
+                        min_version=self._versions[j] if final else self._want[j],
+                        blocks=self._ids(j),
+                        worker=self.worker,
+                        settled=final,
+                    ),
+                    [],
+                )
+                for j in range(len(self._exch.links))
+            }
+
+        started, mark = time.perf_counter(), len(self._exch.timings)
 
         def take(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
             if not isinstance(reply, PsParams) or len(frames) != len(reply.blocks):
@@ -272,12 +291,15 @@ class Client:
             self._versions[j] = reply.version
             return sum(len(f) for f in frames)
 
-        self._exch.run("pull", requests, take, on_restart=self._resync)
+        paused = self._exch.run_following(
+            "pull", requests, take, follow=self._follow_placement, on_restart=self._resync
+        )
         # What every server spent waiting for the step (the other workers' pushes)
-        # is the BSP barrier, not this worker's time: the Monitor leaves it out.
-        barrier = min(waited, default=0.0)
+        # is the BSP barrier, not this worker's time: the Monitor leaves it out, as
+        # the time a reassignment held the pull (every worker waits it alike).
+        wait_s = min(waited, default=0.0) + paused
         elapsed = time.perf_counter() - started
-        self._record_comm(elapsed - barrier, self._exch.timings[mark:], wait_s=barrier)
+        self._record_comm(elapsed - wait_s, self._exch.timings[mark:], wait_s=wait_s)
 
     def push(self, samples: int | None = None) -> None:
         """Send ``p.grad`` of every parameter (zeros where None) to its servers.
@@ -314,6 +336,15 @@ class Client:
         self._pushing = True
         try:
             self._exch.run("push", requests, take, on_restart=self._resync)
+        except PlacementChanged as changed:
+            # Only a late push meets blocks that left (their fence is after its
+            # step, which went on without it): dropped, as a late push is
+            # anywhere; the next pull takes what is there.
+            for j in changed.servers:
+                self._want[j] = 0
+                self._applied_by[j] = 0
+            self.dropped += changed.servers
+            self._follow_placement(changed)
         finally:
             self._pushing = False
         self._pushed_samples, self._pushed_grads = samples, marks
@@ -324,9 +355,11 @@ class Client:
         self._record_comm(time.perf_counter() - started, self._exch.timings[mark:])
 
     def use_placement(self, placement: Placement, servers: Sequence[str] | None = None) -> None:
-        """Follow a new placement (after a migration or a server scale-out/in).
+        """Follow a new placement (after a migration, a reassignment, or a server
+        scale-out/in).
 
-        Call it between steps, after the supervisor says the blocks moved.
+        Call it between steps, after the supervisor says the blocks moved (a
+        reassignment's new map is followed without it: see the module docstring).
 
         Raises:
             ConfigError: the placement does not fit this model or the server list.
@@ -338,86 +371,50 @@ class Client:
                 f"placement version {placement.version} is older than the one in use "
                 f"({self.placement.version})"
             )
-        exch = self._exch
-        links, incarnations = [], []
-        for j, endpoint in enumerate(endpoints):
-            if j < len(self.endpoints) and self.endpoints[j] == endpoint:
-                links.append(exch.links[j])
-                incarnations.append(exch.incarnations[j])
-            else:
-                links.append(self._link(endpoint))
-                incarnations.append(0)
-        for link in exch.links:
-            if link not in links:
-                link.close()
-        # Servers advance in lockstep under BSP; a new server starts at the version
-        # its blocks were moved at, which is the newest any server has.
-        want, version = max(self._want), max(self._versions)
-        exch.links, exch.endpoints, exch.incarnations = links, endpoints, incarnations
+        progress = self._progress_under(placement, endpoints)
+        self._exch.use_endpoints(endpoints)
         self.placement = placement
-        n = len(links)
-        self._want, self._versions = [want] * n, [version] * n
-        self._pushed_step, self._applied_by = [0] * n, [0] * n
+        self._versions, self._want, self._pushed_step, self._applied_by = progress
 
-    def waiting_for_data(self) -> None:
-        """The job waits for data: BSP steps stop waiting for this worker.
+    def _progress_under(
+        self, placement: Placement, endpoints: Sequence[str]
+    ) -> tuple[list[int], list[int], list[int], list[int]]:
+        """``_versions``, ``_want``, ``_pushed_step`` and ``_applied_by`` for each
+        server of ``placement``, from where its blocks were until now.
 
-        The job calls it again while it waits, so a server that restarted
-        meanwhile (its idle set lost) hears it again.
+        A server with the same endpoint and blocks keeps its own. For another,
+        the worker's copy of its blocks is as old as the oldest pull they came
+        from (what a resync offers it, labelled with that version), and its next
+        pull waits for the newest step the worker pushed for them: the servers
+        they came from applied it before letting them go, at the step boundary
+        they moved at. So nothing pushed before needs sending again after a
+        restart either.
         """
-        if self._closed or self._left:
-            return
-        if not self._idle:
-            logger.info("ps: worker %d waits for data; steps go on without it", self.worker)
-        self._idle = True
-        links = range(len(self._exch.links))
-        requests: dict[int, Request] = {
-            j: (PsIdle(request_id=0, worker=self.worker, idle=True), []) for j in links
-        }
-        self._exch.run("idle", requests, expecting(PsIdleReply, "PsIdle"), on_restart=self._resync)
-
-    def data_arrived(self) -> None:
-        """Data came after a wait: a member of every server's steps again."""
-        if self._closed or self._left or not self._idle:
-            return
-        self._idle = False
-        self._rejoin()
-
-    def _rejoin(self) -> None:
-        """Be a member again, from one step common to every server.
-
-        Each server answers the first step that waits for this worker (its
-        current one, or the next if that one went on without it). The worker
-        trains next on the latest of those; for an earlier step a server
-        expects from it, it pushes zeros (once that step is the server's), so
-        no step waits for it and the parameters it computes on are one version.
-        """
-        n = len(self._exch.links)
-        member_from = [0] * n
-
-        def take(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
-            member_from[j] = expect(PsIdleReply, j, reply, "PsIdle").member_from
-            return 0
-
-        requests: dict[int, Request] = {
-            j: (PsIdle(request_id=0, worker=self.worker, idle=False), []) for j in range(n)
-        }
-        self._exch.run("rejoin", requests, take, on_restart=self._resync)
-        common = max(member_from, default=0)
-        for step in range(min(member_from, default=0), common):
-            behind = [j for j in range(n) if member_from[j] <= step]
-            wait_for_step: dict[int, Request] = {
-                j: (PsPull(request_id=0, min_version=step, blocks=[], worker=self.worker), [])
-                for j in behind
-            }
-            self._exch.run(
-                "rejoin", wait_for_step, expecting(PsParams, "a pull"), on_restart=self._resync
-            )
-            zeros = {j: self._push_request(j, step, 0, zeros=True) for j in behind}
-            self._exch.run("rejoin", zeros, expecting(PsPushAck, "a push"), on_restart=self._resync)
-            for j in behind:
-                member_from[j] = step + 1
-        self._want = [max(w, common) for w in self._want]
+        old = self.placement
+        old_endpoints = self.endpoints
+        same_layout = placement.blocks == old.blocks
+        every_old_server = set(range(old.servers))
+        versions, want, pushed_step, applied_by = [], [], [], []
+        for j, endpoint in enumerate(endpoints):
+            blocks = {b.block_id for b in placement.blocks_on(j)}
+            same_server = j < len(old_endpoints) and old_endpoints[j] == endpoint
+            if same_server and same_layout and blocks == set(self._ids(j)):
+                versions.append(self._versions[j])
+                want.append(self._want[j])
+                pushed_step.append(self._pushed_step[j])
+                applied_by.append(self._applied_by[j])
+                continue
+            came_from = {old.owner[b] for b in blocks} if same_layout else set(every_old_server)
+            if same_server:
+                came_from.add(j)
+            # Under BSP the servers advance in lockstep, so a server with no block
+            # of its own (nor a past) is as far as any.
+            came_from = came_from or every_old_server
+            versions.append(min(self._versions[i] for i in came_from))
+            want.append(max(self._want[i] for i in came_from))
+            pushed_step.append(0)
+            applied_by.append(0)
+        return versions, want, pushed_step, applied_by
 
     def take_timings(self) -> list[ServerTiming]:
         """Per-server timings since the last call (for the Monitor), oldest first."""
@@ -499,78 +496,69 @@ class Client:
                 unseeded.append(j)
             return 0
 
-        servers = range(len(self._exch.links))
-        self._exch.run("init", {j: self._init_request(j, False) for j in servers}, take)
+        def offers() -> dict[int, Request]:
+            unseeded.clear()  # asked again after a reassignment cut the round short
+            return self._init_requests(range(len(self._exch.links)), with_data=False)
+
+        follow = self._follow_placement
+        self._exch.run_following("init", offers, take, follow=follow)
         if unseeded:
-            self._exch.run("seed", {j: self._init_request(j, True) for j in unseeded}, take)
+            seeding = list(unseeded)
+            seeds = functools.partial(self._init_requests, seeding, with_data=True)
+            self._exch.run_following("seed", seeds, take, follow=follow)
 
-    def _resync(self, j: int, incarnation: int) -> None:
-        """Bring restarted server ``j`` up to date (see the module docstring)."""
-        for _ in range(MAX_RESYNCS):
-            logger.warning(
-                "ps: server %d (%s) restarted (incarnation %d); offering my copy at version %d",
-                j,
-                self.endpoints[j],
-                incarnation,
-                self._versions[j],
-            )
-            try:
-                if self._offer(j) >= self._applied_by[j]:
-                    pass  # the server's parameters include this worker's last gradient
-                elif self._pushing:  # only under ASP: that gradient is gone from p.grad
-                    logger.warning(
-                        "ps: server %d lost this worker's gradient of step %d",
-                        j,
-                        self._pushed_step[j],
-                    )
-                    self._applied_by[j] = 0
-                else:
-                    self._repush(j)
-                return
-            except ServerRestarted as again:
-                incarnation = again.incarnation
-        raise PsError(
-            f"parameter server {j} ({self.endpoints[j]}) restarted {MAX_RESYNCS} times while "
-            "this worker resynced it; check its log"
+    def _init_requests(self, servers: Sequence[int], *, with_data: bool) -> dict[int, Request]:
+        return {j: self._init_request(j, with_data) for j in servers}
+
+    def _follow_placement(self, changed: PlacementChanged) -> None:
+        """Follow the job's map: servers ``changed.servers`` said blocks asked of
+        them were reassigned in its version ``changed.version``.
+
+        Raises:
+            PsError: the job's map cannot be fetched, is older than that version
+                (the supervisor commits a map before the blocks are released), or
+                is the one followed already (it and the servers disagree).
+            ConfigError: the map does not fit this model or the servers.
+        """
+        said = (
+            f"parameter servers {changed.servers} say blocks asked of them were reassigned "
+            f"in placement map version {changed.version}"
         )
-
-    def _offer(self, j: int) -> int:
-        """Offer server ``j`` this worker's copy; returns the version of the copy the
-        server holds after (its ``recovered_at``)."""
-        answer: list[PsInitReply] = []
-
-        def take(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
-            answer.append(expect(PsInitReply, j, reply, "PsInit"))
-            return 0
-
-        self._exch.run("resync", {j: self._init_request(j, False)}, take, on_restart=_restarted)
-        held = answer[-1]
-        takes_copies = held.version == held.recovered_at  # no update of its own yet
-        if not held.seeded or (takes_copies and held.version < self._versions[j]):
-            request = self._init_request(j, True)
-            self._exch.run("resync", {j: request}, take, on_restart=_restarted)
-        return answer[-1].recovered_at
-
-    def _repush(self, j: int) -> None:
-        """Send the last accepted gradient again: the restarted server lost it."""
-        intact = self._tensors.grads_unchanged(self._pushed_grads)
-        if not intact:
-            logger.warning(
-                "ps: p.grad changed since the push of step %d; server %d applies that step "
-                "without this worker's gradient (leave p.grad alone until the next pull)",
-                self._pushed_step[j],
-                j,
+        if changed.version <= self.placement.version:
+            raise PsError(
+                f"{said}, but this worker follows version {self.placement.version}, which "
+                "places them there: the map and the servers disagree"
             )
-        samples = self._pushed_samples if intact else 0
-        request = self._push_request(j, self._pushed_step[j], samples, zeros=not intact)
+        placement = self._job_placement(said)
+        if placement.version < changed.version:
+            raise PsError(
+                f"{said}, but the job's map is at version {placement.version}: the "
+                "supervisor must commit a map before the blocks are released"
+            )
+        logger.info(
+            "ps: worker %d follows placement map version %d (servers %s gave blocks away)",
+            self.worker,
+            placement.version,
+            changed.servers,
+        )
+        self.use_placement(placement)
 
-        def take(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
-            reply = expect(PsPushAck, j, reply, "a push")
-            if reply.accepted:  # else a newer copy, which has it, was taken meanwhile
-                self._note_applied(j, reply)
-            return 0
+    def _job_placement(self, said: str) -> Placement:
+        """The job's current map (``placement_source``'s, else the supervisor's).
 
-        self._exch.run("repush", {j: request}, take, on_restart=_restarted)
+        Raises:
+            PsError: there is neither.
+        """
+        if self._placement_source is not None:
+            return self._placement_source()
+        job = self._job if self._job is not None else current_job()
+        if job is None:
+            raise PsError(
+                f"{said}, and this client has no way to fetch the job's map: run it "
+                "under dtlaunch run, or give Client(placement_source=...)"
+            )
+        # Registering the map in use answers with the job's: the owners are not compared.
+        return from_wire(job.ps_placement(to_wire(self.placement)))
 
     def _record_comm(
         self, seconds: float, timings: list[ServerTiming], *, wait_s: float = 0.0
@@ -581,7 +569,3 @@ class Client:
             job.record_wait(wait_s)
             for t in timings:
                 job.record_server_comm(t.server, t.bytes, t.seconds)
-
-
-def _restarted(server: int, incarnation: int) -> None:
-    raise ServerRestarted(server, incarnation)

@@ -45,6 +45,7 @@ ENV_BLOCK_BYTES = "DTLAUNCH_PS_BLOCK_BYTES"
 ENV_TIMEOUT = "DTLAUNCH_PS_TIMEOUT"
 DEFAULT_TIMEOUT_S = 600.0  # a BSP pull waits for the slowest worker's push
 
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerConfig:
     rank: int
@@ -65,7 +66,6 @@ class ServerConfig:
     host: str = ""
     job_start_wall: float = 0.0
     seed: int = 0
-
 
 
 # option name -> environment variable

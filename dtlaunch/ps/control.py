@@ -10,6 +10,16 @@ times, dropped workers), snapshots, block export/import, shutdown.
 version counter (PSLD §5.2): the source exports them once its version reaches
 ``at_version`` and no step is open, the destination imports them with their
 optimizer state and that version, and only then does the source forget them.
+
+A live reassignment between running servers (the supervisor's
+``psfleet.reassign`` drives it) uses the same calls in three steps around the
+commit of the job's placement map ``V``: ``export(hold=True)`` at each source
+(the blocks stay there, on hold from the fence ``at_version``),
+``import_blocks`` at each target (waits there until the target reaches the
+fence), then ``release(blocks, V)`` at the sources. Rolled back before the
+commit: ``release(blocks, 0)`` at every target, and only then ``hold_end`` at
+the sources: the workers the hold lets go push the old map's blocks, which a
+target still holding imported ones refuses as a stale placement.
 """
 
 from __future__ import annotations
@@ -31,8 +41,10 @@ from dtlaunch.wire.messages import (
     Message,
     PsExport,
     PsExported,
+    PsHoldEnd,
     PsImport,
     PsMembership,
+    PsRelease,
     PsReply,
     PsShutdown,
     PsSnapshotNow,
@@ -120,11 +132,18 @@ class ServerControl:
         at_version: int = 0,
         remove: bool = True,
         moved_to: str = "",
+        hold: bool = False,
     ) -> ExportedBlocks:
         """The blocks with their optimizer state, once the server's version is
         ``at_version`` and no step is open; ``moved_to`` (with ``remove``) sends the
         clients that still ask for them there. The server drops the request when
-        this client's timeout runs out, so nothing is exported to nobody."""
+        this client's timeout runs out, so nothing is exported to nobody.
+
+        ``hold`` (a reassignment, with ``remove=False``): the server keeps the
+        blocks but answers no pull for them from ``at_version`` on, until
+        ``release`` or ``hold_end``. Refused (``PsError``) when the server is past
+        ``at_version`` already, or at it with a pull of it answered for the blocks:
+        pick a later fence."""
         reply, frames = self._request_frames(
             PsExport(
                 request_id=0,
@@ -133,6 +152,7 @@ class ServerControl:
                 remove=remove,
                 moved_to=moved_to,
                 wait_s=max(0.0, self._timeout - EXPORT_MARGIN_S),
+                hold=hold,
             )
         )
         if not isinstance(reply, PsExported):
@@ -153,6 +173,21 @@ class ServerControl:
             backup=msg.backup,
         )
         return _ok(self._request(request, exported.frames)).version
+
+    def release(self, blocks: Sequence[int], placement_version: int) -> int:
+        """Drop ``blocks`` (those not held are ignored); with ``placement_version``
+        > 0 the requests naming them, those held now and any later, are answered
+        that the job's map of that version put them elsewhere. 0: only drop them
+        (a target rolling an import back). Returns the server's version."""
+        msg = PsRelease(request_id=0, blocks=list(blocks), placement_version=placement_version)
+        return _ok(self._request(msg)).version
+
+    def hold_end(self, blocks: Sequence[int]) -> int:
+        """Serve held ``blocks`` again (a reassignment rolled back): the requests
+        held for them are answered as usual, and an export on hold of them still
+        waiting for its fence is refused. Send it once every target that imported
+        them dropped them (``release(blocks, 0)``). Returns the server's version."""
+        return _ok(self._request(PsHoldEnd(request_id=0, blocks=list(blocks)))).version
 
     def shutdown(self) -> None:
         _ok(self._request(PsShutdown(request_id=0)))

@@ -23,6 +23,18 @@ with a fresh id, so a late answer to the old one is ignored.
 A server whose blocks migrated answers ``PsReply(moved_to=E)``: the link to it
 is replaced by one to ``E`` (``connect``) and the request goes again there. The
 new server is a new process: its incarnation is learnt from its first answer.
+
+A server whose blocks were reassigned to others (PSLD) answers
+``PsReply(placement_version=V)``: the job's map from version ``V`` on says where
+they are. The other servers' answers are taken as usual, then ``run`` raises
+``PlacementChanged``; ``run_following`` has the caller follow the map
+(``use_endpoints`` keeps the links it can) and sends the requests again, built
+anew for it.
+
+Timings (``ServerTiming``, the Monitor's per-server profile) are each server's
+own service time: from sending the request to having the answer, less the time
+a pull waited at the server for its version (``PsParams.waited_s``: the other
+workers' pushes, a barrier that says nothing of this server).
 """
 
 from __future__ import annotations
@@ -31,19 +43,20 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import zmq
 
-from dtlaunch.errors import PsError, ServerRestarted
+from dtlaunch.errors import PlacementChanged, PsError, ServerRestarted
 from dtlaunch.ps.transport import ServerLink
-from dtlaunch.wire.messages import Message, PsPing, PsReply
+from dtlaunch.wire.messages import Message, PsParams, PsPing, PsReply
 
 __all__ = [
     "PROBE_AFTER_S",
     "PROBE_MAX_S",
     "Exchanger",
+    "PlacementChanged",
     "PsError",
     "ServerRestarted",
     "ServerTiming",
@@ -57,6 +70,7 @@ PROBE_MAX_S = 2.0  # bounds how long a restarted server goes unnoticed
 Request = tuple[Message, list[Any]]  # a message and its tensor payloads
 Take = Callable[[int, Message, list[zmq.Frame]], int]  # -> tensor bytes received
 OnRestart = Callable[[int, int], None]  # (server, new incarnation)
+Follow = Callable[[PlacementChanged], None]  # switches to the job's newer map
 Connect = Callable[[str], ServerLink]  # endpoint -> a new link
 
 logger = logging.getLogger(__name__)
@@ -71,7 +85,9 @@ class ServerTiming:
     server: int
     op: str  # "pull" or "push"
     bytes: int  # tensor bytes moved
-    seconds: float  # from sending the request to having the answer
+    # From sending the request to having the answer, less the time a pull
+    # waited at the server for its version (the barrier): the server's service.
+    seconds: float
 
 
 @dataclasses.dataclass(slots=True)
@@ -115,11 +131,14 @@ class Exchanger:
         Raises:
             PsError: a server refused, or did not answer within ``timeout``
                 (default: the exchanger's) of the last (re)send.
+            PlacementChanged: servers answered that blocks asked of them were
+                reassigned (after every other answer was taken).
             ServerRestarted: from ``on_restart``, when it raises it.
         """
         wait_s = self.timeout if timeout is None else timeout
         poller = zmq.Poller()
         pending: dict[int, _Pending] = {}
+        reassigned: dict[int, int] = {}  # server -> the placement version it named
         for j, (msg, payloads) in requests.items():
             pending[j] = self._send(j, msg, payloads, wait_s)
             poller.register(self.links[j].sock, zmq.POLLIN)
@@ -183,6 +202,13 @@ class Exchanger:
                     poller.register(self.links[j].sock, zmq.POLLIN)
                     socket_of[self.links[j].sock] = j
                     continue
+                if isinstance(reply, PsReply) and not reply.ok and reply.placement_version:
+                    # The others' answers still count (a pull's parameters are
+                    # fresh): the caller follows the map once every one is in.
+                    reassigned[j] = reply.placement_version
+                    del pending[j]
+                    poller.unregister(sock)
+                    continue
                 if isinstance(reply, PsReply) and not reply.ok:
                     raise PsError(
                         f"{op}: parameter server {j} ({self.endpoints[j]}): {reply.detail}"
@@ -191,14 +217,62 @@ class Exchanger:
                 del pending[j]
                 poller.unregister(sock)
                 if op in ("pull", "push"):
+                    barrier = reply.waited_s if isinstance(reply, PsParams) else 0.0
                     self.timings.append(
                         ServerTiming(
                             server=j,
                             op=op,
                             bytes=received + p.sent_bytes,
-                            seconds=time.perf_counter() - p.sent_at,
+                            seconds=max(0.0, time.perf_counter() - p.sent_at - barrier),
                         )
                     )
+        if reassigned:
+            raise PlacementChanged(max(reassigned.values()), sorted(reassigned))
+
+    def run_following(
+        self,
+        op: str,
+        requests: Callable[[], Mapping[int, Request]],
+        take: Take,
+        *,
+        follow: Follow,
+        on_restart: OnRestart | None = None,
+    ) -> float:
+        """``run`` that follows a reassignment: on ``PlacementChanged``, ``follow``
+        switches to the job's map and the requests, built anew by ``requests``,
+        go again. Returns the seconds of the rounds cut short: a pause, not
+        communication (their timings are dropped: the next round does it again).
+
+        Raises:
+            PsError: as ``run``, and from ``follow``.
+        """
+        paused = 0.0
+        while True:
+            started, mark = time.perf_counter(), len(self.timings)
+            try:
+                self.run(op, requests(), take, on_restart=on_restart)
+                return paused
+            except PlacementChanged as changed:
+                del self.timings[mark:]
+                follow(changed)
+                paused += time.perf_counter() - started
+
+    def use_endpoints(self, endpoints: Sequence[str]) -> None:
+        """Server ``j`` is the one at ``endpoints[j]`` from now on: the link to an
+        endpoint that stays is kept, with its incarnation; others are made anew."""
+        assert self.connect is not None
+        links, incarnations = [], []
+        for j, endpoint in enumerate(endpoints):
+            if j < len(self.endpoints) and self.endpoints[j] == endpoint:
+                links.append(self.links[j])
+                incarnations.append(self.incarnations[j])
+            else:
+                links.append(self.connect(endpoint))
+                incarnations.append(0)
+        for link in self.links:
+            if link not in links:
+                link.close()
+        self.links, self.endpoints, self.incarnations = links, list(endpoints), incarnations
 
     def move(self, j: int, endpoint: str) -> None:
         """Server ``j`` is now the process at ``endpoint`` (its blocks migrated)."""

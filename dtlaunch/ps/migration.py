@@ -1,12 +1,27 @@
-"""Block migration on a server (PSLD §5.2): the ``PsExport`` / ``PsImport``
-handlers of ``PsServer`` (a mixin) and the frames the blocks travel in.
+"""Block migration and reassignment on a server (PSLD §5.2): the ``PsExport`` /
+``PsImport`` / ``PsRelease`` / ``PsHoldEnd`` handlers of ``PsServer`` (a mixin)
+and the frames the blocks travel in.
 
 Blocks travel with their optimizer state: ``PsExported``/``PsImport`` records
 plus one frame for the parameter and one per optimizer-state tensor, in order.
 No copies on the way out; copies on the way in (the frames' memory belongs to
 ZeroMQ's message). An export waits for its ``at_version`` and a step boundary,
 but no longer than its ``wait_s``: a caller that gave up must not find the
-blocks exported to nobody later."""
+blocks exported to nobody later.
+
+A migration (a whole server replaced) removes the blocks at the export and
+imports them into an unseeded server, whatever its version. A reassignment
+between running servers (``moved``' docstring has the protocol) exports with
+``hold``: refused when the fence is passed already, else the blocks stay here,
+held from the fence on. A seeded target takes an import at its own version
+only: one ahead waits until the target gets there, one behind is refused (the
+blocks would miss the steps the target applied since). ``PsRelease`` drops
+blocks (with a placement version: requests for them are answered with it) and
+refuses an import of them still waiting; ``PsHoldEnd`` serves held blocks again
+and refuses an export on hold of them still waiting for its fence: a request of
+a rolled-back reassignment must not take effect later. Both are no-ops for
+blocks they do not concern (the supervisor repeats them after a crash).
+"""
 
 from __future__ import annotations
 
@@ -30,7 +45,14 @@ from dtlaunch.ps.moved import MovedBlocks
 from dtlaunch.ps.optim import BlockState
 from dtlaunch.ps.store import ParamStore
 from dtlaunch.ps.transport import Incoming, ServerSocket
-from dtlaunch.wire.messages import PsBlockState, PsExport, PsExported, PsImport
+from dtlaunch.wire.messages import (
+    PsBlockState,
+    PsExport,
+    PsExported,
+    PsHoldEnd,
+    PsImport,
+    PsRelease,
+)
 
 __all__ = ["Migrations", "blocks_from_frames", "export_frames"]
 
@@ -46,18 +68,24 @@ class Migrations:
     _waiting_exports: list[Incoming]
     _export_deadlines: dict[int, float]
     _waiting_inits: list[Incoming]
+    _waiting_imports: list[Incoming]
 
     if TYPE_CHECKING:  # defined by PsServer
 
-        def _refuse(self, incoming: Incoming, why: str, *, moved_to: str = "") -> None: ...
+        def _refuse(
+            self,
+            incoming: Incoming,
+            why: str,
+            *,
+            moved_to: str = "",
+            placement_version: int = 0,
+        ) -> None: ...
 
         def _reply(self, incoming: Incoming, detail: str = "") -> None: ...
 
         def _on_init(self, incoming: Incoming) -> None: ...
 
-        def _answer_pulls(self) -> None: ...
-
-        def _answer_pushes(self) -> None: ...
+        def _answer_waiting(self) -> None: ...
 
     def _on_export(self, incoming: Incoming) -> None:
         msg = incoming.message
@@ -65,6 +93,17 @@ class Migrations:
         missing = [b for b in msg.blocks if b not in self.store.params]
         if missing:
             raise ConfigError(f"cannot export blocks {missing}: not on this server")
+        if msg.hold:
+            # Checked on arrival and each time it waits on: the fence passes while
+            # a step is open at it (that step's pushes were computed on the fence's pull).
+            if msg.remove:
+                raise ConfigError("an export on hold keeps its blocks: send it with remove=False")
+            too_late = self._moved.fence_passed(msg.blocks, msg.at_version, self.store.version)
+            if too_late:
+                raise ConfigError(f"cannot hold blocks from version {msg.at_version}: {too_late}")
+            already = self._moved.held(msg.blocks)
+            if already:
+                raise ConfigError(f"blocks {already} are on hold for another reassignment")
         if self.store.version < msg.at_version or self.store.step_open:
             if incoming not in self._waiting_exports:
                 self._waiting_exports.append(incoming)
@@ -88,6 +127,9 @@ class Migrations:
             ),
             payloads,
         )
+        if msg.hold:
+            self._moved.hold(msg.blocks, store.version)
+            logger.info("exported blocks %s at version %d; on hold", msg.blocks, store.version)
         if msg.remove:  # the frames keep the tensors alive until they are sent
             store.release(msg.blocks)
             if msg.moved_to:
@@ -115,25 +157,106 @@ class Migrations:
             try:
                 self._on_export(incoming)
             except ConfigError as exc:
+                self._export_deadlines.pop(id(incoming), None)
                 self._refuse(incoming, str(exc))
 
     def _on_import(self, incoming: Incoming) -> None:
         msg = incoming.message
         assert isinstance(msg, PsImport)
+        store = self.store
+        if store.seeded and msg.version != store.version:
+            if msg.version > store.version:  # a target still finishing the step before
+                if incoming not in self._waiting_imports:
+                    self._waiting_imports.append(incoming)
+                return
+            raise ConfigError(
+                f"cannot import blocks of version {msg.version}: this server is at version "
+                f"{store.version}, so they would miss the steps it applied since; export them "
+                "at a later version"
+            )
         blocks = blocks_from_frames(msg.blocks, incoming.frames)
-        self.store.adopt(optimizer_from_wire(msg.optimizer), msg.version, blocks)
+        store.adopt(optimizer_from_wire(msg.optimizer), msg.version, blocks)
         if msg.with_members:  # before any queued push counts toward a step
-            self.store.set_members(msg.workers, msg.backup)
+            store.set_members(msg.workers, msg.backup)
         self._moved.returned(blocks)
         logger.info("imported blocks %s at version %d", sorted(blocks), msg.version)
         self._reply(incoming)
         waiting, self._waiting_inits = self._waiting_inits, []
         for init in waiting:
             self._on_init(init)
-        self._answer_pulls()
-        self._answer_pushes()
+        self._answer_waiting()
+
+    def _answer_imports(self) -> None:
+        waiting, self._waiting_imports = self._waiting_imports, []
+        for incoming in waiting:
+            try:
+                self._on_import(incoming)
+            except (ConfigError, WireError) as exc:
+                self._refuse(incoming, str(exc))
+
+    def _on_release(self, incoming: Incoming) -> None:
+        msg = incoming.message
+        assert isinstance(msg, PsRelease)
+        held = [b for b in msg.blocks if b in self.store.params]
+        self._moved.end_hold(msg.blocks)
+        self.store.release(msg.blocks)
+        if msg.placement_version > 0:
+            self._moved.reassigned(msg.blocks, msg.placement_version)
+        self._drop_waiting(
+            self._waiting_imports, msg.blocks, "the blocks were released before the import"
+        )
+        if held:
+            logger.info(
+                "released blocks %s%s",
+                held,
+                f": placement map version {msg.placement_version} put them elsewhere"
+                if msg.placement_version
+                else "",
+            )
+        # The requests held for them learn the new map before the supervisor hears
+        # the release is done.
+        self._answer_waiting()
+        self._reply(incoming)
+
+    def _on_hold_end(self, incoming: Incoming) -> None:
+        msg = incoming.message
+        assert isinstance(msg, PsHoldEnd)
+        ended = self._moved.end_hold(msg.blocks)
+        self._drop_waiting(
+            [w for w in self._waiting_exports if _holds(w)],
+            msg.blocks,
+            "the reassignment was rolled back before its fence",
+        )
+        if ended:
+            logger.info("blocks %s are served here again (reassignment rolled back)", ended)
+        self._answer_waiting()
+        self._reply(incoming)
+
+    def _drop_waiting(self, requests: list[Incoming], blocks: Sequence[int], why: str) -> None:
+        """Refuse the waiting exports and imports among ``requests`` that name one
+        of ``blocks``: a reassignment rolled back, so none may take effect later."""
+        dropped = set(blocks)
+        for incoming in list(requests):
+            if dropped.isdisjoint(_named_blocks(incoming)):
+                continue
+            for queue in (self._waiting_exports, self._waiting_imports):
+                if incoming in queue:
+                    queue.remove(incoming)
+            self._export_deadlines.pop(id(incoming), None)
+            self._refuse(incoming, why)
 
 
+def _holds(incoming: Incoming) -> bool:
+    return isinstance(incoming.message, PsExport) and incoming.message.hold
+
+
+def _named_blocks(incoming: Incoming) -> list[int]:
+    msg = incoming.message
+    if isinstance(msg, PsExport):
+        return list(msg.blocks)
+    if isinstance(msg, PsImport):
+        return [b.block.block_id for b in msg.blocks]
+    return []
 
 
 def export_frames(store: ParamStore, blocks: Sequence[int]) -> tuple[list[PsBlockState], list[Any]]:

@@ -2,13 +2,26 @@
 
 It holds the blocks the placement gives it (``ParamStore``), answers pulls,
 aggregates pushes under BSP / BACKUP(b) / ASP, and serves the supervisor's
-commands: membership, snapshots, block export/import for migration, statistics
-with its per-step update times (AntDT's T_s), shutdown.
+commands: membership, snapshots, block export/import for migration and
+reassignment, statistics with its per-step update times (AntDT's T_s), shutdown.
 
 Requests it cannot answer yet wait in the loop, never in a thread: a pull for a
 version not applied yet, an export before its ``at_version`` or while a step is
-open. Every request names a ``request_id`` its answer echoes; a refused request
-gets ``PsReply(ok=False, detail=why)``, and the server goes on.
+open, an import ahead of this server's version, a request for blocks on hold.
+Every request names a ``request_id`` its answer echoes; a refused request gets
+``PsReply(ok=False, detail=why)``, and the server goes on.
+
+A pull's answer says how long it waited here for its version (``waited_s``:
+from its arrival until the version it asked for was applied, the BSP barrier),
+so the client can tell that from this server's own service time; a delay
+injected into the server (``--inject ...role=server``) is service time, as on a
+really slow server, and not in it.
+
+Live reassignment (PSLD §5.2, the protocol in ``moved``' docstring): a source
+exports blocks at a fence version and holds them until ``PsRelease`` or
+``PsHoldEnd``; a target takes them at its own version. Waiting exports are
+answered before waiting pulls whenever the version moves, so no pull of the
+fence version for a block to be held is answered first.
 
 Failover: every answer carries the process's random ``incarnation``, and a
 pull or push addressed to an earlier one is refused, so clients notice a
@@ -48,6 +61,7 @@ from dtlaunch.wire.messages import (
     Message,
     PsBlockSpec,
     PsExport,
+    PsHoldEnd,
     PsIdle,
     PsIdleReply,
     PsImport,
@@ -60,6 +74,7 @@ from dtlaunch.wire.messages import (
     PsPull,
     PsPush,
     PsPushAck,
+    PsRelease,
     PsReply,
     PsShutdown,
     PsSnapshotNow,
@@ -105,11 +120,14 @@ class PsServer(Migrations):
         self._moved = MovedBlocks()
         self._waiting_pushes: list[Incoming] = []  # a migration's target before its import
         self._waiting_inits: list[Incoming] = []  # likewise (config.await_import)
+        self._waiting_imports: list[Incoming] = []  # ahead of this server's version
         self._hold_until = 0.0  # an injected delay: pulls wait until then (monotonic)
         self._ctx = new_context()
         self._sock = ServerSocket(self._ctx, keys, config.bind)
         self.endpoint = self._sock.endpoint
         self._waiting_pulls: list[Incoming] = []
+        # When the version a waiting pull asked for was applied (its ``waited_s`` ends there).
+        self._pull_version_at: dict[Incoming, float] = {}
         self._waiting_exports: list[Incoming] = []
         self._export_deadlines: dict[int, float] = {}  # id(request) -> monotonic (0: none)
         self._last_snapshot = time.monotonic()
@@ -127,6 +145,8 @@ class PsServer(Migrations):
             PsSnapshotNow: self._on_snapshot,
             PsExport: self._on_export,
             PsImport: self._on_import,
+            PsRelease: self._on_release,
+            PsHoldEnd: self._on_hold_end,
             PsStatsRequest: self._on_stats,
             PsShutdown: self._on_shutdown,
             PsPing: self._on_ping,
@@ -212,16 +232,30 @@ class PsServer(Migrations):
             self._refuse(incoming, str(exc))
 
     def _redirect(self, incoming: Incoming) -> bool:
-        """Send a request for migrated blocks to where they went (``moved``)."""
+        """Answer a request for blocks that left with where they are now
+        (``moved``): the server they migrated to, or the placement map version
+        that reassigned them."""
+        placement_version = self._moved.placement_version(incoming.message)
+        if placement_version:
+            self._refuse(
+                incoming,
+                f"blocks asked for were reassigned in placement map version {placement_version}",
+                placement_version=placement_version,
+            )
+            return True
         where = self._moved.redirect(incoming.message, holds_blocks=bool(self.store.params))
         if where:
             self._refuse(incoming, f"the blocks moved to {where}", moved_to=where)
         return bool(where)
 
-    def _refuse(self, incoming: Incoming, why: str, *, moved_to: str = "") -> None:
+    def _refuse(
+        self, incoming: Incoming, why: str, *, moved_to: str = "", placement_version: int = 0
+    ) -> None:
         request_id = getattr(incoming.message, "request_id", 0)
         if moved_to:
             logger.info("ps: %s redirected to %s", incoming.message.TYPE, moved_to)
+        elif placement_version:
+            logger.info("ps: %s: %s", incoming.message.TYPE, why)
         else:
             logger.warning("ps: refused %s: %s", incoming.message.TYPE, why)
         self._sock.send(
@@ -233,6 +267,7 @@ class PsServer(Migrations):
                 version=self.store.version,
                 incarnation=self.incarnation,
                 moved_to=moved_to,
+                placement_version=placement_version,
             ),
         )
 
@@ -292,9 +327,7 @@ class PsServer(Migrations):
                     msg.version,
                     held_version,
                 )
-            self._answer_pulls()
-            self._answer_pushes()
-            self._answer_exports()
+            self._answer_waiting()
         self._sock.send(
             incoming.peer,
             PsInitReply(
@@ -327,6 +360,7 @@ class PsServer(Migrations):
             self._waiting_pushes,
             self._waiting_inits,
             self._waiting_exports,
+            self._waiting_imports,
         )
         return any(
             w.peer == peer and getattr(w.message, "request_id", 0) == request_id
@@ -337,19 +371,31 @@ class PsServer(Migrations):
     def _on_pull(self, incoming: Incoming) -> None:
         msg = incoming.message
         assert isinstance(msg, PsPull)
-        missing = [b for b in msg.blocks if b not in self.store.params]
-        if self.store.seeded and missing:
+        store = self.store
+        missing = [b for b in msg.blocks if b not in store.params]
+        if store.seeded and missing:
             raise ConfigError(f"blocks {missing} are not on this server; the placement changed")
-        held = self._hold_until and time.monotonic() < self._hold_until
-        unsettled = msg.settled and self.store.open_samples > 0
-        if not self.store.seeded or self.store.version < msg.min_version or held or unsettled:
+        # What the other workers' pushes decide: the version, and for a settled
+        # pull a step without records. Once there, the barrier (``waited_s``) ends.
+        has_version = store.seeded and store.version >= msg.min_version
+        unsettled = msg.settled and store.open_samples > 0
+        if has_version and not unsettled:
+            self._pull_version_at.setdefault(incoming, time.monotonic())
+        injected = self._hold_until and time.monotonic() < self._hold_until
+        # A held block is at its fence (a hold begins there, and no step after it
+        # can apply): whatever version it asked for, the answer would be the fence's.
+        reassigning = self._moved.fence_of(msg.blocks) is not None
+        if not has_version or unsettled or injected or reassigning:
             # A client has one pull out per server: a newer one replaces the older.
-            self._waiting_pulls = [w for w in self._waiting_pulls if w.peer != incoming.peer]
+            for older in [w for w in self._waiting_pulls if w.peer == incoming.peer]:
+                self._waiting_pulls.remove(older)
+                self._pull_version_at.pop(older, None)
             self._waiting_pulls.append(incoming)
             return
-        self._send_params(incoming, msg)
+        version_at = self._pull_version_at.pop(incoming)
+        self._send_params(incoming, msg, waited_s=max(0.0, version_at - incoming.received))
 
-    def _send_params(self, incoming: Incoming, msg: PsPull) -> None:
+    def _send_params(self, incoming: Incoming, msg: PsPull, *, waited_s: float) -> None:
         store = self.store
         tracker = self._sock.send(
             incoming.peer,
@@ -358,11 +404,12 @@ class PsServer(Migrations):
                 version=store.version,
                 blocks=msg.blocks,
                 incarnation=self.incarnation,
-                waited_s=max(0.0, time.monotonic() - incoming.received),
+                waited_s=waited_s,
             ),
             [as_buffer(store.params[b]) for b in msg.blocks],
             track=True,
         )
+        self._moved.sent(msg.blocks, store.version)
         for b in msg.blocks:
             pending = [t for t in store.in_flight.get(b, []) if not getattr(t, "done", True)]
             pending.append(tracker)
@@ -371,19 +418,32 @@ class PsServer(Migrations):
     def _answer_pulls(self) -> None:
         waiting, self._waiting_pulls = self._waiting_pulls, []
         for incoming in waiting:
-            if self._redirect(incoming):  # its blocks moved away while it waited
+            if self._redirect(incoming):  # its blocks left while it waited
+                self._pull_version_at.pop(incoming, None)
                 continue
             try:
                 self._on_pull(incoming)
             except ConfigError as exc:
+                self._pull_version_at.pop(incoming, None)
                 self._refuse(incoming, str(exc))
+
+    def _answer_waiting(self) -> None:
+        """Answer what can be answered now, after the version or the blocks
+        changed otherwise than by an update (``_after_update``'s order)."""
+        self._answer_exports()
+        self._answer_imports()
+        self._answer_pulls()
+        self._answer_pushes()
 
     def _on_push(self, incoming: Incoming) -> None:
         msg = incoming.message
         assert isinstance(msg, PsPush)
-        if not self.store.seeded:
-            # Only a migration's target sees this: a client redirected to it
-            # before the supervisor's import arrived. It waits like a pull.
+        fence = self._moved.fence_of(msg.blocks)
+        if not self.store.seeded or (fence is not None and msg.step >= fence):
+            # Only a migration's target sees the first: a client redirected to it
+            # before the supervisor's import arrived. The second: a step a held
+            # block may no longer take here (a late push of an earlier step is
+            # answered as ever). Both wait like a pull.
             self._waiting_pushes.append(incoming)
             return
         specs = []
@@ -446,8 +506,11 @@ class PsServer(Migrations):
                 update.dropped,
                 self.store.backup,
             )
-        self._answer_pulls()
+        # Exports first: one on hold from this version must hold its blocks before
+        # a pull of this version for them is answered (the old placement's copy).
         self._answer_exports()
+        self._answer_imports()
+        self._answer_pulls()
 
     # ------------------------------------------------------------ control plane
 

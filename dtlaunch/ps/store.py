@@ -22,6 +22,12 @@ client's ping found it neither waiting nor answered) is answered as the first
 was and applied once: the store remembers each worker's last step and the
 workers the last BSP step applied.
 
+Blocks come and go while the version runs on: a migration or a reassignment's
+import adopts them with their optimizer state (``adopt``), its source or a
+rolled-back target drops them (``release``). A push must name exactly the
+blocks held, except one the store answers without applying: a late push (its
+step went on without it) may name the blocks of the placement of its step.
+
 Membership changes re-check the open step, so a step waiting for a worker that
 was removed completes at once: a BSP step never waits for a worker that left.
 
@@ -182,6 +188,7 @@ class ParamStore:
         self.recovered_at = max(self.recovered_at, version)
 
     def release(self, block_ids: Sequence[int]) -> None:
+        """Drop these blocks and their optimizer state (those not held are ignored)."""
         for block_id in block_ids:
             self.params.pop(block_id, None)
             self.states.pop(block_id, None)
@@ -263,17 +270,13 @@ class ParamStore:
         """
         if self.optimizer is None:
             raise ConfigError("this server is not seeded yet; push after the first pull")
-        if set(grads) != set(self.params):
-            raise ConfigError(
-                f"push names blocks {sorted(grads)}, this server holds {sorted(self.params)}; "
-                "the worker's placement is stale: fetch the current one"
-            )
         if step > self.version:
             raise ConfigError(
                 f"gradient for version {step}, the server is at {self.version}: pull first"
             )
         started = time.perf_counter()
         if self.mode == "asp":
+            self._check_blocks(grads)
             if samples == 0 or self._asp_last_step.get(worker) == step:
                 # No records behind it (weight 0, as in a BSP step), or sent again.
                 return PushResult(True, None)
@@ -290,6 +293,9 @@ class ParamStore:
             # gradient was in, so this one too; with backup > 0 it cannot be known,
             # and "dropped" sends its records back to the DDS rather than lose them.
             return PushResult(step < self.recovered_at and self.backup == 0, None)
+        # Only now: none of a push answered above is applied, and a late one may
+        # name the blocks of a placement that changed since its step (a reassignment).
+        self._check_blocks(grads)
         for block_id, grad in grads.items():
             acc = self._acc.get(block_id)
             if not self._contrib or acc is None:
@@ -300,6 +306,14 @@ class ParamStore:
                 acc.add_(grad, alpha=samples)
         self._contrib[worker] = samples
         return PushResult(True, self._maybe_apply(started))
+
+    def _check_blocks(self, grads: Mapping[int, torch.Tensor]) -> None:
+        """Raises: ConfigError when ``grads`` are not for exactly the blocks held."""
+        if set(grads) != set(self.params):
+            raise ConfigError(
+                f"push names blocks {sorted(grads)}, this server holds {sorted(self.params)}; "
+                "the worker's placement is stale: fetch the current one"
+            )
 
     def _maybe_apply(self, started: float) -> PsUpdate | None:
         if not self._contrib:

@@ -475,8 +475,9 @@ class Job:
         self._timer.record_wait(seconds)
 
     def record_server_comm(self, server: int, nbytes: int, seconds: float) -> None:
-        """One exchange with parameter server ``server`` (bytes both ways, seconds
-        from request to answer), for the Monitor's per-server view;
+        """One exchange with parameter server ``server`` (bytes both ways, the
+        server's service time: request to answer without the time a pull waited
+        there for the other workers' pushes), for the Monitor's per-server view;
         ``dtlaunch.ps.Client`` reports its pulls and pushes."""
         self._timer.record_server(server, nbytes, seconds)
 

@@ -13,12 +13,15 @@ global state (randomness only from a generator the caller passes), so policies,
   reassignment trigger, the superior server set (Alg. 1) and ε-greedy block
   assignment (Alg. 2-3): :func:`fit_server`, :func:`should_reassign`,
   :func:`superior_servers`, :func:`assign_blocks`.
+* :mod:`dtlaunch.solvers.proportional` — PSLD's strawman, bytes by speed:
+  :func:`assign_proportional`.
 """
 
 from __future__ import annotations
 
 from dtlaunch.solvers.batch import InfeasibleError, makespan, solve_batch_sizes
 from dtlaunch.solvers.dd import DDPlan, DeviceClass, dd_makespan, solve_dd, solve_dd_workers
+from dtlaunch.solvers.proportional import assign_proportional
 from dtlaunch.solvers.psld import (
     BlockAssignment,
     ServerFit,
@@ -38,6 +41,7 @@ __all__ = [
     "ServerFit",
     "SuperiorSet",
     "assign_blocks",
+    "assign_proportional",
     "dd_makespan",
     "fit_server",
     "makespan",

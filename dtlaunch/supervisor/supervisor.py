@@ -127,8 +127,7 @@ class Supervisor:
         self._clock = clock
         controller = services.controller
         self._intake = ReportIntake(controller, recorder=self._recorder, clock=clock)
-        # allreduce mode: replace stragglers without a group restart
-        self._regroup = (
+        self._regroup = (  # allreduce mode: replace stragglers without a group restart
             RegroupDriver(
                 services.regroup,
                 state=state,
@@ -157,6 +156,7 @@ class Supervisor:
                 clock=clock,
                 intake=self._intake,
                 interval=controller.interval if controller is not None else heartbeat_interval,
+                placements=self._placements,
             )
             if services.ps_keys is not None and state.builtin_ps
             else None

@@ -36,6 +36,8 @@ class StepRow:
     comm_s: float
     samples: int
     injected_s: float
+    # PS mode: (server, bytes, seconds) of the step's exchanges with each server
+    servers: tuple[tuple[int, int, float], ...] = ()
 
     @property
     def bpt_s(self) -> float:
@@ -92,6 +94,11 @@ class RecordedRun:
     worker_spawns: list[tuple[float, int, str]] = field(default_factory=list)
     # proc id -> (time, RSS bytes, CPU %, memory limit) from the "resources" samples
     resources: dict[str, list[tuple[float, int, float, int]]] = field(default_factory=dict)
+    # PS mode: every placement map the job followed (the first worker's, then each
+    # reassignment's), as (time, version, servers, block bytes, owner per block)
+    placements: list[tuple[float, int, int, tuple[int, ...], tuple[int, ...]]] = field(
+        default_factory=list
+    )
 
     @property
     def worker_hosts(self) -> dict[int, str]:
@@ -135,8 +142,13 @@ def _step_rows(event: Event, offset: float, arrived: float) -> list[StepRow] | N
     if len(lengths) != 1:
         return None
     rows: list[StepRow] = []
+    servers = data.get("servers")
+    if not (isinstance(servers, list) and len(servers) == len(columns[0] or [])):
+        servers = [[] for _ in columns[0] or []]
     try:
-        for step, batch, compute, comm, samples, injected, t in zip(*columns, strict=True):
+        for (step, batch, compute, comm, samples, injected, t), exchanges in zip(
+            zip(*columns, strict=True), servers, strict=True
+        ):
             row = StepRow(
                 at_s=float(t) + offset,
                 arrived_s=arrived,
@@ -147,6 +159,7 @@ def _step_rows(event: Event, offset: float, arrived: float) -> list[StepRow] | N
                 comm_s=float(comm),
                 samples=int(samples),
                 injected_s=float(injected),
+                servers=tuple((int(j), int(b), float(sec)) for j, b, sec in exchanges),
             )
             if not all(math.isfinite(v) for v in (row.at_s, row.compute_s, row.comm_s)):
                 return None
@@ -169,6 +182,7 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
     malformed = 0
     end = 0.0
     resources: dict[str, list[tuple[float, int, float, int]]] = {}
+    placements: list[tuple[float, int, int, tuple[int, ...], tuple[int, ...]]] = []
     for event in events:
         if origin is None:
             origin = event.wall
@@ -210,6 +224,10 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
                 resources.setdefault(proc_id, []).append((at, rss, cpu, limit))
         elif event.kind == "running" and event.role == "worker" and first_running is None:
             first_running = at
+        elif event.kind == "ps_placement":
+            placement = _placement(event)
+            if placement is not None:
+                placements.append((at, *placement))
         if event.kind in ("spawn", "adopted") and event.role == "worker" and event.host:
             spawns.append((at, event.rank, event.host))
     steps.sort(key=lambda r: r.at_s)
@@ -226,4 +244,21 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
         workers=workers,
         worker_spawns=spawns,
         resources=resources,
+        placements=placements,
     )
+
+
+def _placement(event: Event) -> tuple[int, int, tuple[int, ...], tuple[int, ...]] | None:
+    """(version, servers, block bytes, owners) of a ``ps_placement`` event (None:
+    a run recorded before the events carried the blocks, or malformed)."""
+    sizes, owner = event.data.get("block_bytes"), event.data.get("owner")
+    if not isinstance(sizes, list) or not isinstance(owner, list) or len(sizes) != len(owner):
+        return None
+    try:
+        version, servers = int(event.data.get("version", 0)), int(event.data.get("servers", 0))
+        owners = tuple(map(int, owner))
+        if any(not 0 <= j < servers for j in owners):
+            return None
+        return version, servers, tuple(map(int, sizes)), owners
+    except (TypeError, ValueError):
+        return None

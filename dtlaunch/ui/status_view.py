@@ -48,6 +48,8 @@ def render_status(
 ) -> RenderableType:
     """The whole screen; with ``height``, at most that many lines."""
     header = [_title(snap), _progress(snap, width)]
+    if snap.ps_map_version:
+        header.append(_ps_map_line(snap))
     if note:
         header.append(Text(note, style="yellow", no_wrap=True, overflow="ellipsis"))
     stragglers = [n for n in snap.nodes if n.straggler]
@@ -207,6 +209,19 @@ def _table(snap: StatusSnapshot, width: int, rows: int) -> Table:
         blank = [""] * (9 if limited else 7)
         table.add_row(Text(f" +{hidden}", style="dim"), Text("more", style="dim"), *blank)
     return table
+
+
+def _ps_map_line(snap: StatusSnapshot) -> Text:
+    """Each parameter server's share of the model's bytes and its fitted speed."""
+    servers = [n for n in snap.nodes if n.role == "server"]
+    total = sum(n.ps_bytes for n in servers)
+    text = Text(f"ps map v{snap.ps_map_version}:", style="dim", no_wrap=True, overflow="ellipsis")
+    for node in servers:
+        share = f"{100 * node.ps_bytes / total:.0f}%" if total else "-"
+        speed = f" {_short_size(int(node.ps_speed))}B/s" if node.ps_speed else ""
+        text.append(f"  server-{node.rank} ")
+        text.append(f"{share}{speed}", style="bold")
+    return text
 
 
 def _short_size(size: int) -> str:

@@ -13,6 +13,11 @@ so the effect of a different action (a batch size it would have set, a restart
 it would have made) is not simulated. It answers "when would this policy, with
 these lambda and windows, have acted on what the Monitor saw?"
 
+In PS mode the placement maps the run followed are replayed at the times they
+came into force (``ps_placement`` events), with each step's exchanges with the
+servers, so ``psld`` fits what the run's servers did. A reassignment the
+what-if policy asks for is listed, not carried out: its map stays the run's.
+
 A what-if of the run's own policy changes only what it names: ``nd:lambda=2.0``
 over a run under ``nd:l_trans=3,l_per=8`` is ``nd:l_trans=3,l_per=8,lambda=2.0``,
 so one knob can be tuned at a time.
@@ -32,11 +37,11 @@ from rich.text import Text
 from dtlaunch.events import Event
 from dtlaunch.supervisor.control.actions import Action, action_fields
 from dtlaunch.supervisor.control.controller import Controller
-from dtlaunch.supervisor.control.monitor import WorkerDevice
+from dtlaunch.supervisor.control.monitor import PsLayout, WorkerDevice
 from dtlaunch.supervisor.control.policies import BUILTIN_POLICIES, parse_policy
 from dtlaunch.ui.runlog import ActionRow, RecordedRun, StepRow, read_run
 from dtlaunch.ui.timeline import format_elapsed
-from dtlaunch.wire.messages import StepReport
+from dtlaunch.wire.messages import ServerComm, StepReport
 
 _REASON_CHARS = 140  # a table cell's reason is cut here; --json has it whole
 
@@ -190,6 +195,9 @@ def _simulate(
         timeline.append((shard.at_s, 0, ("remaining", shard.remaining_steps, None)))
     for at, rank, host in run.worker_spawns:
         timeline.append((at, 0, ("host", rank, host)))
+    for at, version, servers, sizes, owner in run.placements:
+        layout = PsLayout(version=version, servers=servers, block_bytes=sizes, owner=owner)
+        timeline.append((at, 0, ("placement", 0, layout)))
     start = run.first_running_s if run.first_running_s is not None else 0.0
     ticks = int(run.end_s / tick_s)
     timeline += [(k * tick_s, 1, None) for k in range(1, ticks + 1) if k * tick_s >= start]
@@ -206,6 +214,7 @@ def _simulate(
             decided = controller.decide(at, remaining_steps=remaining, worker_hosts=hosts or None)
             for action in decided:
                 would.append(_from_action(action, at))
+            controller.reassignment_over()  # listed, not carried out (module doc)
             continue
         what, key, rows = item
         if what == "reports":
@@ -218,6 +227,7 @@ def _simulate(
                     samples=r.samples,
                     age_s=max(0.0, at - r.at_s),
                     injected_s=r.injected_s,
+                    servers=[ServerComm(server=j, nbytes=b, comm_s=t) for j, b, t in r.servers],
                 )
                 for r in rows
             ]
@@ -229,6 +239,8 @@ def _simulate(
             controller.worker_gone(key)
         elif what == "host":
             hosts[key] = rows
+        elif what == "placement":
+            controller.placement_changed(rows)
         elif key is not None:
             remaining = key
     return would, decisions, skipped

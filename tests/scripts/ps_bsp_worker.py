@@ -4,8 +4,12 @@ records) while it holds no data, STEP_S of "compute" a step. Writes
 OUT/<rank>.json with the final loss and parameters, its steps, and where its
 servers ended up, and OUT/<rank>.ledger with the records of every step whose
 gradient was applied (one step a line; a step BACKUP_WORKERS dropped is left
-out). usage: ps_bsp_worker.py OUT STEP_S"""
+out). EXTRA (default 0) adds a parameter of that many floats with a small L2
+pull toward 0, so the servers' updates cost time in proportion to the bytes they
+hold (``--inject slowdown:role=server`` then slows a server by its share).
+usage: ps_bsp_worker.py OUT STEP_S [EXTRA]"""
 
+import hashlib
 import json
 import sys
 import time
@@ -17,9 +21,12 @@ import dtlaunch
 import dtlaunch.ps
 
 out, step_s = Path(sys.argv[1]), float(sys.argv[2])
+extra_floats = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 job = dtlaunch.init()
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 1)
+if extra_floats:
+    model.extra = torch.nn.Parameter(torch.ones(extra_floats))
 ps = dtlaunch.ps.Client(model, optimizer="sgd", lr=0.05)
 gen = torch.Generator().manual_seed(7)
 true_w = torch.randn(8, 1, generator=gen)
@@ -31,7 +38,10 @@ for idx in job.batches(wait=0.05):
     ps.pull()
     model.zero_grad()
     if idx:
-        torch.nn.functional.mse_loss(model(features[idx]), targets[idx]).backward()
+        loss = torch.nn.functional.mse_loss(model(features[idx]), targets[idx])
+        if extra_floats:
+            loss = loss + 1e-3 * model.extra.square().mean()
+        loss.backward()
         time.sleep(step_s)
     ps.push(len(idx))
     trained += len(idx)
@@ -53,7 +63,11 @@ record = {
     "endpoints": ps.endpoints,
     "moves": ps.moves,
     "versions": ps.versions,
-    "params": [p.detach().reshape(-1).tolist() for p in model.parameters()],
+    "params": [p.detach().reshape(-1).tolist() for p in (model.weight, model.bias)],
+    "extra_digest": (
+        hashlib.sha256(model.extra.detach().numpy().tobytes()).hexdigest() if extra_floats else ""
+    ),
+    "placement": {"version": ps.placement.version, "owner": list(ps.placement.owner)},
 }
 (out / f"{job.rank}.json").write_text(json.dumps(record))
 ps.close()

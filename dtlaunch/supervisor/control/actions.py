@@ -7,7 +7,8 @@ Controller can log it as a ``decision`` event and ``replay`` can show why. Keep
 
 Node actions (``KillRestart``) need no synchronisation; global actions
 (``AdjustBatchSize``, ``AdjustLR``) name the step at which every worker applies
-them, so all apply in the same iteration.
+them, so all apply in the same iteration; ``ReassignBlocks`` moves parameter
+blocks between servers at a step boundary the servers agree on (``psfleet``).
 """
 
 from __future__ import annotations
@@ -68,6 +69,16 @@ class BackupWorkers(Action):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ReassignBlocks(Action):
+    """PSLD's block reassignment: block ``i`` of the placement map ``from_version``
+    goes to server ``owner[i]``, live, at a step boundary the servers agree on."""
+
+    NAME: ClassVar[str] = "REASSIGN_BLOCKS"
+    owner: list[int]
+    from_version: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NoAction(Action):
     """The dummy action: nothing to do this interval (still logged with its inputs)."""
 
@@ -75,7 +86,8 @@ class NoAction(Action):
 
 
 def action_name(action: Action) -> str:
-    """``"ADJUST_BS" | "KILL_RESTART" | "ADJUST_LR" | "BACKUP_WORKERS" | "NONE"``.
+    """``"ADJUST_BS" | "KILL_RESTART" | "ADJUST_LR" | "BACKUP_WORKERS" |
+    "REASSIGN_BLOCKS" | "NONE"``.
 
     Raises:
         TypeError: ``action`` is not one of the action classes above.

@@ -15,9 +15,10 @@ from dtlaunch.supervisor.control.actions import (
     AdjustBatchSize,
     KillRestart,
     NoAction,
+    ReassignBlocks,
     action_name,
 )
-from dtlaunch.supervisor.control.monitor import WorkerDevice
+from dtlaunch.supervisor.control.monitor import PsLayout, WorkerDevice
 from dtlaunch.supervisor.control.policies import monitor_for
 from dtlaunch.supervisor.control.policies.base import Policy
 from dtlaunch.wire.messages import PsUpdate, StepReport
@@ -65,6 +66,9 @@ class Controller:
         self.server_restart_cost_s: float | None = None  # servers: a move costs another price
         self._host_devices = dict(host_devices or {})
         self._worker_hosts: dict[int, str] = {}  # rank -> host it runs on, as last told
+        # PS mode: the placement map in force, and a REASSIGN_BLOCKS still being carried out
+        self.ps_layout: PsLayout | None = None
+        self.reassigning = False
 
     def observe(self, rank: int, reports: list[StepReport], now: float) -> None:
         """Feed a worker's step reports (idle ones too: the Monitor knows which
@@ -83,8 +87,17 @@ class Controller:
                 compute_s=report.compute_s,
                 comm_s=report.comm_s,
                 samples=report.samples,
-                servers=tuple((c.server, c.comm_s) for c in report.servers),
+                server_samples=tuple((c.server, c.nbytes, c.comm_s) for c in report.servers),
             )
+
+    def placement_changed(self, layout: PsLayout) -> None:
+        """The job's parameter-server placement map is now ``layout`` (the first
+        worker's, or a reassignment's once committed)."""
+        self.ps_layout = layout
+
+    def reassignment_over(self) -> None:
+        """A REASSIGN_BLOCKS was carried out or given up (the map says which)."""
+        self.reassigning = False
 
     def observe_server(
         self, rank: int, updates: list[PsUpdate], now: float, *, ages: list[float] | None = None
@@ -163,6 +176,8 @@ class Controller:
             batch_plan=self.batch_plan,
             accumulation_plan=self.accumulation_plan,
             devices=self._devices(),
+            ps_layout=self.ps_layout,
+            reassign_pending=self.reassigning,
         )
         actions = [a for a in self.policy.decide(snap) if not isinstance(a, NoAction)]
         for action in actions:
@@ -171,6 +186,8 @@ class Controller:
                 self.batch_plan.update(action.sizes)
                 for rank in action.sizes:
                     self.accumulation_plan[rank] = action.accumulations.get(rank, 1)
+            if isinstance(action, ReassignBlocks):
+                self.reassigning = True
             if isinstance(action, KillRestart):
                 self._restarting.add((action.role, action.rank))
                 if action.role == "worker":

@@ -14,7 +14,7 @@
   ADJUST_BS and ADJUST_LR go to every worker named, for the same step;
   BACKUP_WORKERS to the parameter servers (``psfleet``); KILL_RESTART as a live
   server move (``psfleet``), a regroup around the survivors (``regroup``) or a
-  restart by the node table (``jobstate``).
+  restart by the node table (``jobstate``); REASSIGN_BLOCKS to ``psfleet``.
 
 The batch plan lives in the Controller; a restarted worker is given its share
 of it as soon as it says Hello (``worker_greeted``).
@@ -34,6 +34,7 @@ from dtlaunch.supervisor.control.actions import (
     AdjustLR,
     BackupWorkers,
     KillRestart,
+    ReassignBlocks,
     action_fields,
 )
 from dtlaunch.supervisor.control.controller import Controller
@@ -79,6 +80,10 @@ class ServerMover(Protocol):
 
     def kill_restart(self, action: KillRestart, now: float) -> bool:
         """False when the server cannot move (then it is restarted in place)."""
+        ...
+
+    def reassign(self, action: ReassignBlocks, now: float) -> bool:
+        """False when the blocks cannot move now (another move under way)."""
         ...
 
 
@@ -287,6 +292,11 @@ class ControlLoop:
                     log.warning("BACKUP_WORKERS needs the built-in parameter servers; ignored")
             elif isinstance(action, KillRestart):
                 await self._kill_restart(action, now)
+            elif isinstance(action, ReassignBlocks):
+                servers = self._targets.servers
+                if servers is None or not servers.reassign(action, now):
+                    log.warning("REASSIGN_BLOCKS cannot start now; the policy decides again")
+                    self.controller.reassignment_over()
 
     async def _kill_restart(self, action: KillRestart, now: float) -> None:
         servers, workers, state = self._targets.servers, self._targets.workers, self._targets.state

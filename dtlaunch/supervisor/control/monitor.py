@@ -31,6 +31,12 @@ Two refinements keep balancing quick and fair (see their functions):
   its line (``with_peer_lines``); the equal-share BPT of a worker with a line is
   the line's value at the reference batch.
 
+PSLD's per-server profile (§4.1): every worker step's exchanges with each server,
+as ``(bytes, seconds)`` pairs (the server's service time as the worker measured
+it, the BSP barrier left out), the newest ``PROFILE_SAMPLES`` per server within
+the long window (``server_profile``). With the job's block layout (``PsLayout``,
+given by the caller) a policy can fit ``Pred(s) = alpha * s + beta`` per server.
+
 Steps without a record (``samples == 0``) of a worker that otherwise reports its
 records are left out: a worker waiting for a lease or out of data did no work.
 A node with no report inside a window is absent from that window's dict and from
@@ -47,6 +53,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -109,6 +116,32 @@ class NodeInfo:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ServerProfile:
+    """One server's recent exchanges (PSLD §4.1): ``bytes[i]`` moved in
+    ``seconds[i]``, one pair per worker step, oldest first."""
+
+    nbytes: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsLayout:
+    """The job's parameter-server placement map in force: block ``i`` has
+    ``block_bytes[i]`` bytes and lives on server ``owner[i]``."""
+
+    version: int
+    servers: int
+    block_bytes: tuple[int, ...]
+    owner: tuple[int, ...]
+
+    def bytes_per_server(self) -> list[int]:
+        loads = [0] * self.servers
+        for size, server in zip(self.block_bytes, self.owner, strict=True):
+            loads[server] += size
+        return loads
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerDevice:
     """The device a worker runs on, as its host's hostfile line declares it."""
 
@@ -163,6 +196,14 @@ class MonitorSnapshot:
     # Workers placed (in ``devices``) that have not sent one step report yet: a
     # plan made before they do would split the global batch among the others only.
     awaiting_first_report: tuple[int, ...] = ()
+    # PS mode: each server's recent (bytes, seconds) exchanges, the block layout in
+    # force (None: no map yet), and whether a reassignment is still being carried out
+    server_profile: dict[int, ServerProfile] = dataclasses.field(default_factory=dict)
+    ps_layout: PsLayout | None = None
+    reassign_pending: bool = False
+
+
+PROFILE_SAMPLES = 512  # per server: enough for a fit, bounded at any job size
 
 
 class Monitor:
@@ -186,6 +227,7 @@ class Monitor:
         self._ever_reported: set[int] = set()
         self._servers: dict[int, Series] = {}
         self._server_info: dict[int, NodeInfo] = {}
+        self._profiles: dict[int, deque[tuple[float, int, float]]] = {}  # (t, bytes, s)
         self._spare_capacity = 0
         self._spare_hosts: tuple[str, ...] = ()
         self._latest_step = -1
@@ -203,9 +245,12 @@ class Monitor:
         comm_s: float,
         samples: int,
         servers: tuple[tuple[int, float], ...] = (),
+        server_samples: tuple[tuple[int, int, float], ...] = (),
     ) -> None:
         """One training step of worker ``rank`` that ended at time ``now``
-        (``servers``: its communication time with each parameter server).
+        (``servers``: its communication time with each parameter server;
+        ``server_samples``: the same as ``(server, bytes, seconds)``, which also
+        feeds the servers' profiles; give one or the other).
 
         Raises: ValueError for a negative or non-finite time or a batch size < 1.
         """
@@ -226,6 +271,15 @@ class Monitor:
             # would look many times faster than everyone. (Known from any of its
             # reports, not the window's: a window of only empty steps stays empty.)
             steps.become_reader()
+        if server_samples:
+            servers = tuple((server, seconds) for server, _, seconds in server_samples)
+            for server, nbytes, seconds in server_samples:
+                if nbytes <= 0:  # a server holding no block: nothing to learn per byte
+                    continue
+                profile = self._profiles.get(server)
+                if profile is None:
+                    profile = self._profiles[server] = deque(maxlen=PROFILE_SAMPLES)
+                profile.append((now, nbytes, seconds))
         work = samples if samples > 0 else batch_size
         steps.add(
             now, compute_s, comm_s, work, counts=samples > 0 or not steps.reader, servers=servers
@@ -292,6 +346,8 @@ class Monitor:
         batch_plan: dict[int, int] | None = None,
         accumulation_plan: dict[int, int] | None = None,
         devices: dict[int, WorkerDevice] | None = None,
+        ps_layout: PsLayout | None = None,
+        reassign_pending: bool = False,
     ) -> MonitorSnapshot:
         """Aggregate the windows ending at ``now`` (see module doc)."""
         short_from, long_from = now - self.l_trans, now - self.l_per
@@ -358,7 +414,22 @@ class Monitor:
             awaiting_first_report=tuple(
                 sorted(r for r in devices or {} if r not in self._ever_reported)
             ),
+            server_profile=self._server_profiles(long_from),
+            ps_layout=ps_layout,
+            reassign_pending=reassign_pending,
         )
+
+    def _server_profiles(self, since: float) -> dict[int, ServerProfile]:
+        out: dict[int, ServerProfile] = {}
+        for server, samples in sorted(self._profiles.items()):
+            while samples and samples[0][0] < since:
+                samples.popleft()
+            if samples:
+                out[server] = ServerProfile(
+                    nbytes=tuple(b for _, b, _ in samples),
+                    seconds=tuple(t for _, _, t in samples),
+                )
+        return out
 
     def _node_infos(self) -> dict[int, NodeInfo]:
         # In the order the workers first reported, as a dict filled per report would be.

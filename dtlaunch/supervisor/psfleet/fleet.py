@@ -24,6 +24,11 @@ their own (those sockets block; the supervisor's loop must not):
 A move that fails (the new server never listens, or the straggler never reaches
 a step boundary) is logged and recorded; the straggler keeps its blocks and the
 job goes on with it.
+
+* **REASSIGN_BLOCKS** (PSLD): some blocks change servers, live, between steps
+  (``reassign``), recorded as ``ps_reassign`` events with the pause measured. A
+  reassignment left pending by a supervisor that died is completed or rolled
+  back first thing (``run``).
 """
 
 from __future__ import annotations
@@ -40,11 +45,14 @@ from typing import Any, TypeVar
 from dtlaunch.events import EventRecorder
 from dtlaunch.ps.control import ServerControl
 from dtlaunch.ps.exchange import PsError
-from dtlaunch.supervisor.control.actions import KillRestart
+from dtlaunch.supervisor.control.actions import KillRestart, ReassignBlocks
 from dtlaunch.supervisor.control.loop import ReportIntake
+from dtlaunch.supervisor.control.monitor import PsLayout
 from dtlaunch.supervisor.jobstate.machine import Command, JobState, ProcState
+from dtlaunch.supervisor.psfleet.placement import PlacementKeeper
+from dtlaunch.supervisor.psfleet.reassign import BlockReassigner, Reassigned
 from dtlaunch.wire.keys import PeerKeys
-from dtlaunch.wire.messages import PsStats, PsUpdate
+from dtlaunch.wire.messages import PsPlacementMap, PsStats, PsUpdate
 
 __all__ = ["ServerFleet"]
 
@@ -76,6 +84,7 @@ class ServerFleet:
         clock: Callable[[], float],
         intake: ReportIntake,
         interval: float,
+        placements: PlacementKeeper | None = None,
     ) -> None:
         self._state = state
         self._keys = keys
@@ -97,12 +106,32 @@ class ServerFleet:
         self._targets: dict[int, tuple[str, ...]] = {}  # rank -> the host it moves to
         self._tasks: set[asyncio.Task[None]] = set()
         self._backup: int | None = None  # BACKUP_WORKERS' b, once a policy set it
+        self._placements = placements
+        self._reassigner = (
+            BlockReassigner(
+                keeper=placements,
+                endpoint_of=state.server_endpoint,
+                keys=keys,
+                timeout=MOVE_TIMEOUT_S,
+                stop=self._stop,
+            )
+            if placements is not None
+            else None
+        )
+        self._reassigning = False
+        if placements is not None and self._controller is not None:
+            controller = self._controller
+            placements.listen(lambda placement: controller.placement_changed(layout_of(placement)))
 
     # --------------------------------------------------------------- public
 
     async def run(self) -> None:
-        """Feed the Monitor every interval until cancelled; then stop every move."""
+        """Feed the Monitor every interval until cancelled; then stop every move.
+        First, complete or roll back a reassignment an earlier supervisor left."""
         try:
+            if self._placements is not None and self._placements.pending is not None:
+                self._reassigning = True
+                self._spawn(self._recover(), "ps-reassign-recover")
             while True:
                 await asyncio.sleep(self._interval)
                 await self.poll()
@@ -151,6 +180,7 @@ class ServerFleet:
             or target is None
             or target == slot.host
             or rank in self._moves
+            or self._reassigning
             or not old
         ):
             return False
@@ -162,12 +192,77 @@ class ServerFleet:
         if self._controller is not None:
             self._controller.server_moving(rank)
         self._targets[rank] = (target,)
-        task = asyncio.get_running_loop().create_task(
-            self._move(rank, old, target), name=f"ps-move-{rank}"
-        )
+        self._spawn(self._move(rank, old, target), f"ps-move-{rank}")
+        return True
+
+    def reassign(self, action: ReassignBlocks, now: float) -> bool:
+        """Start moving blocks to ``action.owner``; False when it cannot start (no
+        map, another reassignment or a server move under way, a stale plan)."""
+        keeper = self._placements
+        if (
+            keeper is None
+            or keeper.placement is None
+            or keeper.placement.version != action.from_version
+            or self._reassigning
+            or self._moves
+        ):
+            return False
+        self._reassigning = True
+        self._spawn(self._reassign(list(action.owner)), "ps-reassign")
+        return True
+
+    # ---------------------------------------------------------- reassignments
+
+    async def _reassign(self, owner: list[int]) -> None:
+        assert self._reassigner is not None
+        assert self._placements is not None
+        began = self._clock()
+        self._reassign_event("begin", owner=owner)
+        try:
+            done: Reassigned = await self._blocking(
+                self._reassigner.carry_out, owner, pool=self._move_pool
+            )
+        except Exception as exc:
+            log.error("reassigning parameter blocks failed: %s", exc)
+            self._reassign_event("failed", error=str(exc) or type(exc).__name__)
+        else:
+            self._reassign_event(
+                "done",
+                version=done.version,
+                at_version=done.at_version,
+                pause_s=round(done.pause_s, 4),
+                blocks=done.blocks,
+                bytes=done.nbytes,
+                tries=done.tries,
+                took_s=round(self._clock() - began, 3),
+            )
+        finally:
+            self._reassigning = False
+            self._placements.announce()
+            if self._controller is not None:
+                self._controller.reassignment_over()
+
+    async def _recover(self) -> None:
+        assert self._reassigner is not None
+        assert self._placements is not None
+        try:
+            outcome = await self._blocking(self._reassigner.recover, pool=self._move_pool)
+        except Exception as exc:  # the file stays: the next reassignment tries again
+            log.error("a reassignment left by an earlier supervisor: %s", exc)
+            self._reassign_event("recover_failed", error=str(exc) or type(exc).__name__)
+        else:
+            self._reassign_event("recovered", outcome=outcome)
+        finally:
+            self._reassigning = False
+            self._placements.announce()
+
+    def _reassign_event(self, phase: str, **data: Any) -> None:
+        self._recorder.emit("ps_reassign", role="supervisor", rank=0, phase=phase, **data)
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return True
 
     # ----------------------------------------------------------------- moves
 
@@ -296,3 +391,12 @@ class ServerFleet:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(pool or self._pool, fn, *args)
 
+
+def layout_of(placement: PsPlacementMap) -> PsLayout:
+    """The Monitor's view of a placement map."""
+    return PsLayout(
+        version=placement.version,
+        servers=placement.servers,
+        block_bytes=tuple(b.nbytes for b in placement.blocks),
+        owner=tuple(b.server for b in placement.blocks),
+    )

@@ -7,7 +7,9 @@ keeps is bounded (a few dozen BPT points per node, the last actions), so a
 week-long job costs the supervisor no more memory than a minute-long one.
 
 Step data comes from the ``reports`` events (one per batch of step reports a
-worker sends, every few steps or about a second): one sparkline point each.
+worker sends, every few steps or about a second): one sparkline point each. In
+PS mode their per-server exchanges give each server's fitted speed (PSLD's
+``Pred``), and ``ps_placement`` events the bytes each server holds.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from dtlaunch.errors import InfeasibleError
 from dtlaunch.events import Event, resource_samples
+from dtlaunch.solvers.psld import fit_server
 from dtlaunch.supervisor.control.monitor import fast_reference
 from dtlaunch.wire.messages import ActionStatus, NodeStatus, StatusSnapshot
 
@@ -32,6 +36,7 @@ THROUGHPUT_WINDOW_S = 10.0  # live global throughput: samples trained over this 
 # (a screen shows a few dozen rows; the snapshot is built, sent and parsed whole).
 FLOAT_BUDGET = 10_000
 DEFAULT_LAMBDA = 1.5  # as the built-in policies (policies.base.DEFAULT_LAMBDA)
+EXCHANGES_KEPT = 64  # per server: (bytes held, seconds) of the newest worker steps
 
 NodeKey = tuple[str, int]  # (role, rank)
 
@@ -110,6 +115,9 @@ class StatusFold:
         self._done_history: deque[tuple[float, int]] = deque()
         self._samples_history: deque[tuple[float, int]] = deque()  # (step end, samples)
         self._first_report_t: float | None = None
+        self.ps_map_version = 0
+        self._ps_bytes: dict[int, int] = {}  # server -> bytes of its blocks in the map
+        self._exchanges: dict[int, deque[tuple[float, float]]] = {}
 
     # ------------------------------------------------------------- input
 
@@ -180,12 +188,51 @@ class StatusFold:
         if isinstance(sizes, list) and sizes and isinstance(sizes[-1], int):
             track.batch_size = sizes[-1]
         self.samples_total += point.samples
+        exchanges = event.data.get("servers")
+        if isinstance(exchanges, list):
+            self._note_exchanges(exchanges)
         if track.role == "worker":
             if self._first_report_t is None:
                 self._first_report_t = point.t
             self._samples_history.append((point.t, point.samples))
             while self._samples_history[0][0] < point.t - THROUGHPUT_WINDOW_S:
                 self._samples_history.popleft()
+
+    def _note_exchanges(self, steps: list[Any]) -> None:
+        """Each step's [server, bytes, seconds]: the bytes went both ways (pull and
+        push), so a sample is (bytes held, seconds), as the psld policy fits it."""
+        for step in steps:
+            for exchange in step if isinstance(step, list) else ():
+                try:
+                    server, nbytes, seconds = (
+                        int(exchange[0]),
+                        float(exchange[1]),
+                        float(exchange[2]),
+                    )
+                except (TypeError, ValueError, IndexError):
+                    continue
+                kept = self._exchanges.get(server)
+                if kept is None:
+                    kept = self._exchanges[server] = deque(maxlen=EXCHANGES_KEPT)
+                kept.append((nbytes / 2, seconds))
+
+    def _placement(self, event: Event) -> None:
+        version, loads = event.data.get("version"), event.data.get("bytes_per_server")
+        if isinstance(version, int) and isinstance(loads, list):
+            self.ps_map_version = version
+            self._ps_bytes = {j: int(b) for j, b in enumerate(loads) if isinstance(b, int)}
+
+    def server_speed(self, server: int) -> float:
+        """Bytes/s of ``server`` at its load, from the fit of its recent exchanges
+        (0.0: not enough of them, or no load known)."""
+        kept, load = self._exchanges.get(server), self._ps_bytes.get(server, 0)
+        if not kept or len(kept) < 2 or load <= 0:
+            return 0.0
+        try:
+            speed = fit_server([b for b, _ in kept], [t for _, t in kept]).speed(load)
+        except InfeasibleError:
+            return 0.0
+        return speed if speed < float("inf") else 0.0
 
     def _resources(self, event: Event) -> None:
         """A sample of every running process's RSS, CPU and memory limit."""
@@ -395,6 +442,7 @@ class StatusFold:
             eta_s=self.eta(now) if live else None,
             nodes=nodes,
             actions=list(self.actions),
+            ps_map_version=self.ps_map_version,
         )
 
     def _node_status(
@@ -428,6 +476,8 @@ class StatusFold:
             throughput=throughput if fresh else 0.0,
             shards_done=track.shards_done,
             straggler=reason,
+            ps_bytes=self._ps_bytes.get(track.rank, 0) if track.role == "server" else 0,
+            ps_speed=self.server_speed(track.rank) if track.role == "server" else 0.0,
         )
 
 
@@ -533,6 +583,7 @@ _HANDLERS: dict[str, Callable[[StatusFold, Event], object]] = {
     "shards_done": StatusFold._shards_done,
     "dds_recovered": StatusFold._progress,
     "decision": StatusFold._decision,
+    "ps_placement": StatusFold._placement,
     "stall": StatusFold._stall,
     "stall_stacks": StatusFold._stall_stacks,
     "stop_requested": StatusFold._stopping,

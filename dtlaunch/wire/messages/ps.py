@@ -23,6 +23,7 @@ __all__ = [
     "PsBlockState",
     "PsExport",
     "PsExported",
+    "PsHoldEnd",
     "PsIdle",
     "PsIdleReply",
     "PsImport",
@@ -36,6 +37,7 @@ __all__ = [
     "PsPull",
     "PsPush",
     "PsPushAck",
+    "PsRelease",
     "PsReply",
     "PsShutdown",
     "PsSnapshotNow",
@@ -242,6 +244,11 @@ class PsExport(Message):
     remove: bool = True  # stop holding them (a migration), or keep them (a copy)
     # A migration's destination: requests for the blocks get a PsReply naming it.
     moved_to: str = ""
+    # A reassignment (PSLD): keep the blocks, but from ``at_version`` on answer no
+    # pull for them until a PsRelease (they went elsewhere) or PsHoldEnd (they
+    # stay). Refused when the server is already past ``at_version``: a pull of
+    # that version may have been answered from the old placement.
+    hold: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -270,6 +277,29 @@ class PsImport(Message):
     with_members: bool = False
     workers: list[int] = field(default_factory=list)
     backup: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsRelease(Message):
+    """Drop ``blocks`` (held or not). With ``placement_version`` > 0 they went
+    elsewhere in that placement: a request naming them is answered
+    ``PsReply(ok=False, placement_version=...)``, and the client follows the
+    job's map from that version on. 0: only drop them (a reassignment's target
+    rolling back an import)."""
+
+    TYPE: ClassVar[str] = "ps_release"
+    request_id: int
+    blocks: list[int]
+    placement_version: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PsHoldEnd(Message):
+    """A reassignment rolled back: serve ``blocks`` again (a PsExport's hold ends)."""
+
+    TYPE: ClassVar[str] = "ps_hold_end"
+    request_id: int
+    blocks: list[int]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -313,6 +343,9 @@ class PsReply(Message):
     incarnation: int = 0  # the answering server's; a refused request may name a newer one
     moved_to: str = ""  # the blocks asked for moved to this server: ask it instead
     holding: bool = False  # to a PsPing: the request it names waits here for its answer
+    # The blocks asked for were reassigned in this version of the job's placement
+    # map: fetch it (at least this version), follow it, and send the request again.
+    placement_version: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -346,6 +379,8 @@ PS_MESSAGE_TYPES: tuple[type[Message], ...] = (
     PsExport,
     PsExported,
     PsImport,
+    PsRelease,
+    PsHoldEnd,
     PsStatsRequest,
     PsStats,
     PsShutdown,

@@ -48,6 +48,11 @@ class NodeStatus(Record):
     memory_limit: int = 0
     cpu_percent: float = 0.0  # 100 = one CPU
     cpu_limit: float = 0.0  # CPUs
+    # A built-in parameter server: the bytes of the blocks it holds in the map in
+    # force, and its speed in bytes/s fitted from the workers' exchanges with it
+    # (PSLD's Pred(s) at its load; 0: not known yet)
+    ps_bytes: int = 0
+    ps_speed: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,6 +82,7 @@ class StatusSnapshot(Record):
     eta_s: float | None = None  # None: unknown
     nodes: list[NodeStatus] = field(default_factory=list)
     actions: list[ActionStatus] = field(default_factory=list)  # oldest first
+    ps_map_version: int = 0  # the parameter servers' placement map in force (0: none)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

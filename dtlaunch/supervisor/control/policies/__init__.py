@@ -2,7 +2,7 @@
 
 ``--policy`` text forms::
 
-    none | lb-bsp | nd | backup | dd         a built-in with its defaults
+    none | lb-bsp | nd | backup | dd | psld  a built-in with its defaults
     nd:lambda=1.5,l_trans=30,l_per=120       a built-in with parameters
     pkg.mod:MyPolicy[:k=v,...]               a user's class, imported from pkg.mod
 
@@ -34,6 +34,7 @@ from dtlaunch.supervisor.control.policies.dd import DdPolicy
 from dtlaunch.supervisor.control.policies.lb_bsp import LbBspPolicy
 from dtlaunch.supervisor.control.policies.nd import NdPolicy
 from dtlaunch.supervisor.control.policies.none import NonePolicy
+from dtlaunch.supervisor.control.policies.psld import PsldPolicy
 
 __all__ = [
     "BUILTIN_POLICIES",
@@ -44,6 +45,7 @@ __all__ = [
     "NdPolicy",
     "NonePolicy",
     "Policy",
+    "PsldPolicy",
     "monitor_for",
     "parse_policy",
 ]
@@ -54,6 +56,7 @@ BUILTIN_POLICIES: dict[str, Callable[[dict[str, str]], Policy]] = {
     "nd": NdPolicy,
     "backup": BackupPolicy,
     "dd": DdPolicy,
+    "psld": PsldPolicy,
 }
 
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")

@@ -1,0 +1,300 @@
+"""Live block reassignment between running servers (PSLD §5.2), the supervisor's side.
+
+A ``REASSIGN_BLOCKS`` names a new owner for every block. The blocks move at a
+step boundary every server agrees on, the *fence* version ``F``, chosen ahead
+of the sources' newest version, in two phases around one commit point
+(``PlacementKeeper``):
+
+1. ``begin``: the new map and ``F`` are written to the pending file.
+2. Every source is asked, all at once, for the blocks it gives away, at ``F``
+   and on hold (``PsExport(hold=True)``): at ``F`` it answers with the blocks
+   and their optimizer state, keeps them, and answers no pull of ``F`` or later
+   for them. The workers' next pulls wait there: the pause starts.
+3. Each target imports its blocks at ``F`` (a target still finishing step
+   ``F - 1`` keeps the import waiting until it is at ``F``).
+4. ``commit``: the new map is the job's.
+5. Every source releases the blocks (``PsRelease``): the waiting pulls are
+   answered "placement changed to V", the workers fetch the job's map, now V,
+   and pull again from the new owners. The pause ends.
+
+No worker pulls version ``F`` of a moved block before step 5, so no gradient
+of step ``F`` is computed on the old placement, and every step before ``F`` was
+applied on the old owners before the blocks left: nothing is lost or applied
+twice. A source already past ``F`` when its export arrives refuses it; the
+reassignment is rolled back and tried again with a fence further ahead.
+
+Rolling back (anything fails before the commit): wait until no export is still
+waiting in a source (one answered later would hold blocks for nobody), drop
+what targets imported or may still import (``PsRelease`` with no version), then
+end the holds (``PsHoldEnd``): in the other order a worker's next push, on the
+old map, would meet a target still holding the imported blocks. After the
+commit only step 5 is left, and it is repeated until done.
+A supervisor killed anywhere in between finds the pending file when it resumes
+(``recover``): committed, it completes step 5; not committed, it rolls back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from dtlaunch.errors import PsError
+from dtlaunch.ps.control import ExportedBlocks, ServerControl
+from dtlaunch.supervisor.psfleet.placement import (
+    PendingReassignment,
+    PlacementKeeper,
+)
+from dtlaunch.wire.keys import PeerKeys
+from dtlaunch.wire.messages import PsExported
+
+__all__ = ["FENCE_LEADS", "BlockReassigner", "Reassigned", "subset"]
+
+log = logging.getLogger(__name__)
+
+# Versions ahead of the sources' newest at which the blocks move: far enough
+# that the export requests arrive first; a source that was quicker refuses, and
+# the next try leads by more (steps of a few milliseconds run many versions
+# while the requests travel).
+FENCE_LEADS = (2, 8, 32)
+
+
+@dataclass(frozen=True, slots=True)
+class Reassigned:
+    """A reassignment carried out."""
+
+    version: int  # the job's map version it made
+    at_version: int  # the servers' version at which the blocks moved
+    pause_s: float  # from the first source holding its blocks to the last release
+    blocks: int  # blocks moved
+    nbytes: int  # their parameter bytes
+    tries: int  # fences tried (a refused fence is rolled back and tried further ahead)
+
+
+class BlockReassigner:
+    """Carries out reassignments on the caller's thread (blocking; see module doc)."""
+
+    def __init__(
+        self,
+        *,
+        keeper: PlacementKeeper,
+        endpoint_of: Callable[[int], str],
+        keys: PeerKeys,
+        timeout: float,
+        stop: threading.Event,
+    ) -> None:
+        self._keeper = keeper
+        self._endpoint_of = endpoint_of  # server index -> its endpoint now ("" unknown)
+        self._keys = keys
+        self._timeout = timeout
+        self._stop = stop
+
+    def carry_out(self, owner: Sequence[int]) -> Reassigned:
+        """Move every block to ``owner[block]``; returns what it did.
+
+        Raises:
+            PsError: a server refused or was silent at every fence tried (all
+                rolled back), or the sources did not confirm the release (the
+                map is committed; ``recover`` completes it).
+        """
+        if self._keeper.pending is not None:
+            self.recover()
+        why = ""
+        for tries, lead in enumerate(FENCE_LEADS, start=1):
+            done = self._try(owner, lead, tries)
+            if isinstance(done, Reassigned):
+                return done
+            why = done
+            log.info("reassignment: %s; trying again further ahead", why)
+        raise PsError(f"reassignment rolled back at every fence tried: {why}")
+
+    def recover(self) -> str:
+        """Complete (committed) or roll back (not) a reassignment left pending by
+        an earlier supervisor or attempt: "completed", "rolled back" or "" (none).
+
+        Raises:
+            PsError: a server did not answer (the pending file stays; try again).
+        """
+        pending = self._keeper.pending
+        if pending is None:
+            return ""
+        if self._keeper.committed:
+            self._release(pending)
+            self._keeper.finish()
+            return "completed"
+        self._roll_back(pending, imported=[m.target for m in pending.moves])
+        self._keeper.finish()
+        return "rolled back"
+
+    # ---------------------------------------------------------------- phases
+
+    def _try(self, owner: Sequence[int], lead: int, tries: int) -> Reassigned | str:
+        """One fence ``lead`` versions ahead: what was done, or why the fence was
+        passed before the exports arrived (rolled back).
+
+        Raises:
+            PsError: refused or silent for another reason (rolled back).
+        """
+        placement = self._keeper.placement
+        assert placement is not None  # a policy decides only with a map in force
+        if list(owner) == [b.server for b in placement.blocks]:
+            raise PsError("reassignment: every block is on its server already")
+        newest = 0
+        for server in range(placement.servers):
+            with self._control(server) as control:
+                newest = max(newest, control.stats().version)
+        pending = self._keeper.begin(owner, newest + lead)
+        exported, refused, first_hold = self._export(pending)
+        if refused:
+            self._roll_back(pending, imported=[])
+            self._keeper.finish()
+            reasons = "; ".join(f"server {j}: {r.reason}" for j, r in sorted(refused.items()))
+            if all(r.fence_passed for r in refused.values()):
+                return f"fence {pending.at_version} passed ({reasons})"
+            raise PsError(f"reassignment rolled back: {reasons}")
+        try:
+            for move in pending.moves:
+                part = subset(exported[move.source], move.blocks)
+                with self._control(move.target) as control:
+                    control.import_blocks(part)
+        except PsError as exc:
+            # Every target: an import that timed out here may still wait there
+            # (a release refuses it), and one that arrived holds the blocks.
+            self._roll_back(pending, imported=[m.target for m in pending.moves])
+            self._keeper.finish()
+            raise PsError(f"reassignment rolled back: {exc}") from exc
+        self._keeper.commit()
+        self._release(pending)
+        pause = time.monotonic() - first_hold
+        self._keeper.finish()
+        sizes = [b.nbytes for b in pending.placement.blocks]
+        moved = [b for m in pending.moves for b in m.blocks]
+        return Reassigned(
+            version=pending.placement.version,
+            at_version=pending.at_version,
+            pause_s=pause,
+            blocks=len(moved),
+            nbytes=sum(sizes[b] for b in moved),
+            tries=tries,
+        )
+
+    def _export(
+        self, pending: PendingReassignment
+    ) -> tuple[dict[int, ExportedBlocks], dict[int, _Refusal], float]:
+        """Every source's blocks at the fence, all at once (each waits for its own
+        step boundary); returns them, the refusals, and when the first hold began.
+        Returns only once no export waits in any source any more."""
+        giving: dict[int, list[int]] = {}
+        for move in pending.moves:
+            giving.setdefault(move.source, []).extend(move.blocks)
+        done_at: dict[int, float] = {}
+
+        def export(source: int) -> ExportedBlocks | _Refusal:
+            # A control of its own: the exports wait at once, each on its thread.
+            with self._control(source) as control:
+                try:
+                    got = control.export(
+                        sorted(giving[source]),
+                        at_version=pending.at_version,
+                        remove=False,
+                        hold=True,
+                    )
+                except PsError as exc:
+                    # Refused because the source was past the fence already, or else?
+                    try:
+                        passed = control.stats().version >= pending.at_version
+                    except PsError:
+                        passed = False
+                    return _Refusal(str(exc), fence_passed=passed)
+                done_at[source] = time.monotonic()
+                return got
+
+        exported: dict[int, ExportedBlocks] = {}
+        refused: dict[int, _Refusal] = {}
+        with ThreadPoolExecutor(max_workers=len(giving), thread_name_prefix="ps-fence") as pool:
+            answers = dict(zip(giving, pool.map(export, giving), strict=True))
+        for source, answer in answers.items():
+            if isinstance(answer, _Refusal):
+                refused[source] = answer
+            else:
+                exported[source] = answer
+        return exported, refused, min(done_at.values(), default=time.monotonic())
+
+    def _release(self, pending: PendingReassignment) -> None:
+        for source in sorted({m.source for m in pending.moves}):
+            blocks = sorted(b for m in pending.moves if m.source == source for b in m.blocks)
+            with self._control(source) as control:
+                control.release(blocks, pending.placement.version)
+
+    def _roll_back(self, pending: PendingReassignment, *, imported: list[int]) -> None:
+        """Targets drop what they imported first, then the sources' holds end: once
+        a hold ends the workers push step F with the old map's blocks, which a
+        target still holding imported ones would refuse as a stale placement."""
+        problems: list[str] = []
+        steps = [(m.target, "release", m.blocks) for m in pending.moves if m.target in imported]
+        steps += [(m.source, "hold_end", m.blocks) for m in pending.moves]
+        for server, what, blocks in steps:
+            try:
+                with self._control(server) as control:
+                    if what == "release":
+                        control.release(list(blocks), 0)
+                    else:
+                        control.hold_end(list(blocks))
+            except PsError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise PsError("rolling the reassignment back: " + "; ".join(problems))
+
+    # --------------------------------------------------------------- helpers
+
+    def _endpoint(self, server: int) -> str:
+        endpoint = self._endpoint_of(server)
+        if not endpoint:
+            raise PsError(f"server {server} has no known endpoint (not running)")
+        return endpoint
+
+    def _control(self, server: int) -> ServerControl:
+        """A link to ``server`` for the caller's ``with`` block: none is kept open
+        between reassignments, which are many steps apart."""
+        return ServerControl(
+            self._endpoint(server), self._keys, timeout=self._timeout, stop=self._stop
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Refusal:
+    reason: str
+    fence_passed: bool  # the source was past the fence when the export arrived
+
+
+def subset(exported: ExportedBlocks, blocks: Sequence[int]) -> ExportedBlocks:
+    """The part of ``exported`` that holds ``blocks`` (its records and frames: a
+    block's parameter frame, then one frame per optimizer-state tensor).
+
+    Raises:
+        PsError: a block is not in ``exported``.
+    """
+    wanted = set(blocks)
+    records, frames = [], []
+    at = 0
+    for record in exported.message.blocks:
+        width = 1 + len(record.tensors)
+        if record.block.block_id in wanted:
+            records.append(record)
+            frames.extend(exported.frames[at : at + width])
+        at += width
+    missing = wanted - {r.block.block_id for r in records}
+    if missing:
+        raise PsError(f"blocks {sorted(missing)} were not exported")
+    message: PsExported = PsExported(
+        request_id=exported.message.request_id,
+        version=exported.message.version,
+        optimizer=exported.message.optimizer,
+        blocks=records,
+        workers=exported.message.workers,
+        backup=exported.message.backup,
+    )
+    return ExportedBlocks(message, frames)
