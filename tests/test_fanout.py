@@ -136,10 +136,13 @@ def test_check_has_at_most_the_concurrency_of_hosts_in_progress(hosts8, tmp_path
 
 
 def test_a_host_waiting_for_its_turn_is_not_timed_out_by_the_wait(hosts8, tmp_path):
-    """Five hosts one at a time, each about 0.6 s: the last one starts some 3 s
-    in, beyond the 2.5 s budget, which counts from each host's own turn."""
-    python, log = wrapper(tmp_path, sleep=0.6)
-    results = check(hosts8, python, tmp_path, ADDRESSES[:5], concurrency=1, timeout=2.5)
+    """Five hosts one at a time, each 1.5 s of probe plus SSH and Python start:
+    the last one starts at least 6 s in, beyond the 5 s budget, which counts
+    from each host's own turn. (A host's own turn must fit the budget with room:
+    under make test's load its SSH and Python start alone took over 1.5 s, so a
+    0.6 s probe under a 2.5 s budget failed once.)"""
+    python, log = wrapper(tmp_path, sleep=1.5)
+    results = check(hosts8, python, tmp_path, ADDRESSES[:5], concurrency=1, timeout=5.0)
     assert [r.ok for r in results] == [True] * 5, [r.items for r in results if not r.ok]
     spans = probe_intervals(log)
     assert most_at_once(spans) == 1
