@@ -66,6 +66,13 @@ class PendingReassignment:
     at_version: int  # the servers' step boundary at which the blocks move
     moves: tuple[BlockMove, ...]
 
+    def by_source(self) -> dict[int, list[int]]:
+        """Each source server and every block it gives away, ascending."""
+        giving: dict[int, list[int]] = {}
+        for move in self.moves:
+            giving.setdefault(move.source, []).extend(move.blocks)
+        return {source: sorted(blocks) for source, blocks in sorted(giving.items())}
+
 
 PlacementListener = Callable[[PsPlacementMap], None]
 

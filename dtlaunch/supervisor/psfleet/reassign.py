@@ -35,6 +35,7 @@ A supervisor killed anywhere in between finds the pending file when it resumes
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -49,7 +50,6 @@ from dtlaunch.supervisor.psfleet.placement import (
     PlacementKeeper,
 )
 from dtlaunch.wire.keys import PeerKeys
-from dtlaunch.wire.messages import PsExported
 
 __all__ = ["FENCE_LEADS", "BlockReassigner", "Reassigned", "subset"]
 
@@ -187,9 +187,7 @@ class BlockReassigner:
         """Every source's blocks at the fence, all at once (each waits for its own
         step boundary); returns them, the refusals, and when the first hold began.
         Returns only once no export waits in any source any more."""
-        giving: dict[int, list[int]] = {}
-        for move in pending.moves:
-            giving.setdefault(move.source, []).extend(move.blocks)
+        giving = pending.by_source()
         done_at: dict[int, float] = {}
 
         def export(source: int) -> ExportedBlocks | _Refusal:
@@ -197,7 +195,7 @@ class BlockReassigner:
             with self._control(source) as control:
                 try:
                     got = control.export(
-                        sorted(giving[source]),
+                        giving[source],
                         at_version=pending.at_version,
                         remove=False,
                         hold=True,
@@ -224,8 +222,7 @@ class BlockReassigner:
         return exported, refused, min(done_at.values(), default=time.monotonic())
 
     def _release(self, pending: PendingReassignment) -> None:
-        for source in sorted({m.source for m in pending.moves}):
-            blocks = sorted(b for m in pending.moves if m.source == source for b in m.blocks)
+        for source, blocks in pending.by_source().items():
             with self._control(source) as control:
                 control.release(blocks, pending.placement.version)
 
@@ -234,15 +231,17 @@ class BlockReassigner:
         a hold ends the workers push step F with the old map's blocks, which a
         target still holding imported ones would refuse as a stale placement."""
         problems: list[str] = []
-        steps = [(m.target, "release", m.blocks) for m in pending.moves if m.target in imported]
-        steps += [(m.source, "hold_end", m.blocks) for m in pending.moves]
-        for server, what, blocks in steps:
+        for move in pending.moves:
+            if move.target in imported:
+                try:
+                    with self._control(move.target) as control:
+                        control.release(list(move.blocks), 0)
+                except PsError as exc:
+                    problems.append(str(exc))
+        for source, blocks in pending.by_source().items():
             try:
-                with self._control(server) as control:
-                    if what == "release":
-                        control.release(list(blocks), 0)
-                    else:
-                        control.hold_end(list(blocks))
+                with self._control(source) as control:
+                    control.hold_end(blocks)
             except PsError as exc:
                 problems.append(str(exc))
         if problems:
@@ -289,12 +288,4 @@ def subset(exported: ExportedBlocks, blocks: Sequence[int]) -> ExportedBlocks:
     missing = wanted - {r.block.block_id for r in records}
     if missing:
         raise PsError(f"blocks {sorted(missing)} were not exported")
-    message: PsExported = PsExported(
-        request_id=exported.message.request_id,
-        version=exported.message.version,
-        optimizer=exported.message.optimizer,
-        blocks=records,
-        workers=exported.message.workers,
-        backup=exported.message.backup,
-    )
-    return ExportedBlocks(message, frames)
+    return ExportedBlocks(dataclasses.replace(exported.message, blocks=records), frames)
