@@ -241,8 +241,13 @@ def test_a_larger_lambda_gives_a_different_plausible_set(recorded_run: Path) -> 
     # KILL_RESTART up to the recorded one (later recorded reports come from the
     # replacement, which what-if does not simulate away).
     assert not [a for a in _kills(other["would"]) if a["at_s"] <= killed_at + 0.5]
-    # It still balances batch sizes, naming no transient straggler.
-    balances = [a for a in other["would"] if a["action"] == "ADJUST_BS"]
+    # It still balances batch sizes, naming no transient straggler, up to the
+    # recorded KILL_RESTART too: the reports after it are another regime (the
+    # replacement starting, workers out of data at the end), which under make
+    # test's load once put three workers 4x behind the fourth at step 184.
+    balances = [
+        a for a in other["would"] if a["action"] == "ADJUST_BS" and a["at_s"] <= killed_at + 0.5
+    ]
     assert balances and not any("transient straggler" in a["reason"] for a in balances)
     # The table names both policies and tallies each side.
     result = run(["replay", str(recorded_run), "--policy", "nd:lambda=4.0"], env={})
