@@ -54,6 +54,10 @@ def launch(
 
 
 def __getattr__(name: str) -> Any:
+    if name == "rna":  # dtlaunch.rna.Trainer without an import of its own; loads torch
+        import importlib
+
+        return importlib.import_module("dtlaunch.rna")
     if name == "LaunchResult":  # the result type, without importing the launcher eagerly
         from dtlaunch.launch_api import LaunchResult
 

@@ -259,6 +259,7 @@ class JobSpec:
                 "a parameter-server job has no accumulation passes: use --policy lb-bsp or nd"
             )
         self._validate_psld()
+        self._validate_rna()
         if self.dead_after < 2:
             raise ConfigError(f"--dead-after must be at least 2 intervals, got {self.dead_after}")
         if self.orphan_timeout < self.heartbeat_interval * self.dead_after:
@@ -279,6 +280,20 @@ class JobSpec:
         if dataset is not None:
             dataset.validate()
         return self
+
+    def _validate_rna(self) -> None:
+        if self.policy.partition(":")[0].strip() != "rna":
+            return
+        if self.mode != "allreduce" or self.framework != "torch":
+            raise ConfigError(
+                "--policy rna averages gradients of torch.distributed workers without a "
+                "barrier; run an allreduce job (--servers 0, --framework torch)"
+            )
+        if self.restart_scope != "process":
+            raise ConfigError(
+                "--policy rna keeps the survivors training while a failed worker restarts "
+                "and rejoins; use --restart-scope process (its default under rna)"
+            )
 
     def _validate_psld(self) -> None:
         if self.policy.partition(":")[0].strip() != "psld":
@@ -479,7 +494,7 @@ class RunOptions:
             framework=self.framework,
             policy=self.policy,
             max_restarts=self.max_restarts,
-            restart_scope=self.restart_scope or ("group" if mode == "allreduce" else "process"),
+            restart_scope=self.restart_scope or _default_restart_scope(mode, self.policy),
             memory_limit=_size_option("--memory-limit", self.memory_limit),
             cpu_limit=self.cpu_limit or 0.0,
             oom_relaunches=self.oom_relaunches,
@@ -572,3 +587,11 @@ def parse_env_pairs(pairs: list[str], env_file: Path | None) -> dict[str, str]:
             raise ConfigError(f"--env {pair!r}: expected KEY=VALUE")
         env[key] = value
     return env
+
+
+def _default_restart_scope(mode: str, policy: str) -> str:
+    """torchrun restarts the whole group of an allreduce job: a static world
+    cannot lose a member. RNA's groups re-form around the survivors instead."""
+    if mode == "allreduce" and policy.partition(":")[0].strip() != "rna":
+        return "group"
+    return "process"

@@ -151,6 +151,26 @@ SAMPLES = [
     Regroup(gen=1, leaving_rank=2, store_rank=0),
     RegroupReady(gen=1, step=40, store_port=41234),
     RegroupGo(gen=1, master_addr="10.0.0.1", master_port=41234),
+    wire_messages.RnaJoin(applied=12),
+    wire_messages.RnaOpenStore(gen=2),
+    wire_messages.RnaStoreReady(gen=2, port=40123),
+    wire_messages.RnaGroup(
+        gen=2, members=[0, 2, 3], store_addr="10.0.0.2", store_port=40123, source_rank=2,
+        timeout_s=30.0,
+    ),
+    wire_messages.RnaFormed(gen=2, applied=140),
+    wire_messages.RnaProbe(gen=2, round=141),
+    wire_messages.RnaReady(gen=2, round=141, waited_s=0.012),
+    wire_messages.RnaStart(gen=2, round=141, initiator=3),
+    wire_messages.RnaFailed(gen=2, round=142, error="Connection closed by peer"),
+    wire_messages.RnaLeave(applied=150),
+    wire_messages.RnaLeft(round=151),
+    wire_messages.RnaRounds(
+        gen=2, members=[0, 2, 3], rounds=9, contributions=[9, 4, 7],
+        sampled=[wire_messages.RnaRoundRecord(
+            round=141, initiator=3, contributors=[0, 3], staleness=[0, 1], comm_s=0.004
+        )],
+    ),
     StatusRequest(request_id=3, run_id="r-1"),
     StatusReply(
         request_id=3,

@@ -192,6 +192,12 @@ class SupervisorClient:
             if go.gen == gen or gen == 0:  # 0: whichever comes (a waiting replacement)
                 return go
 
+    @property
+    def rna_inbox(self) -> queue.Queue[object]:
+        """RNA's messages from the supervisor, for the communication thread
+        (``dtlaunch.runtime.rna``), which also wakes itself through it."""
+        return self._shared.rna
+
     def actions(self) -> list[Message]:
         taken: list[Message] = []
         while True:

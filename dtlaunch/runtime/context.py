@@ -496,6 +496,11 @@ class Job:
         timeout = env_float(os.environ, ENV_INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT_S)
         return self._source.negotiate_placement(planned, timeout)
 
+    def supervisor_client(self) -> SupervisorClient | None:
+        """The connection to the supervisor, for SDK parts with a protocol of
+        their own (``dtlaunch.rna.Trainer``); None when running standalone."""
+        return self._source if isinstance(self._source, SupervisorClient) else None
+
     @property
     def lr_factor(self) -> float:
         """ADJUST_LR: multiply the learning rate by this (1.0 unless the policy says)."""

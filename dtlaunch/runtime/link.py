@@ -66,6 +66,11 @@ from dtlaunch.wire.messages import (
     RegroupGo,
     Rehello,
     ReleaseShards,
+    RnaGroup,
+    RnaLeft,
+    RnaOpenStore,
+    RnaProbe,
+    RnaStart,
     ShardGrant,
     StepReports,
     Welcome,
@@ -141,6 +146,9 @@ class Shared:
     items: queue.Queue[Item] = field(default_factory=queue.Queue)
     actions: queue.Queue[Message] = field(default_factory=queue.Queue)
     regroup_go: queue.Queue[RegroupGo] = field(default_factory=queue.Queue)
+    # RNA's messages for the communication thread (dtlaunch.runtime.rna), which
+    # also wakes itself through this queue when a gradient is handed over.
+    rna: queue.Queue[object] = field(default_factory=queue.Queue)
     queued: QueuedRecords = field(default_factory=QueuedRecords)
 
 
@@ -431,6 +439,8 @@ class SupervisorLink:
             self._shared.actions.put(msg)
         elif isinstance(msg, RegroupGo):
             self._shared.regroup_go.put(msg)
+        elif isinstance(msg, (RnaProbe, RnaStart, RnaGroup, RnaOpenStore, RnaLeft)):
+            self._shared.rna.put(msg)
         elif not isinstance(msg, Ping):
             logger.debug("ignoring %s from the supervisor", msg.TYPE)
 

@@ -15,6 +15,11 @@ global state (randomness only from a generator the caller passes), so policies,
   :func:`superior_servers`, :func:`assign_blocks`.
 * :mod:`dtlaunch.solvers.proportional` — PSLD's strawman, bytes by speed:
   :func:`assign_proportional`.
+* :mod:`dtlaunch.solvers.rna` — RNA §3.2-§4: staleness weights of a worker's
+  pending gradients, the learning-rate factor, the recursive grouping by iteration
+  time and the power-of-d probe's response quantiles: :func:`staleness_weights`,
+  :func:`lr_factor`, :func:`split_groups`, :func:`probe_response_quantile`,
+  :func:`probe_median_response`.
 """
 
 from __future__ import annotations
@@ -32,6 +37,13 @@ from dtlaunch.solvers.psld import (
     should_reassign,
     superior_servers,
 )
+from dtlaunch.solvers.rna import (
+    lr_factor,
+    probe_median_response,
+    probe_response_quantile,
+    split_groups,
+    staleness_weights,
+)
 
 __all__ = [
     "BlockAssignment",
@@ -44,11 +56,16 @@ __all__ = [
     "assign_proportional",
     "dd_makespan",
     "fit_server",
+    "lr_factor",
     "makespan",
     "predicted_makespan",
+    "probe_median_response",
+    "probe_response_quantile",
     "should_reassign",
     "solve_batch_sizes",
     "solve_dd",
     "solve_dd_workers",
+    "split_groups",
+    "staleness_weights",
     "superior_servers",
 ]

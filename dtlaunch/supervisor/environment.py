@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from dtlaunch.config import JobSpec
 from dtlaunch.runtime.steps import REPORT_EVERY_S
+from dtlaunch.supervisor.control.policies import RnaPolicy, parse_policy
 from dtlaunch.supervisor.jobstate.machine import ProcSlot
 from dtlaunch.supervisor.jobstate.tftasks import runs_script, tf_config
 from dtlaunch.wire.messages import Spawn
@@ -92,6 +93,10 @@ def process_env(
     }
     if spec.inject:
         env["DTLAUNCH_INJECT"] = ";".join(spec.inject)
+    if a.role == "worker" and spec.policy.partition(":")[0].strip() == "rna":
+        policy = parse_policy(spec.policy)
+        assert isinstance(policy, RnaPolicy)
+        env.update(policy.worker_env())
     if slot.join is not None:
         # A newcomer joining the survivors: their store, hosted by a survivor, is
         # reached as a client by every rank (torchrun's agent-store convention).

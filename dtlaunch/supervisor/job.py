@@ -23,7 +23,7 @@ from dtlaunch.hostfile import HostSpec
 from dtlaunch.sshconn import SshOptions
 from dtlaunch.supervisor.agents import AgentStarter
 from dtlaunch.supervisor.control import Controller, host_device
-from dtlaunch.supervisor.control.policies import parse_policy
+from dtlaunch.supervisor.control.policies import RnaPolicy, parse_policy
 from dtlaunch.supervisor.dds import DdsService
 from dtlaunch.supervisor.environment import LaunchContext, build_spawn, builtin_ps
 from dtlaunch.supervisor.history import History, ResumePlan, load_history
@@ -39,11 +39,13 @@ from dtlaunch.supervisor.output import OutputRouter
 from dtlaunch.supervisor.placement import place
 from dtlaunch.supervisor.psfleet import PlacementKeeper
 from dtlaunch.supervisor.regroup import RegroupCoordinator
+from dtlaunch.supervisor.rna import RoundCoordinator
 from dtlaunch.supervisor.rundir import RunDir
+from dtlaunch.supervisor.services import JobServices
 from dtlaunch.supervisor.status import StatusTracker
 from dtlaunch.supervisor.status.metrics import JobMetrics, LiveJob, serve_metrics
-from dtlaunch.supervisor.summary import build_summary
-from dtlaunch.supervisor.supervisor import JobServices, Supervisor
+from dtlaunch.supervisor.status.summary import build_summary
+from dtlaunch.supervisor.supervisor import Supervisor
 from dtlaunch.supervisor.wal import WalFsyncError
 from dtlaunch.wire.keys import (
     RunKeys,
@@ -192,6 +194,7 @@ async def _run_job(
                 ),
                 placements=PlacementKeeper(run.path, recorder) if spec.mode == "ps" else None,
                 ps_keys=keys.peer(),
+                rounds=_round_coordinator(spec),
             )
             supervisor = _build_supervisor(
                 spec, hosts, assignments, keys, router, run, services, history
@@ -272,6 +275,19 @@ def _controller(spec: JobSpec, hosts: list[HostSpec]) -> Controller | None:
         interval=spec.control_interval,
         spare_hosts=spare,
         host_devices={h.label: host_device(h) for h in hosts},
+    )
+
+
+def _round_coordinator(spec: JobSpec) -> RoundCoordinator | None:
+    """RNA's groups, probes and rounds, with ``--policy rna``'s parameters."""
+    policy = parse_policy(spec.policy)
+    if not isinstance(policy, RnaPolicy):
+        return None
+    return RoundCoordinator(
+        world_size=spec.workers,
+        probes=policy.probes,
+        group_timeout_s=policy.group_timeout_s,
+        seed=spec.seed,
     )
 
 

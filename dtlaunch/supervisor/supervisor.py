@@ -13,16 +13,12 @@ import logging
 import math
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any
 
 from dtlaunch.errors import DtlaunchError, WalError
-from dtlaunch.events import EventRecorder
 from dtlaunch.supervisor.agents import AgentStarter
-from dtlaunch.supervisor.control import Controller
 from dtlaunch.supervisor.control.loop import ActionTargets, ControlLoop, ReportIntake
 from dtlaunch.supervisor.control.stall import Stall, StallWatch
-from dtlaunch.supervisor.dds import DdsService
 from dtlaunch.supervisor.history import ResumePlan
 from dtlaunch.supervisor.jobstate import (
     AgentState,
@@ -39,13 +35,13 @@ from dtlaunch.supervisor.jobstate import (
 )
 from dtlaunch.supervisor.jobstate.workers import WORKER_PREFIX
 from dtlaunch.supervisor.launcher import AgentProcess
-from dtlaunch.supervisor.output import OutputRouter
-from dtlaunch.supervisor.psfleet import PlacementKeeper, ServerFleet
-from dtlaunch.supervisor.regroup import JOIN_PREFIX, RegroupCoordinator, RegroupDriver
+from dtlaunch.supervisor.psfleet import ServerFleet
+from dtlaunch.supervisor.regroup import JOIN_PREFIX, RegroupDriver
+from dtlaunch.supervisor.rna import RNA_MESSAGES, RoundService
+from dtlaunch.supervisor.services import JobServices
 from dtlaunch.supervisor.stacks import StackRequests, innermost_frames
-from dtlaunch.supervisor.status import STATUS_PREFIX, StatusTracker
+from dtlaunch.supervisor.status import STATUS_PREFIX
 from dtlaunch.version import __version__
-from dtlaunch.wire.keys import PeerKeys
 from dtlaunch.wire.messages import (
     Ack,
     AckShards,
@@ -82,20 +78,6 @@ AGENT_EXIT_WAIT_S = 5.0
 # Messages taken from the socket per wake-up when they are queued; small enough
 # that the control loop and the timers still run between two batches.
 RECEIVE_BATCH = 64
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JobServices:
-    """What the job serves besides its node table, as ``job.py`` built it."""
-
-    recorder: EventRecorder  # the event log and the status fold
-    output: OutputRouter  # process output to the logs and the console
-    dds: DdsService  # the shard queue and its write-ahead log
-    status: StatusTracker  # answers read-only status clients
-    controller: Controller | None  # the policy's Controller; None for --policy none
-    regroup: RegroupCoordinator | None  # allreduce mode: replace without a group restart
-    placements: PlacementKeeper | None  # PS mode: the job's block placement map
-    ps_keys: PeerKeys | None  # built-in PS: how the supervisor reaches the servers
 
 
 class Supervisor:
@@ -161,6 +143,17 @@ class Supervisor:
             if services.ps_keys is not None and state.builtin_ps
             else None
         )
+        self._rounds = (  # --policy rna: its groups, probes and rounds
+            RoundService(
+                services.rounds,
+                send=self._send_to_worker,
+                recorder=self._recorder,
+                address_of=lambda rank: state.address_of(f"worker-{rank}"),
+                clock=clock,
+            )
+            if services.rounds is not None
+            else None
+        )
         self._control = ControlLoop(
             controller,
             recorder=self._recorder,
@@ -194,6 +187,7 @@ class Supervisor:
             ticker = tg.create_task(self._tick_loop(), name="tick")
             control = tg.create_task(self._control.run(), name="control")
             fleet = tg.create_task(self._fleet.run(), name="ps") if self._fleet else None
+            rounds = tg.create_task(self._rounds.run(), name="rna") if self._rounds else None
             if self._resume is None:
                 self._apply(self.state.start(self._clock()))
             else:
@@ -213,7 +207,7 @@ class Supervisor:
                     )
                 )
             await self._done.wait()
-            for task in (receiver, ticker, control, fleet):
+            for task in (receiver, ticker, control, fleet, rounds):
                 if task is not None:
                     task.cancel()
             await self._terminate_stragglers()
@@ -263,6 +257,8 @@ class Supervisor:
                     self._spawn_task(
                         self._regroup.worker_gone(command.rank), f"regroup-{command.rank}"
                     )
+                if self._rounds is not None:
+                    self._spawn_task(self._rounds.worker_gone(command.rank), f"rna-{command.rank}")
                 self._control.worker_gone(command.rank)
                 self._spawn_task(self._dds.worker_gone(command.rank), f"gone-{command.rank}")
             elif isinstance(command, Finish):
@@ -530,6 +526,8 @@ class Supervisor:
             self._regroup.attached(rank)
         elif isinstance(msg, RegroupReady) and self._regroup is not None:
             await self._regroup.store_ready(rank, msg)
+        elif isinstance(msg, RNA_MESSAGES) and self._rounds is not None:
+            await self._rounds.receive(rank, msg)
         elif isinstance(msg, StepReports):
             self._intake.worker_reports(rank, list(msg.reports))
             if msg.reports:

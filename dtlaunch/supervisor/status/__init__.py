@@ -7,6 +7,7 @@
 - ``metrics``  ``--metrics-port``: the same live view, read on the loop at each
                scrape, as a Prometheus endpoint (imported by ``job.py`` only, so
                that ``dtlaunch status`` does not load prometheus_client)
+- ``summary``  ``summary.json`` of a finished job, from its node table (``job.py``)
 """
 
 from dtlaunch.supervisor.status.fold import StatusFold

@@ -8,6 +8,7 @@ Open the protocol you need; each module's docstring says who talks to whom:
 - ``dds``        worker <-> the shard queue: data set, fetch, grant, ack, release
 - ``placement``  worker <-> supervisor: the parameter servers' block placement map
 - ``steering``   worker <-> Controller: step reports, ADJUST_BS, ADJUST_LR, regroups
+- ``rna``        worker <-> RNA's round coordinator: groups, probes, rounds
 - ``status``     ``dtlaunch status`` <-> supervisor, read-only
 - ``ps``         worker/supervisor <-> a built-in parameter server, on its own socket
 
@@ -89,6 +90,21 @@ from dtlaunch.wire.messages.ps import (
     PsStatsRequest,
     PsUpdate,
 )
+from dtlaunch.wire.messages.rna import (
+    RnaFailed,
+    RnaFormed,
+    RnaGroup,
+    RnaJoin,
+    RnaLeave,
+    RnaLeft,
+    RnaOpenStore,
+    RnaProbe,
+    RnaReady,
+    RnaRoundRecord,
+    RnaRounds,
+    RnaStart,
+    RnaStoreReady,
+)
 from dtlaunch.wire.messages.session import (
     Ack,
     Hello,
@@ -155,6 +171,18 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     Regroup,
     RegroupReady,
     RegroupGo,
+    RnaJoin,
+    RnaOpenStore,
+    RnaStoreReady,
+    RnaGroup,
+    RnaFormed,
+    RnaProbe,
+    RnaReady,
+    RnaStart,
+    RnaFailed,
+    RnaLeave,
+    RnaLeft,
+    RnaRounds,
     StatusRequest,
     StatusReply,
     *PS_MESSAGE_TYPES,
@@ -233,6 +261,19 @@ __all__ = [
     "RegroupReady",
     "Rehello",
     "ReleaseShards",
+    "RnaFailed",
+    "RnaFormed",
+    "RnaGroup",
+    "RnaJoin",
+    "RnaLeave",
+    "RnaLeft",
+    "RnaOpenStore",
+    "RnaProbe",
+    "RnaReady",
+    "RnaRoundRecord",
+    "RnaRounds",
+    "RnaStart",
+    "RnaStoreReady",
     "ServerComm",
     "ShardGrant",
     "Shutdown",

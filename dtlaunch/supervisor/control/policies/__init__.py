@@ -2,7 +2,7 @@
 
 ``--policy`` text forms::
 
-    none | lb-bsp | nd | backup | dd | psld  a built-in with its defaults
+    none | lb-bsp | nd | backup | dd | psld | rna  a built-in with its defaults
     nd:lambda=1.5,l_trans=30,l_per=120       a built-in with parameters
     pkg.mod:MyPolicy[:k=v,...]               a user's class, imported from pkg.mod
 
@@ -35,6 +35,7 @@ from dtlaunch.supervisor.control.policies.lb_bsp import LbBspPolicy
 from dtlaunch.supervisor.control.policies.nd import NdPolicy
 from dtlaunch.supervisor.control.policies.none import NonePolicy
 from dtlaunch.supervisor.control.policies.psld import PsldPolicy
+from dtlaunch.supervisor.control.policies.rna import RnaPolicy
 
 __all__ = [
     "BUILTIN_POLICIES",
@@ -46,6 +47,7 @@ __all__ = [
     "NonePolicy",
     "Policy",
     "PsldPolicy",
+    "RnaPolicy",
     "monitor_for",
     "parse_policy",
 ]
@@ -57,6 +59,7 @@ BUILTIN_POLICIES: dict[str, Callable[[dict[str, str]], Policy]] = {
     "backup": BackupPolicy,
     "dd": DdPolicy,
     "psld": PsldPolicy,
+    "rna": RnaPolicy,
 }
 
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")

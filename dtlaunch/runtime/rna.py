@@ -1,0 +1,212 @@
+"""``dtlaunch.rna.Trainer``: RNA's non-blocking allreduce in a training script (RNA §3).
+
+::
+
+    job = dtlaunch.init(dataset_size=..., shard_size=...)
+    rna = dtlaunch.rna.Trainer(model, optimizer)
+    for idx in job.batches():
+        loss = loss_fn(model(x[idx]), y[idx]); loss.backward()
+        rna.step()      # hands the gradient over, applies the newest global update
+        job.step()
+    rna.close()         # (also at exit) the last gradient is used, the model is final
+
+What ``step()`` does depends on how the script runs:
+
+- ``dtlaunch run --policy rna``: RNA. The gradient goes to this process's
+  communication thread and ``step()`` returns at once; the model is replaced by
+  the newest global model the rounds produced. The thread owns a gloo group of
+  its own (not ``torch.distributed``'s default group: do not call
+  ``init_process_group`` for it) and joins every round the supervisor starts,
+  with what it has: the staleness-weighted mean of the gradients handed over
+  since the last round (§3.3), or nothing (weight 0). The round's result is
+  ``sum(w_i g_i) / sum(w_i)`` over the members, applied with the learning rate
+  times ``contributors / world_size`` (§3.3's linear scaling: the optimizer's
+  rate is the one for all workers contributing). The thread keeps the global
+  model and the optimizer (a copy of yours, built from its class, its
+  parameter groups and its state; your optimizer keeps being the source of the
+  hyperparameters, so a learning-rate scheduler on it still works), so every
+  member applies every round's update in the same order and all models stay
+  equal. A newcomer (a restarted worker) gets the model, the optimizer state
+  and the round count from a survivor when the group re-forms.
+- ``dtlaunch run`` with another policy, or torchrun: a plain synchronous step.
+  Gradients are averaged over the workers weighted by their batch's records
+  (``allreduce_gradients``), then the optimizer steps. The trainer creates the
+  default gloo group if the script did not and broadcasts rank 0's model first.
+- ``python script.py``: the optimizer steps on the local gradient.
+
+``step()`` zeroes the gradients afterwards (the global gradient was written into
+them), so calling ``optimizer.zero_grad()`` before ``backward()`` is optional.
+Buffers (e.g. batch-norm statistics) stay each worker's own. torch is an
+optional dependency; only this module of the SDK's RNA side imports it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+from types import TracebackType
+from typing import Self
+
+import torch
+import torch.distributed as dist
+
+from dtlaunch.errors import ConfigError
+from dtlaunch.runtime.context import Job, current_job
+from dtlaunch.runtime.rna_rounds import RoundWorker
+
+__all__ = ["ENV_RNA", "Trainer", "parse_rna_env"]
+
+logger = logging.getLogger(__name__)
+
+ENV_RNA = "DTLAUNCH_RNA"  # set by dtlaunch run --policy rna: "staleness=S"
+LEAVE_WAIT_S = 120.0  # close(): how long the supervisor may take to let this worker go
+
+
+def parse_rna_env(raw: str | None) -> int | None:
+    """The staleness bound ``DTLAUNCH_RNA`` carries, or None when RNA is off.
+
+    Raises:
+        ConfigError: the variable is malformed.
+    """
+    if raw is None or not raw.strip():
+        return None
+    fields = dict(item.partition("=")[::2] for item in raw.split(",") if item.strip())
+    try:
+        staleness = int(fields.get("staleness", ""))
+    except ValueError:
+        staleness = -1
+    if staleness < 0:
+        raise ConfigError(f"{ENV_RNA}={raw!r}: expected staleness=N (N >= 0)")
+    return staleness
+
+
+class Trainer:
+    """See the module docstring."""
+
+    def __init__(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, job: Job | None = None
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self._job = job if job is not None else current_job()
+        self._params = [p for group in optimizer.param_groups for p in group["params"]]
+        if not self._params:
+            raise ValueError("dtlaunch.rna.Trainer: the optimizer has no parameters")
+        dtypes = {p.dtype for p in self._params}
+        if len(dtypes) != 1:
+            raise ValueError(
+                "dtlaunch.rna.Trainer averages one flat gradient per round; the optimizer's "
+                f"parameters have several dtypes ({sorted(map(str, dtypes))}): give it "
+                "parameters of one dtype"
+            )
+        self._closed = False
+        self._comms: RoundWorker | None = None
+        self._seen = 0  # the communication thread's publication last copied in
+        self.version = 0  # rounds in this process's model (RNA), or steps taken
+        staleness = parse_rna_env(os.environ.get(ENV_RNA))
+        client = self._job.supervisor_client() if self._job is not None else None
+        if staleness is not None and client is not None and self._job is not None:
+            self.mode = "rna"
+            self._comms = RoundWorker(
+                params=self._params,
+                optimizer=optimizer,
+                inbox=client.rna_inbox,
+                send=client.send,
+                rank=self._job.rank,
+                world_size=self._job.world_size,
+                staleness=staleness,
+            )
+            self._comms.start()
+        elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            self.mode = "sync"
+            if not dist.is_initialized():
+                dist.init_process_group(backend="gloo")
+            with torch.no_grad():
+                for p in self._params:
+                    dist.broadcast(p.data, src=0)
+        else:
+            self.mode = "local"
+        atexit.register(self.close)
+
+    # ------------------------------------------------------------------ API
+
+    def step(self) -> None:
+        """Hand this step's gradient over and take the newest global model (RNA),
+        or average and apply it (synchronous), or apply it (local). Never waits
+        for another worker under RNA."""
+        if self._closed:
+            raise RuntimeError("dtlaunch.rna.Trainer.step() after close()")
+        if self._comms is not None:
+            self._comms.hand_over(self.version, self._flat_gradient())
+            self._take_newest()
+        elif self.mode == "sync":
+            if self._job is not None:
+                self._job.allreduce_gradients(self.model)
+            else:
+                from dtlaunch.runtime.collective import allreduce_gradients
+
+                allreduce_gradients(self.model, 1)
+            self.optimizer.step()
+            self.version += 1
+        else:
+            self.optimizer.step()
+            self.version += 1
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def rounds(self) -> int:
+        """Rounds the group ran that this process's communication thread joined."""
+        return self._comms.rounds_joined if self._comms is not None else 0
+
+    def close(self, timeout: float = LEAVE_WAIT_S) -> None:
+        """Leave the group: the last gradient handed over goes into one more round,
+        then the model takes the newest global update. Waits up to ``timeout``."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        comms = self._comms
+        if comms is None:
+            return
+        if not comms.leave(timeout):
+            logger.warning(
+                "rna: the supervisor did not let worker %d go within %.0f s; leaving anyway",
+                comms.rank,
+                timeout,
+            )
+        self._take_newest()
+        comms.stop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ internals
+
+    def _flat_gradient(self) -> torch.Tensor:
+        parts = [
+            (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
+            for p in self._params
+        ]
+        return torch.cat(parts).to("cpu", copy=True)
+
+    def _take_newest(self) -> None:
+        comms = self._comms
+        if comms is None:
+            return
+        with comms.lock:
+            if comms.published == self._seen:
+                return
+            with torch.no_grad():
+                for param, shadow in zip(self._params, comms.shadow, strict=True):
+                    param.copy_(shadow)
+            self._seen = comms.published
+            self.version = comms.applied

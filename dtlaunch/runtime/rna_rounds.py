@@ -1,0 +1,439 @@
+"""The communication thread behind ``dtlaunch.rna.Trainer`` (RNA §3.3, Fig. 4).
+
+``RoundWorker`` owns this worker's side of RNA's protocol with the supervisor's
+round coordinator (``dtlaunch.wire.messages.rna``): it hosts a generation's
+store when asked, forms the gloo group (its own, not torch.distributed's
+default group), takes the model state from the generation's source, answers
+probes when a gradient is ready, and joins every round with the
+staleness-weighted mean of the gradients handed over since the last one
+(``local_contribution``) or nothing. It owns the global model (``shadow``) and
+an optimizer for it; the training thread copies the newest model in under
+``lock``. One round at a time: it reads its messages in order, so a new
+group's message is handled after the round in flight.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, TCPStore
+
+from dtlaunch.errors import ConfigError
+from dtlaunch.solvers.rna import lr_factor, staleness_weights
+from dtlaunch.wire.messages import (
+    RnaFailed,
+    RnaFormed,
+    RnaGroup,
+    RnaJoin,
+    RnaLeave,
+    RnaLeft,
+    RnaOpenStore,
+    RnaProbe,
+    RnaReady,
+    RnaRoundRecord,
+    RnaRounds,
+    RnaStart,
+    RnaStoreReady,
+)
+
+__all__ = ["Contribution", "PendingGradients", "RoundWorker", "local_contribution"]
+
+logger = logging.getLogger(__name__)
+
+REPORT_EVERY_S = 1.0  # the group's first member reports its rounds this often
+SAMPLE_EVERY_S = 0.5  # and one round in full at most this often
+IDLE_POLL_S = 0.5
+WAKE = object()  # the training thread handed a gradient over
+STOP = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Contribution:
+    """What a member puts into a round: the staleness-weighted mean of its
+    pending gradients (None: nothing, weight 0) and the largest staleness kept."""
+
+    gradient: torch.Tensor | None
+    staleness: int
+
+
+def local_contribution(
+    pending: Sequence[tuple[int, torch.Tensor, int]], *, current: int, bound: int
+) -> Contribution:
+    """RNA §3.3's local reduction of ``pending``: (model version, sum of the
+    gradients computed on it, how many) for round ``current``.
+
+    Each gradient of version ``t`` weighs ``t - min_kept + 1`` (newer ones more);
+    versions more than ``bound`` rounds old are dropped. A version newer than
+    ``current`` (a member that ran a round the re-formed group did not) counts as
+    current.
+    """
+    versions = [min(version, current) for version, _, count in pending for _ in range(count)]
+    if not versions:
+        return Contribution(None, 0)
+    weights = staleness_weights(versions, current=current, bound=bound)
+    total: torch.Tensor | None = None
+    oldest = 0
+    index = 0
+    for version, summed, count in pending:
+        weight = weights[index]  # every gradient of one version weighs the same
+        index += count
+        if weight <= 0.0:
+            continue
+        term = summed * weight
+        total = term if total is None else total + term
+        oldest = max(oldest, current - min(version, current))
+    return Contribution(total, oldest)
+
+
+@dataclass(slots=True)
+class PendingGradients:
+    """Gradients handed over and not yet in a round: per model version, their sum."""
+
+    by_version: dict[int, tuple[torch.Tensor, int]] = field(default_factory=dict)
+
+    def add(self, version: int, gradient: torch.Tensor) -> None:
+        summed, count = self.by_version.get(version, (None, 0))
+        self.by_version[version] = (gradient if summed is None else summed + gradient, count + 1)
+
+    def prune(self, *, current: int, bound: int) -> None:
+        """Drop what no round can use any more: memory stays bounded while no
+        round runs (a group forming)."""
+        for version in [v for v in self.by_version if current - v > bound]:
+            del self.by_version[version]
+
+    def take(self) -> list[tuple[int, torch.Tensor, int]]:
+        taken = [(v, s, c) for v, (s, c) in sorted(self.by_version.items())]
+        self.by_version.clear()
+        return taken
+
+    def put_back(self, taken: list[tuple[int, torch.Tensor, int]]) -> None:
+        for version, summed, count in taken:
+            held, held_count = self.by_version.get(version, (None, 0))
+            self.by_version[version] = (
+                summed if held is None else held + summed,
+                held_count + count,
+            )
+
+    def __bool__(self) -> bool:
+        return bool(self.by_version)
+
+
+class RoundWorker(threading.Thread):
+    """The communication thread: RNA's groups and rounds (module docstring).
+
+    It owns the global model (``shadow``) and its optimizer; the training
+    thread reads ``shadow`` under ``lock`` when ``published`` moved.
+    """
+
+    def __init__(
+        self,
+        *,
+        params: list[torch.Tensor],
+        optimizer: torch.optim.Optimizer,
+        inbox: queue.Queue[object],
+        send: Callable[..., None],
+        rank: int,
+        world_size: int,
+        staleness: int,
+    ) -> None:
+        super().__init__(name=f"dtlaunch-rna-{rank}", daemon=True)
+        self.rank = rank
+        self.world_size = world_size
+        self.staleness = staleness
+        self.lock = threading.Lock()
+        self.shadow = [p.detach().to("cpu", copy=True) for p in params]
+        self._user_optimizer = optimizer
+        self._optimizer = _shadow_optimizer(optimizer, params, self.shadow)
+        self._inbox = inbox
+        self._send = send
+        self._pending = PendingGradients()
+        self.applied = 0  # rounds in the shadow model
+        self.published = 0  # bumped whenever the shadow model changed
+        self.rounds_joined = 0
+        self._group: Any = None  # a ProcessGroupGloo (its stubs lack the collectives)
+        self._gen = 0
+        self._members: list[int] = []
+        self._store_server: TCPStore | None = None  # the store this worker hosts
+        self._store_gen = 0
+        self._probe: tuple[int, int, float] | None = None  # (gen, round, when heard)
+        self._left = threading.Event()
+        self._stopped = threading.Event()
+        self._rounds_since_report = 0
+        self._contributions: list[int] = []
+        self._sampled: list[RnaRoundRecord] = []
+        self._reported_at = time.monotonic()
+        self._sampled_at = 0.0
+
+    # --------------------------------------------------- training thread side
+
+    def hand_over(self, version: int, gradient: torch.Tensor) -> None:
+        with self.lock:
+            self._pending.add(version, gradient)
+            self._pending.prune(current=self.applied, bound=self.staleness)
+        self._inbox.put(WAKE)
+
+    def leave(self, timeout: float) -> bool:
+        self._send(RnaLeave(applied=self.applied))
+        return self._left.wait(timeout)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._inbox.put(STOP)
+        self.join(timeout=5.0)
+
+    # ------------------------------------------------------------ the thread
+
+    def run(self) -> None:
+        self._send(RnaJoin(applied=self.applied))
+        while not self._stopped.is_set():
+            try:
+                item = self._inbox.get(timeout=IDLE_POLL_S)
+            except queue.Empty:
+                self._maybe_report()
+                continue
+            if item is STOP:
+                break
+            try:
+                self._handle(item)
+            except Exception:  # a bug here must not end the thread silently
+                logger.exception("rna: handling %r failed", item)
+            self._maybe_report()
+
+    def _handle(self, item: object) -> None:
+        if item is WAKE:
+            self._answer_probe()
+        elif isinstance(item, RnaProbe):
+            if item.gen == self._gen and self._group is not None:
+                self._probe = (item.gen, item.round, time.monotonic())
+                self._answer_probe()
+        elif isinstance(item, RnaStart):
+            if item.gen == self._gen and self._group is not None:
+                self._run_round(item)
+        elif isinstance(item, RnaOpenStore):
+            self._open_store(item.gen)
+        elif isinstance(item, RnaGroup):
+            self._form(item)
+        elif isinstance(item, RnaLeft):
+            self._maybe_report(force=True)
+            self._left.set()
+
+    def _answer_probe(self) -> None:
+        probe = self._probe
+        if probe is None:
+            return
+        with self.lock:
+            ready = bool(self._pending)
+        if not ready:
+            return
+        gen, round_, heard = probe
+        self._probe = None
+        self._send(RnaReady(gen=gen, round=round_, waited_s=round(time.monotonic() - heard, 6)))
+
+    def _open_store(self, gen: int) -> None:
+        try:
+            self._store_server = TCPStore(
+                "0.0.0.0",
+                0,
+                None,
+                True,
+                timeout=datetime.timedelta(seconds=60),
+                wait_for_workers=False,
+            )
+        except Exception as err:
+            self._send(RnaFailed(gen=gen, round=-1, error=f"opening the store: {err}"))
+            return
+        self._store_gen = gen
+        self._send(RnaStoreReady(gen=gen, port=self._store_server.port))
+
+    def _form(self, msg: RnaGroup) -> None:
+        """Leave the old group, form ``msg.gen``, take the state from its source."""
+        self._group = None
+        self._probe = None
+        self._gen = msg.gen
+        self._members = list(msg.members)
+        if self.rank not in msg.members:
+            return
+        timeout = datetime.timedelta(seconds=msg.timeout_s)
+        try:
+            if self._store_server is not None and self._store_gen == msg.gen:
+                store: Any = self._store_server
+            else:
+                store = TCPStore(msg.store_addr, msg.store_port, None, False, timeout=timeout)
+            group = dist.ProcessGroupGloo(
+                PrefixStore(f"rna/{msg.gen}", store),
+                msg.members.index(self.rank),
+                len(msg.members),
+                timeout,
+            )
+            self._sync_state(group, msg.members.index(msg.source_rank))
+        except Exception as err:
+            logger.warning("rna: forming group %d failed: %s", msg.gen, err)
+            self._send(RnaFailed(gen=msg.gen, round=-1, error=str(err)[:500]))
+            return
+        self._group = group
+        self._contributions = [0] * len(msg.members)
+        self._send(RnaFormed(gen=msg.gen, applied=self.applied))
+
+    def _sync_state(self, group: Any, source_index: int) -> None:
+        """The source's model, optimizer state and round count, to every member."""
+        is_source = self._members.index(self.rank) == source_index
+        payload = torch.zeros(0, dtype=torch.uint8)
+        if is_source:
+            buffer = io.BytesIO()
+            with self.lock:
+                torch.save(
+                    {
+                        "params": self.shadow,
+                        "optimizer": self._optimizer.state_dict(),
+                        "applied": self.applied,
+                    },
+                    buffer,
+                )
+            payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+        size = torch.tensor([payload.numel()], dtype=torch.int64)
+        group.broadcast(size, source_index).wait()
+        if not is_source:
+            payload = torch.empty(int(size.item()), dtype=torch.uint8)
+        group.broadcast(payload, source_index).wait()
+        if is_source:
+            return
+        state = torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=True)
+        with self.lock:
+            with torch.no_grad():
+                for shadow, value in zip(self.shadow, state["params"], strict=True):
+                    shadow.copy_(value)
+            self._optimizer.load_state_dict(state["optimizer"])
+            self.applied = int(state["applied"])
+            self.published += 1
+
+    def _run_round(self, start: RnaStart) -> None:
+        group = self._group
+        assert group is not None
+        if self._probe is not None and self._probe[1] <= start.round:
+            self._probe = None  # that round started; a late answer would be ignored anyway
+        with self.lock:
+            taken = self._pending.take()
+        mine = local_contribution(taken, current=start.round, bound=self.staleness)
+        members = len(self._members)
+        size = self.shadow_size()
+        buffer = torch.zeros(size + 2 * members, dtype=self.shadow[0].dtype)
+        index = self._members.index(self.rank)
+        if mine.gradient is not None:
+            buffer[:size] = mine.gradient
+            buffer[size + index] = 1.0
+            buffer[size + members + index] = float(mine.staleness)
+        began = time.monotonic()
+        try:
+            group.allreduce([buffer]).wait()
+        except Exception as err:
+            with self.lock:
+                self._pending.put_back(taken)  # not lost: the next group uses them
+            self._group = None
+            logger.warning("rna: round %d of group %d failed: %s", start.round, self._gen, err)
+            self._send(RnaFailed(gen=self._gen, round=start.round, error=str(err)[:500]))
+            return
+        comm_s = time.monotonic() - began
+        weights = buffer[size : size + members]
+        contributors = float(weights.sum().item())
+        with self.lock:
+            if contributors > 0:
+                self._apply(buffer[:size] / contributors, lr_factor(contributors, self.world_size))
+            self.applied = start.round + 1
+            self.published += 1
+        self.rounds_joined += 1
+        self._note_round(start, weights, buffer[size + members :], comm_s)
+
+    def shadow_size(self) -> int:
+        return sum(p.numel() for p in self.shadow)
+
+    def _apply(self, mean: torch.Tensor, factor: float) -> None:
+        """One optimizer step on the global model with the round's mean gradient."""
+        offset = 0
+        for shadow in self.shadow:
+            count = shadow.numel()
+            shadow.grad = mean[offset : offset + count].view_as(shadow).clone()
+            offset += count
+        for mine, users in zip(
+            self._optimizer.param_groups, self._user_optimizer.param_groups, strict=True
+        ):
+            for key, value in users.items():
+                if key != "params":
+                    mine[key] = value
+            mine["lr"] = users["lr"] * factor
+        self._optimizer.step()
+
+    def _note_round(
+        self, start: RnaStart, weights: torch.Tensor, staleness: torch.Tensor, comm_s: float
+    ) -> None:
+        if self._members.index(self.rank) != 0:
+            return  # the group's first member reports for all
+        contributed = [i for i, w in enumerate(weights.tolist()) if w > 0]
+        for i in contributed:
+            self._contributions[i] += 1
+        self._rounds_since_report += 1
+        now = time.monotonic()
+        if now - self._sampled_at >= SAMPLE_EVERY_S:
+            self._sampled_at = now
+            stale = staleness.tolist()
+            self._sampled.append(
+                RnaRoundRecord(
+                    round=start.round,
+                    initiator=start.initiator,
+                    contributors=[self._members[i] for i in contributed],
+                    staleness=[int(stale[i]) for i in contributed],
+                    comm_s=round(comm_s, 6),
+                )
+            )
+
+    def _maybe_report(self, *, force: bool = False) -> None:
+        if not self._rounds_since_report:
+            return
+        now = time.monotonic()
+        if now - self._reported_at < REPORT_EVERY_S and not force:
+            return
+        self._reported_at = now
+        self._send(
+            RnaRounds(
+                gen=self._gen,
+                members=list(self._members),
+                rounds=self._rounds_since_report,
+                contributions=list(self._contributions),
+                sampled=self._sampled,
+            )
+        )
+        self._rounds_since_report = 0
+        self._contributions = [0] * len(self._members)
+        self._sampled = []
+
+
+def _shadow_optimizer(
+    optimizer: torch.optim.Optimizer, params: list[torch.Tensor], shadow: list[torch.Tensor]
+) -> torch.optim.Optimizer:
+    """An optimizer of ``optimizer``'s class over ``shadow``, with its groups and state."""
+    by_id = {id(p): s for p, s in zip(params, shadow, strict=True)}
+    groups = [
+        {
+            **{k: v for k, v in group.items() if k != "params"},
+            "params": [by_id[id(p)] for p in group["params"]],
+        }
+        for group in optimizer.param_groups
+    ]
+    try:
+        copy = type(optimizer)(groups, **optimizer.defaults)
+    except Exception as err:
+        raise ConfigError(
+            f"dtlaunch.rna.Trainer: cannot build a {type(optimizer).__name__} for the global "
+            f"model from its defaults ({err}); use a torch.optim optimizer"
+        ) from err
+    copy.load_state_dict(optimizer.state_dict())  # momentum etc., if it stepped already
+    return copy

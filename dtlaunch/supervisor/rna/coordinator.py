@@ -1,0 +1,482 @@
+"""RNA's round coordinator: groups, probes and rounds, I/O-free (RNA §3.2, §3.3).
+
+The supervisor keeps no training state for RNA, only who is in the group and
+which round is next. Stimuli go in through methods (a worker joined, a store
+listens, a member formed, a probe was answered, a collective failed, a worker
+left or died, time passed); each returns the commands to carry out: a message
+to one worker, or an event to record. The clock is a parameter, so tests drive
+it step by step with a fake time.
+
+Group life: ``WAITING`` for the workers to join (every expected worker, or the
+ones that did within ``join_grace_s``) -> ``OPENING`` (one member opens the
+generation's store) -> ``FORMING`` (every member connects and takes the model
+state from ``source_rank``) -> ``RUNNING`` rounds. A member that dies, fails a
+collective, leaves, or a newcomer that joins, ends the generation: a new one
+is formed from whoever is still there, at once (a member finishes the round
+it is in before it reads the new group: it reads its messages in order). A
+member that does not answer while a group forms is left out after
+``group_timeout_s``.
+
+A round (§3.2): ``probes`` random members are probed; the first that answers
+that it has a gradient becomes the initiator and every member is told to run
+the round. A probe unanswered after ``reprobe_after`` (three times the median
+recent response, at least ``MIN_REPROBE_S``) widens the round to ``probes``
+more members, so one lost probe or two busy workers cannot hold the group up.
+Answers name their round: one for a round already started is late and ignored.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from dtlaunch.wire.messages import (
+    Message,
+    RnaGroup,
+    RnaLeft,
+    RnaOpenStore,
+    RnaProbe,
+    RnaStart,
+)
+
+__all__ = [
+    "Command",
+    "GroupPhase",
+    "Note",
+    "RoundCoordinator",
+    "SendTo",
+]
+
+MIN_REPROBE_S = 0.05  # below this, widening would race the answers already on their way
+FIRST_REPROBE_S = 0.5  # before any response was measured
+RESPONSES_KEPT = 64
+WAIT_NOTE_EVERY_S = 10.0  # how often a round that does not start is reported
+MAX_BACKOFF_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class SendTo:
+    """Send ``msg`` to worker ``rank``."""
+
+    rank: int
+    msg: Message
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """Record an event ``kind`` with ``fields``."""
+
+    kind: str
+    fields: dict[str, Any]
+
+
+Command = SendTo | Note
+
+
+class GroupPhase(enum.Enum):
+    WAITING = "waiting"  # for workers to join
+    OPENING = "opening"  # one member opens the store
+    FORMING = "forming"  # every member connects and takes the state
+    RUNNING = "running"  # rounds
+    DONE = "done"  # every worker left
+
+
+@dataclass(slots=True)
+class _Generation:
+    gen: int
+    members: list[int]
+    store_rank: int
+    source_rank: int
+    deadline: float
+    store_addr: str = ""
+    store_port: int = 0
+    formed: set[int] = field(default_factory=set)
+
+
+class RoundCoordinator:
+    """See the module docstring. ``address_of(rank)`` is the host address other
+    workers reach ``rank``'s store at."""
+
+    def __init__(
+        self,
+        *,
+        world_size: int,
+        probes: int = 2,
+        group_timeout_s: float = 60.0,
+        join_grace_s: float = 120.0,
+        sample_every_s: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        if probes < 1:
+            raise ValueError(f"probes must be at least 1, got {probes}")
+        self.world_size = world_size
+        self.probes = probes
+        self.group_timeout_s = group_timeout_s
+        self.join_grace_s = join_grace_s
+        self.sample_every_s = sample_every_s
+        self._rng = random.Random(seed)
+        self.phase = GroupPhase.WAITING
+        self.expected: set[int] = set(range(world_size))  # alive, not left
+        self.joined: dict[int, int] = {}  # rank -> rounds in its model, since the last group
+        self.leaving: set[int] = set()  # members whose training ended, kept until all have
+        self._failed_formations = 0  # in a row: the next group waits longer each time
+        self._not_before = 0.0  # no group opens before this
+        self._first_join_at: float | None = None
+        self.current: _Generation | None = None
+        self._last_formed: _Generation | None = None  # its members hold the newest model
+        self._last_gen = 0
+        self.round = 0  # the round being probed
+        self._probed: dict[int, float] = {}  # rank -> when probed, for the open round
+        self._opened_at = 0.0
+        self._widened_at = 0.0
+        self._noted_wait_at = 0.0
+        self._responses: deque[float] = deque(maxlen=RESPONSES_KEPT)
+        self._sampled_at = -1e18
+        self.rounds_started = 0
+        self.late_answers = 0
+        self.regroups = 0
+
+    # ------------------------------------------------------------- queries
+
+    @property
+    def members(self) -> list[int]:
+        return list(self.current.members) if self.current is not None else []
+
+    def reprobe_after(self) -> float:
+        """How long a round's probes may go unanswered before more are sent."""
+        if not self._responses:
+            return FIRST_REPROBE_S
+        return max(MIN_REPROBE_S, 3.0 * statistics.median(self._responses))
+
+    def median_response_s(self) -> float | None:
+        return statistics.median(self._responses) if self._responses else None
+
+    # --------------------------------------------------------- membership
+
+    def join(self, rank: int, applied: int, now: float) -> list[Command]:
+        """``rank``'s communication thread is ready (a first start, a restart)."""
+        if not 0 <= rank < self.world_size:
+            return []
+        self.expected.add(rank)
+        self.leaving.discard(rank)
+        self.joined[rank] = applied
+        if self._first_join_at is None:
+            self._first_join_at = now
+        if self.phase is GroupPhase.WAITING or self.phase is GroupPhase.DONE:
+            return self._maybe_open(now)
+        if self.current is not None and rank in self.current.members:
+            # A member joining again lost its group (its process restarted
+            # before we heard it died): form a new one with it.
+            return self._regroup(now, reason=f"worker {rank} joined again")
+        return self._regroup(now, reason=f"worker {rank} joined")
+
+    def leave(self, rank: int, applied: int, now: float) -> list[Command]:
+        """``rank``'s training ended. Its last gradient is used: it is a ready
+        answer to the open round. It stays a member (with nothing to add, so it
+        is not probed) until every member has left; then one last round runs
+        and all of them are let go together, with the same final model."""
+        cur = self.current
+        out: list[Command] = [Note("rna_leave", {"rank": rank, "applied": applied})]
+        if cur is None or rank not in cur.members:
+            # Not in a group (it never formed one): nothing of it to wait for.
+            self.expected.discard(rank)
+            self.joined.pop(rank, None)
+            return [*out, SendTo(rank, RnaLeft(round=-1)), *self._maybe_open(now)]
+        self.leaving.add(rank)
+        if self.phase is not GroupPhase.RUNNING:
+            return out  # the group forms first; its first round uses the gradient
+        out += self._start(rank, now)
+        if self.leaving >= set(cur.members):
+            return out + self._let_go(now)
+        return out + self._open_round(now)
+
+    def worker_gone(self, rank: int, now: float) -> list[Command]:
+        """``rank``'s process ended (the node table heard it); a restart joins again."""
+        self.expected.discard(rank)
+        self.joined.pop(rank, None)
+        self.leaving.discard(rank)
+        cur = self.current
+        if cur is not None and rank in cur.members:
+            return self._regroup(now, reason=f"worker {rank} exited")
+        return self._maybe_open(now) if self.phase is GroupPhase.WAITING else []
+
+    # ------------------------------------------------------------- forming
+
+    def store_ready(self, rank: int, gen: int, port: int, addr: str) -> list[Command]:
+        """The store host answered ``RnaOpenStore``: tell every member where it is."""
+        cur = self.current
+        if (
+            cur is None
+            or self.phase is not GroupPhase.OPENING
+            or gen != cur.gen
+            or rank != cur.store_rank
+        ):
+            return []
+        cur.store_addr, cur.store_port = addr, port
+        self.phase = GroupPhase.FORMING
+        msg = RnaGroup(
+            gen=cur.gen,
+            members=list(cur.members),
+            store_addr=addr,
+            store_port=port,
+            source_rank=cur.source_rank,
+            timeout_s=self.group_timeout_s,
+        )
+        return [SendTo(member, msg) for member in cur.members]
+
+    def formed(self, rank: int, gen: int, applied: int, now: float) -> list[Command]:
+        """``rank`` formed the group; once every member has, rounds begin at ``applied``."""
+        cur = self.current
+        if cur is None or self.phase is not GroupPhase.FORMING or gen != cur.gen:
+            return []
+        if rank not in cur.members:
+            return []
+        cur.formed.add(rank)
+        if cur.formed != set(cur.members):
+            return []
+        self.phase = GroupPhase.RUNNING
+        self.round = applied
+        self.joined.clear()
+        self._first_join_at = None
+        self._failed_formations = 0
+        self._last_formed = cur
+        out: list[Command] = [
+            Note(
+                "rna_group",
+                {
+                    "phase": "formed",
+                    "gen": cur.gen,
+                    "members": list(cur.members),
+                    "source": cur.source_rank,
+                    "round": applied,
+                },
+            )
+        ]
+        if self.leaving >= set(cur.members):  # they all finished while it formed
+            return out + self._start(min(cur.members), now) + self._let_go(now)
+        return out + self._open_round(now)
+
+    def failed(self, rank: int, gen: int, round_: int, error: str, now: float) -> list[Command]:
+        """A collective of ``gen`` failed on ``rank``: form a new group of the living."""
+        cur = self.current
+        if cur is None or gen != cur.gen:
+            return []
+        note = Note("rna_failed", {"rank": rank, "gen": gen, "round": round_, "error": error})
+        if self.phase is not GroupPhase.RUNNING:
+            self._failed_formations += 1
+        return [note, *self._regroup(now, reason=f"a collective failed on worker {rank}")]
+
+    # -------------------------------------------------------------- rounds
+
+    def ready(self, rank: int, gen: int, round_: int, now: float) -> list[Command]:
+        """``rank`` answers a probe: the first answer for the open round starts it."""
+        cur = self.current
+        if (
+            cur is None
+            or self.phase is not GroupPhase.RUNNING
+            or gen != cur.gen
+            or round_ != self.round
+            or rank not in cur.members
+        ):
+            self.late_answers += 1
+            return []
+        return self._start(rank, now) + self._open_round(now)
+
+    def tick(self, now: float) -> list[Command]:
+        """Time passed: widen an unanswered round, give up on silent members."""
+        cur = self.current
+        if self.phase is GroupPhase.WAITING:
+            return self._maybe_open(now)
+        if cur is None:
+            return []
+        if self.phase in (GroupPhase.OPENING, GroupPhase.FORMING) and now >= cur.deadline:
+            silent = (
+                [cur.store_rank]
+                if self.phase is GroupPhase.OPENING
+                else sorted(set(cur.members) - cur.formed)
+            )
+            for rank in silent:
+                self.joined.pop(rank, None)
+            note = Note(
+                "rna_group",
+                {
+                    "phase": "timeout",
+                    "gen": cur.gen,
+                    "waited_s": self.group_timeout_s,
+                    "silent": silent,
+                    "stage": self.phase.value,
+                },
+            )
+            self._failed_formations += 1
+            survivors = [m for m in cur.members if m not in silent]
+            return [note, *self._regroup(now, reason="members did not answer", keep=survivors)]
+        if self.phase is not GroupPhase.RUNNING:
+            return []
+        out: list[Command] = []
+        if now - self._widened_at >= self.reprobe_after():
+            out += self._probe(now, self._pick(exclude=set(self._probed)))
+        if now - self._opened_at >= WAIT_NOTE_EVERY_S and now - self._noted_wait_at >= (
+            WAIT_NOTE_EVERY_S
+        ):
+            self._noted_wait_at = now
+            out.append(
+                Note(
+                    "rna_wait",
+                    {
+                        "round": self.round,
+                        "gen": cur.gen,
+                        "waited_s": round(now - self._opened_at, 3),
+                        "probed": sorted(self._probed),
+                        "why": "no probed worker has a gradient ready",
+                    },
+                )
+            )
+        return out
+
+    # ------------------------------------------------------------ internals
+
+    def _maybe_open(self, now: float) -> list[Command]:
+        if not self.joined:
+            if not self.expected and self.current is None and self.phase is not GroupPhase.DONE:
+                self.phase = GroupPhase.DONE
+                return [Note("rna_group", {"phase": "done", "rounds": self.rounds_started})]
+            return []
+        waiting_for = sorted(self.expected - set(self.joined))
+        first = self._first_join_at if self._first_join_at is not None else now
+        if (waiting_for and now - first < self.join_grace_s) or now < self._not_before:
+            return []
+        return self._open(now, sorted(self.joined), missing=waiting_for)
+
+    def _regroup(self, now: float, *, reason: str, keep: list[int] | None = None) -> list[Command]:
+        """End the current generation and open the next one with who is still here."""
+        cur = self.current
+        staying = keep if keep is not None else (cur.members if cur is not None else [])
+        members = sorted({m for m in staying if m in self.expected} | set(self.joined))
+        self.regroups += 1
+        self._probed.clear()
+        if not members:
+            self.current = None
+            self.phase = GroupPhase.WAITING
+            return [Note("rna_group", {"phase": "ended", "reason": reason}), *self._maybe_open(now)]
+        if self._failed_formations >= 2:
+            # The same failure again and again (a port that cannot be reached, a
+            # broken host): try again later, not in a tight loop.
+            delay = min(MAX_BACKOFF_S, 0.5 * 2 ** (self._failed_formations - 2))
+            self.current = None
+            self.phase = GroupPhase.WAITING
+            self.joined.update({m: self.joined.get(m, 0) for m in members})
+            self._not_before = now + delay
+            self._first_join_at = now - self.join_grace_s  # nobody else to wait for
+            return [Note("rna_group", {"phase": "backoff", "reason": reason, "retry_in_s": delay})]
+        return self._open(now, members, reason=reason)
+
+    def _let_go(self, now: float) -> list[Command]:
+        """Every member finished: release them together after the last round."""
+        cur = self.current
+        assert cur is not None
+        last = self.round - 1
+        out: list[Command] = [SendTo(m, RnaLeft(round=last)) for m in cur.members]
+        self.expected -= set(cur.members)
+        self.leaving -= set(cur.members)
+        self.current = None
+        self.phase = GroupPhase.WAITING
+        out.append(Note("rna_group", {"phase": "finished", "gen": cur.gen, "round": last}))
+        return out + self._maybe_open(now)
+
+    def _open(
+        self,
+        now: float,
+        members: list[int],
+        *,
+        missing: list[int] | None = None,
+        reason: str = "start",
+    ) -> list[Command]:
+        formed = self._last_formed
+        # A rank that joined since is a new process (a restart), even if its
+        # rank was in the last group: its model is not the group's.
+        survivors = [
+            m
+            for m in members
+            if formed is not None and m in formed.members and m not in self.joined
+        ]
+        if survivors:
+            source = survivors[0]  # already holds the group's newest model
+        else:
+            source = max(members, key=lambda m: (self.joined.get(m, 0), -m))
+        self._last_gen += 1
+        # The store goes on a survivor too, when there is one: a newcomer's
+        # host may be the one that just failed.
+        store = source
+        self.current = _Generation(
+            gen=self._last_gen,
+            members=members,
+            store_rank=store,
+            source_rank=source,
+            deadline=now + self.group_timeout_s,
+        )
+        self.phase = GroupPhase.OPENING
+        note = Note(
+            "rna_group",
+            {
+                "phase": "opening",
+                "gen": self._last_gen,
+                "members": members,
+                "source": source,
+                "reason": reason,
+                **({"missing": missing} if missing else {}),
+            },
+        )
+        return [note, SendTo(store, RnaOpenStore(gen=self._last_gen))]
+
+    def _open_round(self, now: float) -> list[Command]:
+        self._probed.clear()
+        self._opened_at = now
+        self._noted_wait_at = now
+        return self._probe(now, self._pick(exclude=set()))
+
+    def _pick(self, *, exclude: set[int]) -> list[int]:
+        cur = self.current
+        if cur is None:
+            return []
+        pool = [m for m in cur.members if m not in exclude and m not in self.leaving]
+        return self._rng.sample(pool, min(self.probes, len(pool)))
+
+    def _probe(self, now: float, ranks: list[int]) -> list[Command]:
+        cur = self.current
+        self._widened_at = now
+        if cur is None or not ranks:
+            return []
+        for rank in ranks:
+            self._probed[rank] = now
+        msg = RnaProbe(gen=cur.gen, round=self.round)
+        return [SendTo(rank, msg) for rank in ranks]
+
+    def _start(self, initiator: int, now: float) -> list[Command]:
+        cur = self.current
+        assert cur is not None
+        response = now - self._opened_at
+        self._responses.append(response)
+        self.rounds_started += 1
+        msg = RnaStart(gen=cur.gen, round=self.round, initiator=initiator)
+        out: list[Command] = [SendTo(member, msg) for member in cur.members]
+        if now - self._sampled_at >= self.sample_every_s:
+            self._sampled_at = now
+            out.append(
+                Note(
+                    "rna_round",
+                    {
+                        "round": self.round,
+                        "gen": cur.gen,
+                        "initiator": initiator,
+                        "probed": sorted(self._probed),
+                        "response_s": round(response, 6),
+                        "late_answers": self.late_answers,
+                    },
+                )
+            )
+        self.round += 1
+        return out

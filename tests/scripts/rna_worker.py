@@ -1,0 +1,77 @@
+"""A regression trained through ``dtlaunch.rna.Trainer``, the same script under
+``--policy rna``, ``--policy none`` and standalone.
+
+argv: OUT_DIR [SLEEP_S] [SLOW_RANK] [SLOW_SLEEP_S]. Every step sleeps SLEEP_S
+(SLOW_SLEEP_S on SLOW_RANK) to stand for compute. Writes OUT_DIR/<rank>.json:
+the model version and a digest of the parameters after each step (equal
+versions must hold equal models on every worker), the final loss and the
+records this worker trained.
+"""
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import dtlaunch
+
+DIM = 8
+TRUE_W = torch.arange(1.0, DIM + 1.0) / DIM
+
+
+def records(idx):
+    gen = torch.Generator().manual_seed(12345)
+    x_all = torch.randn(4000, DIM, generator=gen)
+    return x_all[idx], x_all[idx] @ TRUE_W
+
+
+def digest(model):
+    data = b"".join(p.detach().numpy().tobytes() for p in model.parameters())
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def main():
+    out = Path(sys.argv[1])
+    sleep_s = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+    slow_rank = int(sys.argv[3]) if len(sys.argv) > 3 else -1
+    slow_sleep = float(sys.argv[4]) if len(sys.argv) > 4 else sleep_s
+    job = dtlaunch.init()
+    torch.manual_seed(job.rank)  # unequal starts: the group's first state sync evens them
+    model = torch.nn.Linear(DIM, 1, bias=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
+    rna = dtlaunch.rna.Trainer(model, optimizer)
+    versions = {}
+    trained = 0
+    for idx in job.batches():
+        x, y = records(idx)
+        loss = torch.nn.functional.mse_loss(model(x).squeeze(-1), y)
+        loss.backward()
+        time.sleep(slow_sleep if job.rank == slow_rank else sleep_s)
+        rna.step()
+        job.step()
+        trained += len(idx)
+        versions[str(rna.version)] = digest(model)
+    rna.close()
+    x, y = records(list(range(4000)))
+    with torch.no_grad():
+        final = torch.nn.functional.mse_loss(model(x).squeeze(-1), y).item()
+    result = {
+        "rank": job.rank,
+        "mode": rna.mode,
+        "rounds": rna.rounds,
+        "version": rna.version,
+        "versions": versions,
+        "final_digest": digest(model),
+        "final_loss": final,
+        "records": trained,
+        "pid": os.getpid(),
+    }
+    (out / f"{job.rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
