@@ -34,7 +34,7 @@ def formed_group(world=4, probes=2, applied=0, seed=1):
     out = []
     for rank in range(world):
         out += coord.join(rank, 0, now=0.0)
-    (store_rank, opened), = sent(out, RnaOpenStore)
+    ((store_rank, opened),) = sent(out, RnaOpenStore)
     out = coord.store_ready(store_rank, opened.gen, 4000, "127.0.0.2")
     groups = sent(out, RnaGroup)
     assert sorted(r for r, _ in groups) == list(range(world))
@@ -53,7 +53,7 @@ def test_a_group_forms_once_every_worker_joined_and_rounds_start_with_two_probes
     out = coord.join(2, 0, now=0.2)
     assert sent(out, RnaOpenStore) == [(0, RnaOpenStore(gen=1))]
     assert coord.store_ready(1, 1, 4000, "x") == []  # not the store host: ignored
-    coord2, gen, out = formed_group(world=3, applied=7)
+    _, gen, out = formed_group(world=3, applied=7)
     probes = sent(out, RnaProbe)
     assert len(probes) == 2 and len({r for r, _ in probes}) == 2
     assert all(m == RnaProbe(gen=gen, round=7) for _, m in probes)
@@ -99,7 +99,7 @@ def test_the_reprobe_delay_follows_the_measured_responses():
 
 
 def test_a_round_that_does_not_start_is_reported_with_who_was_probed():
-    coord, gen, out = formed_group(world=3)
+    coord, _, out = formed_group(world=3)
     out = []
     for step in range(1, 120):
         out += coord.tick(0.1 + step * 0.1)
@@ -113,7 +113,7 @@ def test_a_worker_dying_mid_round_reforms_the_group_around_the_survivors():
     rank = sent(out, RnaProbe)[0][0]
     coord.ready(rank, gen, 0, now=0.2)  # round 0 runs; worker 2 dies in it
     out = coord.worker_gone(2, now=0.3)
-    (store, opened), = sent(out, RnaOpenStore)
+    ((store, opened),) = sent(out, RnaOpenStore)
     assert opened.gen == gen + 1 and store == 0
     note = notes(out, "rna_group")[0]
     assert note["members"] == [0, 1, 3] and note["source"] == 0 and "exited" in note["reason"]
@@ -171,7 +171,7 @@ def test_a_member_that_does_not_form_is_left_out_after_the_group_timeout():
 
 
 def test_workers_that_finish_are_let_go_together_after_a_last_round():
-    coord, gen, out = formed_group(world=3)
+    coord, _, out = formed_group(world=3)
     out = coord.leave(2, 9, now=1.0)
     # Its last gradient starts the open round; it stays a member, unprobed.
     assert {m.initiator for _, m in sent(out, RnaStart)} == {2}
@@ -206,3 +206,28 @@ def test_a_worker_that_never_joins_is_not_waited_for_beyond_the_grace():
     out = coord.tick(10.5)
     note = notes(out, "rna_group")[0]
     assert note["members"] == [0, 1] and note["missing"] == [2]
+
+
+def test_finished_workers_wait_for_a_restarting_one_so_that_it_ends_with_their_model():
+    coord, gen, out = formed_group(world=3)
+    coord.worker_gone(1, now=1.0)  # killed; the node table restarts it
+    coord.store_ready(0, gen + 1, 4001, "a0")
+    for rank in (0, 2):
+        coord.formed(rank, gen + 1, 10, now=1.1)
+    coord.leave(0, 12, now=2.0)
+    out = coord.leave(2, 12, now=2.1)
+    assert sent(out, RnaLeft) == [], "worker 1 is still to come back"
+    waits = notes(coord.tick(13.0), "rna_wait")
+    assert waits and "waiting for worker(s) [1] to rejoin" in waits[0]["why"]
+    out = coord.join(1, 0, now=14.0)  # the restart, with no data left to train
+    note = notes(out, "rna_group")[0]
+    assert note["members"] == [0, 1, 2] and note["source"] == 0
+    coord.store_ready(0, gen + 2, 4002, "a0")
+    coord.leave(1, 0, now=14.1)
+    for rank in (0, 1, 2):
+        out = coord.formed(rank, gen + 2, 13, now=14.2)
+    assert sorted(r for r, _ in sent(out, RnaLeft)) == [0, 1, 2]
+    # Their processes then end: nothing is restarting.
+    for rank in range(3):
+        assert coord.worker_gone(rank, now=15.0) == []
+    assert coord.phase is GroupPhase.DONE

@@ -5,7 +5,8 @@ argv: OUT_DIR [SLEEP_S] [SLOW_RANK] [SLOW_SLEEP_S]. Every step sleeps SLEEP_S
 (SLOW_SLEEP_S on SLOW_RANK) to stand for compute. Writes OUT_DIR/<rank>.json:
 the model version and a digest of the parameters after each step (equal
 versions must hold equal models on every worker), the final loss and the
-records this worker trained.
+records this worker trained; and OUT_DIR/pid-<rank>-<restart count> at start.
+Standalone, RNA_STANDALONE_RECORDS gives the data set's size.
 """
 
 import hashlib
@@ -23,10 +24,11 @@ DIM = 8
 TRUE_W = torch.arange(1.0, DIM + 1.0) / DIM
 
 
+X_ALL = torch.randn(8000, DIM, generator=torch.Generator().manual_seed(12345))
+
+
 def records(idx):
-    gen = torch.Generator().manual_seed(12345)
-    x_all = torch.randn(4000, DIM, generator=gen)
-    return x_all[idx], x_all[idx] @ TRUE_W
+    return X_ALL[idx], X_ALL[idx] @ TRUE_W
 
 
 def digest(model):
@@ -39,7 +41,12 @@ def main():
     sleep_s = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
     slow_rank = int(sys.argv[3]) if len(sys.argv) > 3 else -1
     slow_sleep = float(sys.argv[4]) if len(sys.argv) > 4 else sleep_s
-    job = dtlaunch.init()
+    standalone = int(os.environ.get("RNA_STANDALONE_RECORDS", "0"))
+    if standalone:  # python script.py: the data set comes from here
+        job = dtlaunch.init(dataset_size=standalone, shard_size=100, global_batch=20)
+    else:
+        job = dtlaunch.init()
+    (out / f"pid-{job.rank}-{job.restart_count}").write_text(str(os.getpid()))
     torch.manual_seed(job.rank)  # unequal starts: the group's first state sync evens them
     model = torch.nn.Linear(DIM, 1, bias=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
@@ -56,7 +63,7 @@ def main():
         trained += len(idx)
         versions[str(rna.version)] = digest(model)
     rna.close()
-    x, y = records(list(range(4000)))
+    x, y = records(list(range(len(X_ALL))))
     with torch.no_grad():
         final = torch.nn.functional.mse_loss(model(x).squeeze(-1), y).item()
     result = {

@@ -123,6 +123,7 @@ class RoundCoordinator:
         self.expected: set[int] = set(range(world_size))  # alive, not left
         self.joined: dict[int, int] = {}  # rank -> rounds in its model, since the last group
         self.leaving: set[int] = set()  # members whose training ended, kept until all have
+        self.restarting: set[int] = set()  # exited, expected back (a restart joins again)
         self._failed_formations = 0  # in a row: the next group waits longer each time
         self._not_before = 0.0  # no group opens before this
         self._first_join_at: float | None = None
@@ -163,6 +164,7 @@ class RoundCoordinator:
             return []
         self.expected.add(rank)
         self.leaving.discard(rank)
+        self.restarting.discard(rank)
         self.joined[rank] = applied
         if self._first_join_at is None:
             self._first_join_at = now
@@ -190,13 +192,17 @@ class RoundCoordinator:
         if self.phase is not GroupPhase.RUNNING:
             return out  # the group forms first; its first round uses the gradient
         out += self._start(rank, now)
-        if self.leaving >= set(cur.members):
+        if self._all_finished(cur):
             return out + self._let_go(now)
         return out + self._open_round(now)
 
     def worker_gone(self, rank: int, now: float) -> list[Command]:
-        """``rank``'s process ended (the node table heard it); a restart joins again."""
-        self.expected.discard(rank)
+        """``rank``'s process ended (the node table heard it). Unless it was let
+        go already, it is restarting: its restart joins again, and the finished
+        members wait for it, so that it too ends with the group's model."""
+        if rank not in self.expected:
+            return []  # let go, then exited
+        self.restarting.add(rank)
         self.joined.pop(rank, None)
         self.leaving.discard(rank)
         cur = self.current
@@ -256,7 +262,7 @@ class RoundCoordinator:
                 },
             )
         ]
-        if self.leaving >= set(cur.members):  # they all finished while it formed
+        if self._all_finished(cur):  # they all finished while it formed
             return out + self._start(min(cur.members), now) + self._let_go(now)
         return out + self._open_round(now)
 
@@ -331,7 +337,12 @@ class RoundCoordinator:
                         "gen": cur.gen,
                         "waited_s": round(now - self._opened_at, 3),
                         "probed": sorted(self._probed),
-                        "why": "no probed worker has a gradient ready",
+                        "why": (
+                            f"every member finished; waiting for worker(s) "
+                            f"{sorted(self.restarting)} to rejoin"
+                            if self.leaving >= set(cur.members)
+                            else "no probed worker has a gradient ready"
+                        ),
                     },
                 )
             )
@@ -355,7 +366,10 @@ class RoundCoordinator:
         """End the current generation and open the next one with who is still here."""
         cur = self.current
         staying = keep if keep is not None else (cur.members if cur is not None else [])
-        members = sorted({m for m in staying if m in self.expected} | set(self.joined))
+        members = sorted(
+            {m for m in staying if m in self.expected and m not in self.restarting}
+            | set(self.joined)
+        )
         self.regroups += 1
         self._probed.clear()
         if not members:
@@ -373,6 +387,10 @@ class RoundCoordinator:
             self._first_join_at = now - self.join_grace_s  # nobody else to wait for
             return [Note("rna_group", {"phase": "backoff", "reason": reason, "retry_in_s": delay})]
         return self._open(now, members, reason=reason)
+
+    def _all_finished(self, cur: _Generation) -> bool:
+        """Every member finished and nobody else is expected (a restart)."""
+        return self.leaving >= set(cur.members) and self.expected <= set(cur.members)
 
     def _let_go(self, now: float) -> list[Command]:
         """Every member finished: release them together after the last round."""

@@ -1,0 +1,106 @@
+"""``--policy rna`` end to end over the sshd fixture: a worker SIGKILLed while
+the group trains restarts and rejoins, the survivors keep going meanwhile, and
+every worker ends with the same converged model. The same script runs under
+``--policy none`` (a synchronous step) and standalone."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.jobs import REPO, SCRIPTS, events, hostfile, kind, started, summary, wait_for_event
+
+pytest.importorskip("torch")
+
+RECORDS = 6000
+SCRIPT = str(SCRIPTS / "rna_worker.py")
+
+
+def results(out, ranks):
+    return [json.loads((out / f"{rank}.json").read_text()) for rank in ranks]
+
+
+def assert_one_model(finals):
+    """Equal versions hold equal models on every worker; all end on the same one."""
+    seen = {}
+    for final in finals:
+        for version, digest in final["versions"].items():
+            assert seen.setdefault(version, digest) == digest, (version, final["rank"])
+    assert len({f["final_digest"] for f in finals}) == 1
+    assert len({f["version"] for f in finals}) == 1
+
+
+@pytest.mark.integration
+def test_rna_survives_a_sigkilled_worker_and_converges(sshd, tmp_path):
+    hosts = hostfile(sshd, tmp_path / "hosts")
+    out = tmp_path / "out"
+    out.mkdir()
+    run_dir = tmp_path / "run"
+    args = [
+        "run", "-H", str(hosts), "--workers", "3", "--run-dir", str(run_dir),
+        "--dataset-size", str(RECORDS), "--shard-size", "100", "--global-batch", "60",
+        "--policy", "rna", "--output", "0",
+        SCRIPT, str(out), "0.02",
+    ]  # fmt: skip
+    with started(args, env=sshd.env(), log=tmp_path / "run.log") as job:
+        wait_for_event(run_dir, kind("rna_rounds"), timeout=120, what="rounds under way")
+        victim = int((out / "pid-1-0").read_text())
+        os.kill(victim, signal.SIGKILL)
+        code = job.wait(timeout=240)
+        assert code == 0, job.output()
+    log = events(run_dir)
+    data = summary(run_dir)
+    assert data["status"] == "succeeded"
+    assert [(r["role"], r["rank"]) for r in data["restarts"]] == [("worker", 1)], data["restarts"]
+    formed = [e for e in log if e["kind"] == "rna_group" and e["phase"] == "formed"]
+    # The survivors re-formed without it and kept training, then took it back
+    # with the model of a survivor, never its fresh one.
+    assert [f["members"] for f in formed][:3] == [[0, 1, 2], [0, 2], [0, 1, 2]], formed
+    assert formed[2]["source"] in (0, 2)
+    gap = [e for e in log if e["kind"] == "rna_rounds" and e["members"] == [0, 2]]
+    assert gap and sum(e["rounds"] for e in gap) > 0, "no round ran while worker 1 was away"
+    finals = results(out, range(3))
+    assert {f["mode"] for f in finals} == {"rna"}
+    assert_one_model(finals)
+    assert finals[0]["final_loss"] < 1e-4, finals[0]["final_loss"]
+    # The restarted attempt rejoined (whether data was left for it or not, the
+    # finished survivors waited for it, so it ends with the group's model).
+    assert (out / "pid-1-1").exists()
+    # Every shard done: the DDS handed the killed worker's leases to the others.
+    assert data["shards_done"] == data["shards_total"] == RECORDS // 100
+
+
+@pytest.mark.integration
+def test_the_same_script_runs_synchronously_under_policy_none_and_standalone(sshd, tmp_path):
+    hosts = hostfile(sshd, tmp_path / "hosts")
+    out = tmp_path / "out"
+    out.mkdir()
+    run_dir = tmp_path / "run"
+    args = [
+        "run", "-H", str(hosts), "--workers", "3", "--run-dir", str(run_dir),
+        "--dataset-size", "3000", "--shard-size", "100", "--global-batch", "60",
+        "--output", "0", SCRIPT, str(out), "0",
+    ]  # fmt: skip
+    with started(args, env=sshd.env(), log=tmp_path / "run.log") as job:
+        assert job.wait(timeout=240) == 0, job.output()
+    finals = results(out, range(3))
+    assert {f["mode"] for f in finals} == {"sync"}
+    assert_one_model(finals)
+    assert finals[0]["final_loss"] < 1e-3
+    # Standalone: python script.py, a local step.
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DTLAUNCH_", "WORLD_SIZE"))}
+    done = subprocess.run(
+        [sys.executable, SCRIPT, str(alone), "0"],
+        env={**env, "RNA_STANDALONE_RECORDS": "600"},
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (final,) = results(alone, [0])
+    assert final["mode"] == "local" and final["records"] > 0
