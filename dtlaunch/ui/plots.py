@@ -4,7 +4,9 @@ Six panels, all on the same time axis (seconds since the run's first event)
 except the fourth:
 
 1. BPT per worker over time (AntDT Fig. 13): one line per worker, one point a step;
-2. local batch size per worker over time (Fig. 12);
+2. local batch size per worker over time (Fig. 12); under ``--policy rna``,
+   RNA's rounds per second and each worker's share of the rounds it
+   contributed a gradient to, from the group's ``rna_rounds`` reports;
 3. global throughput in samples/s (Fig. 14), with a vertical marker per action
    the Controller took (ADJUST_BS, KILL_RESTART, ...), so cause and effect line up;
 4. shards each worker finished beside its throughput (Fig. 16): with DDS a fast
@@ -73,10 +75,13 @@ class PlotData:
     memory: dict[str, Series] | None = None  # proc id -> RSS (MiB) over time
     memory_limit: dict[str, Series] | None = None  # proc id -> its limit (MiB), if any
     cpu: dict[str, Series] | None = None  # proc id -> CPU (cores) over time
+    rounds: Series | None = None  # --policy rna: rounds/s per report
+    contribution: dict[int, Series] | None = None  # rank -> share of rounds, per report
 
 
 def plot_data(events: Iterable[Event], *, title: str = "") -> PlotData:
-    """The numbers the four panels show (see module doc)."""
+    """The numbers the panels show (see module doc)."""
+    events = list(events)
     run = read_run(events)
     bpt: dict[int, Series] = {}
     batch: dict[int, Series] = {}
@@ -104,7 +109,31 @@ def plot_data(events: Iterable[Event], *, title: str = "") -> PlotData:
         worker_throughput=run.throughput_by_worker(),
         end_s=run.end_s,
         title=title,
+        **_rounds(events),
     )
+
+
+def _rounds(events: list[Event]) -> dict[str, Any]:
+    """RNA's rounds per second and each worker's share, one point per report."""
+    reports = [e for e in events if e.kind == "rna_rounds"]
+    if not reports:
+        return {}
+    xs: list[float] = []
+    per_s: list[float] = []
+    shares: dict[int, Series] = {}
+    previous: float | None = None
+    for event in reports:
+        rounds = int(event.data.get("rounds", 0))
+        span = event.mono - previous if previous is not None else 1.0
+        previous = event.mono
+        xs.append(event.mono)
+        per_s.append(rounds / max(span, 1.0))  # reports come about a second apart
+        counts = event.data.get("contributions", [])
+        for rank, count in zip(event.data.get("members", []), counts, strict=False):
+            series = shares.setdefault(int(rank), Series(xs=[], ys=[]))
+            series.xs.append(event.mono)
+            series.ys.append(count / rounds if rounds else 0.0)
+    return {"rounds": Series(xs=xs, ys=per_s), "contribution": shares}
 
 
 def _with_breaks(rows: list[StepRow]) -> tuple[list[float], list[float], list[float]]:
@@ -186,8 +215,11 @@ def draw(data: PlotData, path: Path) -> None:
         colours = _worker_colours(plt, sorted(set(data.bpt) | set(data.shards)))
         _draw_per_worker(ax_bpt, data.bpt, colours, steps=False)
         ax_bpt.set(title="Batch processing time per worker", ylabel="BPT (s)")
-        _draw_per_worker(ax_batch, data.batch, colours, steps=True)
-        ax_batch.set(title="Local batch size per worker", ylabel="batch size (samples)")
+        if data.rounds is not None:
+            _draw_rounds(ax_batch, data, colours)
+        else:
+            _draw_per_worker(ax_batch, data.batch, colours, steps=True)
+            ax_batch.set(title="Local batch size per worker", ylabel="batch size (samples)")
         _draw_throughput(ax_tput, data)
         _draw_shards(ax_shards, data, colours)
         _draw_resources(ax_mem, ax_cpu, data)
@@ -249,6 +281,21 @@ def _draw_per_worker(
             **style,
         )
     ax.set_ylim(bottom=0)
+    _legend_outside(ax)
+
+
+def _draw_rounds(ax: Any, data: PlotData, colours: dict[int, Any]) -> None:
+    """RNA: each worker's share of the rounds (left axis), rounds/s (right axis)."""
+    assert data.rounds is not None
+    ax.set(title="RNA rounds: each worker's share, rounds/s (black)", ylabel="share of rounds")
+    for rank, series in sorted((data.contribution or {}).items()):
+        ax.plot(series.xs, series.ys, label=f"worker {rank}", lw=1.2,
+                color=colours.get(rank), drawstyle="steps-pre")  # fmt: skip
+    ax.set_ylim(0.0, 1.05)
+    rate = ax.twinx()
+    rate.plot(data.rounds.xs, data.rounds.ys, color="black", lw=1.5, label="rounds/s")
+    rate.set_ylabel("rounds/s")
+    rate.set_ylim(bottom=0)
     _legend_outside(ax)
 
 

@@ -50,6 +50,8 @@ def render_status(
     header = [_title(snap), _progress(snap, width)]
     if snap.ps_map_version:
         header.append(_ps_map_line(snap))
+    if snap.rna_rounds_per_s:
+        header.append(_rounds_line(snap))
     if note:
         header.append(Text(note, style="yellow", no_wrap=True, overflow="ellipsis"))
     stragglers = [n for n in snap.nodes if n.straggler]
@@ -221,6 +223,21 @@ def _ps_map_line(snap: StatusSnapshot) -> Text:
         speed = f" {_short_size(int(node.ps_speed))}B/s" if node.ps_speed else ""
         text.append(f"  server-{node.rank} ")
         text.append(f"{share}{speed}", style="bold")
+    return text
+
+
+def _rounds_line(snap: StatusSnapshot) -> Text:
+    """RNA: rounds per second, and the share of them each worker contributed to."""
+    text = Text(
+        f"rna {snap.rna_rounds_per_s:.1f} rounds/s, contributed:",
+        style="dim",
+        no_wrap=True,
+        overflow="ellipsis",
+    )
+    for node in snap.nodes:
+        if node.role == "worker":
+            text.append(f"  w{node.rank} ")
+            text.append(f"{100 * node.rna_share:.0f}%", style="bold")
     return text
 
 

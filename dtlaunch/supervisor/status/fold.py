@@ -24,6 +24,7 @@ from dtlaunch.errors import InfeasibleError
 from dtlaunch.events import Event, resource_samples
 from dtlaunch.solvers.psld import fit_server
 from dtlaunch.supervisor.control.monitor import fast_reference
+from dtlaunch.supervisor.status.rounds import RoundRates
 from dtlaunch.wire.messages import ActionStatus, NodeStatus, StatusSnapshot
 
 SPARK_POINTS = 40  # BPT points kept per node (one per "reports" event)
@@ -118,6 +119,7 @@ class StatusFold:
         self.ps_map_version = 0
         self._ps_bytes: dict[int, int] = {}  # server -> bytes of its blocks in the map
         self._exchanges: dict[int, deque[tuple[float, float]]] = {}
+        self.rounds = RoundRates()  # --policy rna
 
     # ------------------------------------------------------------- input
 
@@ -443,6 +445,7 @@ class StatusFold:
             nodes=nodes,
             actions=list(self.actions),
             ps_map_version=self.ps_map_version,
+            rna_rounds_per_s=round(self.rounds.per_second(now), 2),
         )
 
     def _node_status(
@@ -478,6 +481,7 @@ class StatusFold:
             straggler=reason,
             ps_bytes=self._ps_bytes.get(track.rank, 0) if track.role == "server" else 0,
             ps_speed=self.server_speed(track.rank) if track.role == "server" else 0.0,
+            rna_share=self.rounds.shares().get(track.rank, 0.0) if track.role == "worker" else 0.0,
         )
 
 
@@ -584,6 +588,7 @@ _HANDLERS: dict[str, Callable[[StatusFold, Event], object]] = {
     "dds_recovered": StatusFold._progress,
     "decision": StatusFold._decision,
     "ps_placement": StatusFold._placement,
+    "rna_rounds": lambda fold, e: fold.rounds.add(e.mono, e.data),
     "stall": StatusFold._stall,
     "stall_stacks": StatusFold._stall_stacks,
     "stop_requested": StatusFold._stopping,

@@ -53,6 +53,7 @@ class NodeStatus(Record):
     # (PSLD's Pred(s) at its load; 0: not known yet)
     ps_bytes: int = 0
     ps_speed: float = 0.0
+    rna_share: float = 0.0  # --policy rna: share of recent rounds it contributed to
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +84,7 @@ class StatusSnapshot(Record):
     nodes: list[NodeStatus] = field(default_factory=list)
     actions: list[ActionStatus] = field(default_factory=list)  # oldest first
     ps_map_version: int = 0  # the parameter servers' placement map in force (0: none)
+    rna_rounds_per_s: float = 0.0  # --policy rna: recent rounds per second (0: none)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
