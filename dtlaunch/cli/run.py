@@ -137,7 +137,8 @@ PolicyOption = Annotated[
         help="Straggler policy: none | lb-bsp | nd[:lambda=1.5,l_trans=60,l_per=300] "
         "| backup[:b=1] (PS mode) | dd[:cmin=1,cmax=5] (mixed devices: micro-batch and "
         "gradient accumulation per hostfile class=) | psld[:eps=0.1,threshold=1] (built-in "
-        "PS: spread blocks by server speed) | module:Class[:k=v].",
+        "PS: spread blocks by server speed) | rna[:probes=2,staleness=8] (allreduce without "
+        "a barrier, dtlaunch.rna.Trainer) | module:Class[:k=v].",
     ),
 ]
 ControlIntervalOption = Annotated[
