@@ -151,7 +151,7 @@ SAMPLES = [
     Regroup(gen=1, leaving_rank=2, store_rank=0),
     RegroupReady(gen=1, step=40, store_port=41234),
     RegroupGo(gen=1, master_addr="10.0.0.1", master_port=41234),
-    wire_messages.RnaJoin(applied=12),
+    wire_messages.RnaJoin(applied=12, finished=True),
     wire_messages.RnaOpenStore(gen=2),
     wire_messages.RnaStoreReady(gen=2, port=40123),
     wire_messages.RnaGroup(

@@ -231,3 +231,36 @@ def test_finished_workers_wait_for_a_restarting_one_so_that_it_ends_with_their_m
     for rank in range(3):
         assert coord.worker_gone(rank, now=15.0) == []
     assert coord.phase is GroupPhase.DONE
+
+
+def test_a_member_asking_back_in_after_a_failure_does_not_reform_the_group_again():
+    coord, gen, _ = formed_group(world=3)
+    out = coord.failed(2, gen, 4, "Connection reset by peer", now=1.0)
+    assert sent(out, RnaOpenStore)[0][1].gen == gen + 1
+    # Each member whose collective failed asks back in: the group being formed has them.
+    for rank in range(3):
+        assert coord.join(rank, 4, now=1.01) == []
+    assert coord.current.gen == gen + 1
+
+
+def test_a_late_failure_of_a_forgotten_group_brings_its_member_back():
+    """A resumed supervisor (groups numbered after the crashed one's) formed a
+    group while worker 1 was still blocked in the crashed one's collective."""
+    coord = RoundCoordinator(world_size=3, seed=0, group_timeout_s=5.0, first_gen=8)
+    for rank in range(3):
+        coord.join(rank, 20, now=0.0)
+    coord.store_ready(0, 8, 4000, "a0")
+    coord.formed(0, 8, 20, now=0.1)
+    coord.formed(2, 8, 20, now=0.1)
+    coord.leave(0, 20, now=1.0)  # their data ran out meanwhile
+    coord.leave(2, 20, now=1.0)
+    out = coord.tick(5.5)  # worker 1 never formed: left out
+    assert notes(out, "rna_group")[1]["members"] == [0, 2]
+    assert coord.failed(1, 7, 19, "timeout", now=6.0) == []  # the crashed supervisor's group
+    out = coord.join(1, 20, now=6.0, finished=True)  # its data ran out too
+    assert notes(out, "rna_group")[0]["members"] == [0, 1, 2]
+    gen = coord.current.gen
+    coord.store_ready(coord.current.store_rank, gen, 4001, "a0")
+    for rank in range(3):
+        out = coord.formed(rank, gen, 20, now=6.5)
+    assert sorted(r for r, _ in sent(out, RnaLeft)) == [0, 1, 2], "all let go, one model"

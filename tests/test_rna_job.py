@@ -104,3 +104,33 @@ def test_the_same_script_runs_synchronously_under_policy_none_and_standalone(ssh
     assert done.returncode == 0, done.stderr
     (final,) = results(alone, [0])
     assert final["mode"] == "local" and final["records"] > 0
+
+
+@pytest.mark.integration
+def test_rna_goes_on_after_the_supervisor_is_killed_and_resumed(tmp_path):
+    """Embedded mode: SIGKILL the supervisor while rounds run; the resumed one
+    hears every worker's join again (after its Rehello) and forms a group."""
+    out = tmp_path / "out"
+    out.mkdir()
+    run_dir = tmp_path / "run"
+    args = [
+        "run", "--workers", "3", "--run-dir", str(run_dir),
+        "--dataset-size", "6000", "--shard-size", "100", "--global-batch", "60",
+        "--policy", "rna:group_timeout=10", "--output", "0", SCRIPT, str(out), "0.03",
+    ]  # fmt: skip
+    with started(args, env={}, log=tmp_path / "run-0.log") as first:
+        wait_for_event(run_dir, kind("rna_rounds"), timeout=120, what="rounds under way")
+        first.signal(signal.SIGKILL)
+        first.wait(timeout=10)
+    with started(["run", "--resume", str(run_dir)], env={}, log=tmp_path / "run-1.log") as job:
+        assert job.wait(timeout=240) == 0, job.output()
+    log = events(run_dir)
+    resumed = next(i for i, e in enumerate(log) if e["kind"] == "resume")
+    formed = [e for e in log[resumed:] if e["kind"] == "rna_group" and e["phase"] == "formed"]
+    assert formed and formed[0]["members"] == [0, 1, 2], formed
+    assert any(e["kind"] == "rna_rounds" for e in log[resumed:]), "no round after the resume"
+    data = summary(run_dir)
+    assert data["status"] == "succeeded" and data["restarts"] == []
+    finals = results(out, range(3))
+    assert_one_model(finals)
+    assert finals[0]["final_loss"] < 1e-4

@@ -108,6 +108,12 @@ class Trainer:
         client = self._job.supervisor_client() if self._job is not None else None
         if staleness is not None and client is not None and self._job is not None:
             self.mode = "rna"
+            if dist.is_initialized():
+                logger.warning(
+                    "dtlaunch.rna.Trainer: --policy rna needs no torch.distributed default "
+                    "group (its rounds run on a group of their own), and a restarted worker "
+                    "cannot rejoin one: remove init_process_group() from the script"
+                )
             self._comms = RoundWorker(
                 params=self._params,
                 optimizer=optimizer,

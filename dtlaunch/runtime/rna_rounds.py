@@ -167,6 +167,7 @@ class RoundWorker(threading.Thread):
         self._store_gen = 0
         self._probe: tuple[int, int, float] | None = None  # (gen, round, when heard)
         self._left = threading.Event()
+        self._finished = False  # leave() was called
         self._stopped = threading.Event()
         self._rounds_since_report = 0
         self._contributions: list[int] = []
@@ -183,6 +184,7 @@ class RoundWorker(threading.Thread):
         self._inbox.put(WAKE)
 
     def leave(self, timeout: float) -> bool:
+        self._finished = True
         self._send(RnaLeave(applied=self.applied))
         return self._left.wait(timeout)
 
@@ -194,7 +196,9 @@ class RoundWorker(threading.Thread):
     # ------------------------------------------------------------ the thread
 
     def run(self) -> None:
-        self._send(RnaJoin(applied=self.applied))
+        # Sticky: a supervisor resumed after a crash has no groups; it hears every
+        # worker's join again (after its Rehello) and forms one from them.
+        self._send(RnaJoin(applied=self.applied), repeat_on_rehello=True)
         while not self._stopped.is_set():
             try:
                 item = self._inbox.get(timeout=IDLE_POLL_S)
@@ -239,6 +243,12 @@ class RoundWorker(threading.Thread):
         self._probe = None
         self._send(RnaReady(gen=gen, round=round_, waited_s=round(time.monotonic() - heard, 6)))
 
+    def _ask_back_in(self) -> None:
+        """Without a group, ask for one: the failure may belong to a group the
+        coordinator gave up on already (it timed out waiting while this thread was
+        blocked in a collective, or it was a crashed supervisor's)."""
+        self._send(RnaJoin(applied=self.applied, finished=self._finished))
+
     def _open_store(self, gen: int) -> None:
         try:
             self._store_server = TCPStore(
@@ -279,6 +289,7 @@ class RoundWorker(threading.Thread):
         except Exception as err:
             logger.warning("rna: forming group %d failed: %s", msg.gen, err)
             self._send(RnaFailed(gen=msg.gen, round=-1, error=str(err)[:500]))
+            self._ask_back_in()
             return
         self._group = group
         self._contributions = [0] * len(msg.members)
@@ -341,6 +352,7 @@ class RoundWorker(threading.Thread):
             self._group = None
             logger.warning("rna: round %d of group %d failed: %s", start.round, self._gen, err)
             self._send(RnaFailed(gen=self._gen, round=start.round, error=str(err)[:500]))
+            self._ask_back_in()
             return
         comm_s = time.monotonic() - began
         weights = buffer[size : size + members]

@@ -29,6 +29,7 @@ class History:
     elapsed_s: float = 0.0  # supervised time before this supervisor took over
     first_wall: float = 0.0  # Unix time of the run's first event: JCT counts from here
     resumes: int = 0
+    rna_gen: int = 0  # the newest RNA group generation any supervisor of the run opened
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +55,8 @@ def load_history(events_path: Path) -> History:
         at = round(offset + event.mono, 3)
         history.elapsed_s = max(history.elapsed_s, at)
         proc_id = f"{event.role}-{event.rank}"
+        if event.kind == "rna_group":
+            history.rna_gen = max(history.rna_gen, int(event.data.get("gen", 0)))
         if event.kind in ("spawn", "adopted"):
             attempt = int(event.data.get("attempt", 0))
             history.attempts[proc_id] = max(history.attempts.get(proc_id, 0), attempt)

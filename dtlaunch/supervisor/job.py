@@ -194,7 +194,7 @@ async def _run_job(
                 ),
                 placements=PlacementKeeper(run.path, recorder) if spec.mode == "ps" else None,
                 ps_keys=keys.peer(),
-                rounds=_round_coordinator(spec),
+                rounds=_round_coordinator(spec, history),
             )
             supervisor = _build_supervisor(
                 spec, hosts, assignments, keys, router, run, services, history
@@ -278,8 +278,11 @@ def _controller(spec: JobSpec, hosts: list[HostSpec]) -> Controller | None:
     )
 
 
-def _round_coordinator(spec: JobSpec) -> RoundCoordinator | None:
-    """RNA's groups, probes and rounds, with ``--policy rna``'s parameters."""
+def _round_coordinator(spec: JobSpec, history: History | None) -> RoundCoordinator | None:
+    """RNA's groups, probes and rounds, with ``--policy rna``'s parameters. A
+    resumed supervisor numbers its groups after the last one's: a worker's
+    message about a group of the crashed supervisor is then never mistaken for
+    one about a new group."""
     policy = parse_policy(spec.policy)
     if not isinstance(policy, RnaPolicy):
         return None
@@ -288,6 +291,7 @@ def _round_coordinator(spec: JobSpec) -> RoundCoordinator | None:
         probes=policy.probes,
         group_timeout_s=policy.group_timeout_s,
         seed=spec.seed,
+        first_gen=(history.rna_gen + 1) if history is not None else 1,
     )
 
 

@@ -110,6 +110,7 @@ class RoundCoordinator:
         join_grace_s: float = 120.0,
         sample_every_s: float = 1.0,
         seed: int = 0,
+        first_gen: int = 1,
     ) -> None:
         if probes < 1:
             raise ValueError(f"probes must be at least 1, got {probes}")
@@ -129,7 +130,7 @@ class RoundCoordinator:
         self._first_join_at: float | None = None
         self.current: _Generation | None = None
         self._last_formed: _Generation | None = None  # its members hold the newest model
-        self._last_gen = 0
+        self._last_gen = first_gen - 1
         self.round = 0  # the round being probed
         self._probed: dict[int, float] = {}  # rank -> when probed, for the open round
         self._opened_at = 0.0
@@ -158,12 +159,19 @@ class RoundCoordinator:
 
     # --------------------------------------------------------- membership
 
-    def join(self, rank: int, applied: int, now: float) -> list[Command]:
-        """``rank``'s communication thread is ready (a first start, a restart)."""
+    def join(
+        self, rank: int, applied: int, now: float, *, finished: bool = False
+    ) -> list[Command]:
+        """``rank``'s communication thread is ready: a first start, a restart, or
+        a member that lost its group (a failed collective) asking back in;
+        ``finished``: its training ended already (it only waits to be let go)."""
         if not 0 <= rank < self.world_size:
             return []
         self.expected.add(rank)
-        self.leaving.discard(rank)
+        if finished:
+            self.leaving.add(rank)
+        else:
+            self.leaving.discard(rank)
         self.restarting.discard(rank)
         self.joined[rank] = applied
         if self._first_join_at is None:
@@ -171,8 +179,10 @@ class RoundCoordinator:
         if self.phase is GroupPhase.WAITING or self.phase is GroupPhase.DONE:
             return self._maybe_open(now)
         if self.current is not None and rank in self.current.members:
-            # A member joining again lost its group (its process restarted
-            # before we heard it died): form a new one with it.
+            if self.phase is not GroupPhase.RUNNING:
+                return []  # the group being formed has it: its RnaGroup is on the way
+            # A member of the running group lost it (its process restarted before
+            # we heard it died, or a collective of an older group failed late).
             return self._regroup(now, reason=f"worker {rank} joined again")
         return self._regroup(now, reason=f"worker {rank} joined")
 

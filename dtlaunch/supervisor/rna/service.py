@@ -60,7 +60,7 @@ class RoundService:
         if isinstance(msg, RnaReady):
             commands = coord.ready(rank, msg.gen, msg.round, now)
         elif isinstance(msg, RnaJoin):
-            commands = coord.join(rank, msg.applied, now)
+            commands = coord.join(rank, msg.applied, now, finished=msg.finished)
         elif isinstance(msg, RnaStoreReady):
             commands = coord.store_ready(rank, msg.gen, msg.port, self._address_of(rank))
         elif isinstance(msg, RnaFormed):

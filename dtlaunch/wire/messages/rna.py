@@ -41,11 +41,13 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RnaJoin(Message):
-    """A worker's communication thread is ready to join a group; its model has
-    ``applied`` rounds in it (0 for a fresh start)."""
+    """A worker's communication thread is ready to join a group (at its start,
+    or after it lost its group); its model has ``applied`` rounds in it (0 for a
+    fresh start); ``finished``: its training ended, it waits to be let go."""
 
     TYPE: ClassVar[str] = "rna_join"
     applied: int
+    finished: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
