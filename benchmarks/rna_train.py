@@ -19,9 +19,11 @@ rank; training goes through ``dtlaunch.rna.Trainer``:
   partition of each global batch by RANK (``examples/synthetic.py``'s
   ``static_batches``).
 
-Every iteration sleeps an injected delay after its backward pass (§8.1: "system
-delay randomly ... on each process"): uniform in ``--delay-ms LO,HI``, or in
-``--slow-delay-ms`` on ``--slow-ranks``, drawn from a per-rank seeded RNG.
+Every iteration's forward and backward pass is stretched to ``--compute-ms`` by a
+sleep (the device time of a real model, the same on every worker), then sleeps an
+injected delay (§8.1: "system delay randomly ... on each process"): uniform in
+``--delay-ms LO,HI``, or in ``--slow-delay-ms`` on ``--slow-ranks``, drawn from a
+per-rank seeded RNG.
 
 Rank 0 keeps a copy of its model (under RNA: the newest global model it has)
 every ``--snapshot-s`` seconds with the wall time, and evaluates them after
@@ -65,13 +67,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--records", type=int, default=32_000, help="training records")
     parser.add_argument("--test-records", type=int, default=16_000)
     parser.add_argument("--eval-records", type=int, default=4096)
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--global-batch", type=int, default=128)
-    parser.add_argument("--shard-size", type=int, default=128)
+    parser.add_argument("--shard-size", type=int, default=64)
     parser.add_argument("--prefetch", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument(
+        "--compute-ms",
+        type=float,
+        default=0.0,
+        help="each iteration's compute, stretched to this many ms by a sleep (the device time "
+        "a real model's forward and backward take; the same on every worker)",
+    )
     parser.add_argument("--delay-ms", default="0,50", help="LO,HI: uniform delay per iteration")
     parser.add_argument("--slow-ranks", default="", help="ranks with --slow-delay-ms: 4,5,6,7")
     parser.add_argument("--slow-delay-ms", default="50,100")
@@ -182,10 +191,12 @@ def main(argv: list[str] | None = None) -> None:
     last_snap = 0.0
     steps = records = 0
     slept = 0.0
+    compute_s = args.compute_ms / 1000.0
     for idx in batches:
+        began = time.monotonic()
         if idx:
             loss_fn(model(x_train[idx]), y_train[idx]).backward()
-        pause = delays.uniform(lo, hi)
+        pause = delays.uniform(lo, hi) + max(0.0, compute_s - (time.monotonic() - began))
         if pause > 0:
             time.sleep(pause)
             slept += pause

@@ -81,15 +81,19 @@ def test_the_same_script_runs_synchronously_under_policy_none_and_standalone(ssh
     out = tmp_path / "out"
     out.mkdir()
     run_dir = tmp_path / "run"
+    # 31 shards for 3 workers: one of them has more steps than the others.
     args = [
         "run", "-H", str(hosts), "--workers", "3", "--run-dir", str(run_dir),
-        "--dataset-size", "3000", "--shard-size", "100", "--global-batch", "60",
+        "--dataset-size", "3100", "--shard-size", "100", "--global-batch", "60",
         "--output", "0", SCRIPT, str(out), "0",
     ]  # fmt: skip
     with started(args, env=sshd.env(), log=tmp_path / "run.log") as job:
         assert job.wait(timeout=240) == 0, job.output()
     finals = results(out, range(3))
     assert {f["mode"] for f in finals} == {"sync"}
+    # Unequal steps: the workers whose data ended first joined the rest with nothing.
+    assert len({f["records"] for f in finals}) > 1, [f["records"] for f in finals]
+    assert sum(f["records"] for f in finals) == 3100
     assert_one_model(finals)
     assert finals[0]["final_loss"] < 1e-3
     # Standalone: python script.py, a local step.
@@ -116,7 +120,7 @@ def test_rna_goes_on_after_the_supervisor_is_killed_and_resumed(tmp_path):
     args = [
         "run", "--workers", "3", "--run-dir", str(run_dir),
         "--dataset-size", "6000", "--shard-size", "100", "--global-batch", "60",
-        "--policy", "rna:group_timeout=10", "--output", "0", SCRIPT, str(out), "0.03",
+        "--policy", "rna:group_timeout=6", "--output", "0", SCRIPT, str(out), "0.03",
     ]  # fmt: skip
     with started(args, env={}, log=tmp_path / "run-0.log") as first:
         wait_for_event(run_dir, kind("rna_rounds"), timeout=120, what="rounds under way")

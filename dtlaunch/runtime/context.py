@@ -33,6 +33,7 @@ from dtlaunch.runtime.environ import (
     DEFAULT_INIT_TIMEOUT_S,
     ENV_INIT_TIMEOUT,
     ENV_REPORT_INTERVAL,
+    ENV_RNA,
     ENV_ROLE,
     ENV_SUPERVISOR,
     connection_from_env,
@@ -354,12 +355,21 @@ class Job:
         With one pass per step (every other policy) the weight is 1 and every
         batch is a boundary, so this loop is also the plain BSP loop.
         """
+        if os.environ.get(ENV_RNA) and isinstance(self._source, SupervisorClient):
+            yield from self.batches()  # --policy rna: no barrier; its rounds run aside
+            return
+        import torch.distributed as dist
+
         from dtlaunch.runtime.collective import agree
 
+        alone = self._world_size == 1 and not dist.is_initialized()  # python script.py
         while not self._closed:
             batch = self._stream.next_batch(first_wait=wait)
             self._take_actions()
-            done, gen = agree(batch is None, self._heard_gen())
+            if alone:
+                done, gen = batch is None, self._heard_gen()
+            else:
+                done, gen = agree(batch is None, self._heard_gen())
             while self._elastic is not None and gen > self._elastic.gen:
                 counters = {"step": self.step_count, "global_batch": self._global_batch}
                 self._elastic.regroup(gen, counters)
@@ -497,8 +507,7 @@ class Job:
         return self._source.negotiate_placement(planned, timeout)
 
     def supervisor_client(self) -> SupervisorClient | None:
-        """The connection to the supervisor, for SDK parts with a protocol of
-        their own (``dtlaunch.rna.Trainer``); None when running standalone."""
+        """The supervisor connection (for ``dtlaunch.rna.Trainer``); None standalone."""
         return self._source if isinstance(self._source, SupervisorClient) else None
 
     @property

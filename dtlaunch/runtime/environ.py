@@ -23,6 +23,7 @@ ENV_ROLE = "DTLAUNCH_ROLE"
 ENV_HEARTBEAT = "DTLAUNCH_HEARTBEAT_INTERVAL"
 ENV_INIT_TIMEOUT = "DTLAUNCH_INIT_TIMEOUT"
 ENV_REPORT_INTERVAL = "DTLAUNCH_REPORT_INTERVAL"
+ENV_RNA = "DTLAUNCH_RNA"  # --policy rna: "staleness=S" (dtlaunch.runtime.rna)
 DEFAULT_HEARTBEAT_S = 1.0
 # Long enough for a supervisor restarted with --resume to come back.
 DEFAULT_INIT_TIMEOUT_S = 300.0

@@ -4,11 +4,19 @@
 
     job = dtlaunch.init(dataset_size=..., shard_size=...)
     rna = dtlaunch.rna.Trainer(model, optimizer)
-    for idx in job.batches():
-        loss = loss_fn(model(x[idx]), y[idx]); loss.backward()
+    for idx in job.bsp_batches():   # under rna: job.batches(); a batch may be empty otherwise
+        if idx:
+            loss = loss_fn(model(x[idx]), y[idx]); loss.backward()
         rna.step()      # hands the gradient over, applies the newest global update
         job.step()
     rna.close()         # (also at exit) the last gradient is used, the model is final
+
+The loop is ``job.bsp_batches()`` so that the same script also runs as a
+synchronous job: there a worker with no data at the moment trains an empty
+batch and still joins the step, and all stop together (a plain ``batches()``
+loop would leave the others waiting in a collective at the end of the data).
+Under ``--policy rna`` nobody waits for anybody, and ``bsp_batches()`` is
+``batches()``: a batch is never empty.
 
 What ``step()`` does depends on how the script runs:
 
@@ -53,13 +61,13 @@ import torch.distributed as dist
 
 from dtlaunch.errors import ConfigError
 from dtlaunch.runtime.context import Job, current_job
+from dtlaunch.runtime.environ import ENV_RNA
 from dtlaunch.runtime.rna_rounds import RoundWorker
 
 __all__ = ["ENV_RNA", "Trainer", "parse_rna_env"]
 
 logger = logging.getLogger(__name__)
 
-ENV_RNA = "DTLAUNCH_RNA"  # set by dtlaunch run --policy rna: "staleness=S"
 LEAVE_WAIT_S = 120.0  # close(): how long the supervisor may take to let this worker go
 
 
@@ -147,14 +155,7 @@ class Trainer:
             self._comms.hand_over(self.version, self._flat_gradient())
             self._take_newest()
         elif self.mode == "sync":
-            if self._job is not None:
-                self._job.allreduce_gradients(self.model)
-            else:
-                from dtlaunch.runtime.collective import allreduce_gradients
-
-                allreduce_gradients(self.model, 1)
-            self.optimizer.step()
-            self.version += 1
+            self._sync_step()
         else:
             self.optimizer.step()
             self.version += 1
@@ -196,6 +197,21 @@ class Trainer:
         self.close()
 
     # ------------------------------------------------------------ internals
+
+    def _sync_step(self) -> None:
+        """The gradients averaged over the workers, weighted by each one's records
+        this step (0 for an empty batch of ``job.bsp_batches()``), then the
+        optimizer step: the same update on every worker."""
+        from dtlaunch.runtime.collective import allreduce_gradients
+
+        # torchrun without dtlaunch's data: the script's batches are equal.
+        samples = self._job.samples_in_step if self._job is not None else 1
+        comm_s, wait_s = allreduce_gradients(self.model, samples)
+        if self._job is not None:
+            self._job.record_comm(comm_s)
+            self._job.record_wait(wait_s)
+        self.optimizer.step()
+        self.version += 1
 
     def _flat_gradient(self) -> torch.Tensor:
         parts = [

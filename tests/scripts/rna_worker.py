@@ -53,10 +53,11 @@ def main():
     rna = dtlaunch.rna.Trainer(model, optimizer)
     versions = {}
     trained = 0
-    for idx in job.batches():
-        x, y = records(idx)
-        loss = torch.nn.functional.mse_loss(model(x).squeeze(-1), y)
-        loss.backward()
+    for idx in job.bsp_batches():  # under rna: job.batches()
+        if idx:  # a synchronous step may have nothing for this worker: it still joins
+            x, y = records(idx)
+            loss = torch.nn.functional.mse_loss(model(x).squeeze(-1), y)
+            loss.backward()
         time.sleep(slow_sleep if job.rank == slow_rank else sleep_s)
         rna.step()
         job.step()
