@@ -69,6 +69,10 @@ __all__ = ["ENV_RNA", "Trainer", "parse_rna_env"]
 logger = logging.getLogger(__name__)
 
 LEAVE_WAIT_S = 120.0  # close(): how long the supervisor may take to let this worker go
+# Trainer(): how long to wait for the first group (every worker starting, the
+# supervisor's join grace, forming), and how often to say that it waits.
+FIRST_GROUP_WAIT_S = 300.0
+FIRST_GROUP_NOTE_S = 30.0
 
 
 def parse_rna_env(raw: str | None) -> int | None:
@@ -132,6 +136,7 @@ class Trainer:
                 staleness=staleness,
             )
             self._comms.start()
+            self._await_first_group()
         elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
             self.mode = "sync"
             if not dist.is_initialized():
@@ -197,6 +202,31 @@ class Trainer:
         self.close()
 
     # ------------------------------------------------------------ internals
+
+    def _await_first_group(self) -> None:
+        """Start from the group's model, as DDP starts from rank 0's: until the
+        first group forms, gradients would be computed on this worker's own
+        initial model (or, for a restarted worker, a fresh one)."""
+        comms = self._comms
+        assert comms is not None
+        waited = 0.0
+        while not comms.formed.wait(FIRST_GROUP_NOTE_S):
+            waited += FIRST_GROUP_NOTE_S
+            if waited >= FIRST_GROUP_WAIT_S:
+                logger.warning(
+                    "rna: worker %d found no group in %.0f s; training on its own model "
+                    "until one forms",
+                    comms.rank,
+                    waited,
+                )
+                return
+            logger.info(
+                "rna: worker %d waits for its group to form (%.0f s; the supervisor waits "
+                "for every worker to start)",
+                comms.rank,
+                waited,
+            )
+        self._take_newest()
 
     def _sync_step(self) -> None:
         """The gradients averaged over the workers, weighted by each one's records

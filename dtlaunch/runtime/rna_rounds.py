@@ -167,6 +167,7 @@ class RoundWorker(threading.Thread):
         self._store_gen = 0
         self._probe: tuple[int, int, float] | None = None  # (gen, round, when heard)
         self._left = threading.Event()
+        self.formed = threading.Event()  # a group formed: the shadow is the group's model
         self._finished = False  # leave() was called
         self._stopped = threading.Event()
         self._rounds_since_report = 0
@@ -293,6 +294,7 @@ class RoundWorker(threading.Thread):
             return
         self._group = group
         self._contributions = [0] * len(msg.members)
+        self.formed.set()
         self._send(RnaFormed(gen=msg.gen, applied=self.applied))
 
     def _sync_state(self, group: Any, source_index: int) -> None:
