@@ -264,3 +264,18 @@ def test_a_late_failure_of_a_forgotten_group_brings_its_member_back():
     for rank in range(3):
         out = coord.formed(rank, gen, 20, now=6.5)
     assert sorted(r for r, _ in sent(out, RnaLeft)) == [0, 1, 2], "all let go, one model"
+
+
+def test_a_finished_worker_that_exits_before_it_is_let_go_is_not_waited_for():
+    coord, gen, _ = formed_group(world=3)
+    coord.leave(0, 5, now=1.0)
+    coord.leave(2, 5, now=1.0)
+    # Worker 1 finished too, but its wait to be let go ran out and it exited: done.
+    out = coord.worker_gone(1, now=2.0, succeeded=True)
+    assert notes(out, "rna_group")[0]["members"] == [0, 2]
+    coord.store_ready(0, gen + 1, 4001, "a0")
+    for rank in (0, 2):
+        out = coord.formed(rank, gen + 1, 7, now=2.1)
+    assert len(sent(out, RnaStart)) == 2, "one last round for the gradients they still hold"
+    assert sorted(r for r, _ in sent(out, RnaLeft)) == [0, 2]
+    assert coord.phase is GroupPhase.DONE

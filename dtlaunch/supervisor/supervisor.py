@@ -258,7 +258,8 @@ class Supervisor:
                         self._regroup.worker_gone(command.rank), f"regroup-{command.rank}"
                     )
                 if self._rounds is not None:
-                    self._spawn_task(self._rounds.worker_gone(command.rank), f"rna-{command.rank}")
+                    gone = self._rounds.worker_gone(command.rank, succeeded=command.succeeded)
+                    self._spawn_task(gone, f"rna-{command.rank}")
                 self._control.worker_gone(command.rank)
                 self._spawn_task(self._dds.worker_gone(command.rank), f"gone-{command.rank}")
             elif isinstance(command, Finish):

@@ -879,7 +879,7 @@ class JobState:
             )
         ]
         slot.unresponsive = False
-        out += self._gone(slot)
+        out += self._gone(slot, succeeded=verdict.succeeded and not slot.stalled)
         if slot.finished_by_predecessor:
             slot.finished_by_predecessor = False
             slot.state = ProcState.SUCCEEDED
@@ -1271,8 +1271,8 @@ class JobState:
             )
         )
 
-    def _gone(self, slot: ProcSlot) -> list[Command]:
-        return [WorkerGone(rank=slot.rank)] if slot.role == "worker" else []
+    def _gone(self, slot: ProcSlot, *, succeeded: bool = False) -> list[Command]:
+        return [WorkerGone(rank=slot.rank, succeeded=succeeded)] if slot.role == "worker" else []
 
     def _kill(self, proc_id: str, host: str, attempt: int) -> SendToAgent:
         kill = Kill(proc_id=proc_id, attempt=attempt, grace_s=self.timing.kill_grace)

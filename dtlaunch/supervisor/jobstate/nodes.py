@@ -74,6 +74,7 @@ class WorkerGone:
     """A worker process ended or was lost: its data shards go back to the queue."""
 
     rank: int
+    succeeded: bool = False  # it ended with its work done: it is not restarted
 
 
 Command = LaunchAgent | SendToAgent | EmitEvent | Finish | WorkerGone

@@ -159,9 +159,7 @@ class RoundCoordinator:
 
     # --------------------------------------------------------- membership
 
-    def join(
-        self, rank: int, applied: int, now: float, *, finished: bool = False
-    ) -> list[Command]:
+    def join(self, rank: int, applied: int, now: float, *, finished: bool = False) -> list[Command]:
         """``rank``'s communication thread is ready: a first start, a restart, or
         a member that lost its group (a failed collective) asking back in;
         ``finished``: its training ended already (it only waits to be let go)."""
@@ -206,17 +204,23 @@ class RoundCoordinator:
             return out + self._let_go(now)
         return out + self._open_round(now)
 
-    def worker_gone(self, rank: int, now: float) -> list[Command]:
+    def worker_gone(self, rank: int, now: float, *, succeeded: bool = False) -> list[Command]:
         """``rank``'s process ended (the node table heard it). Unless it was let
-        go already, it is restarting: its restart joins again, and the finished
-        members wait for it, so that it too ends with the group's model."""
+        go already, or ``succeeded`` (it ended its work without waiting to be let
+        go: it is not restarted), it is restarting: its restart joins again, and
+        the finished members wait for it, so that it too ends with their model."""
         if rank not in self.expected:
             return []  # let go, then exited
-        self.restarting.add(rank)
+        if succeeded:
+            self.expected.discard(rank)
+        else:
+            self.restarting.add(rank)
         self.joined.pop(rank, None)
         self.leaving.discard(rank)
         cur = self.current
         if cur is not None and rank in cur.members:
+            # Its gloo group cannot run another collective: a new one without it
+            # (which, when the others only wait to be let go, runs their last round).
             return self._regroup(now, reason=f"worker {rank} exited")
         return self._maybe_open(now) if self.phase is GroupPhase.WAITING else []
 

@@ -98,8 +98,9 @@ class RoundService:
             await asyncio.sleep(TICK_S)
             await self._carry_out(self.coordinator.tick(self._clock()))
 
-    async def worker_gone(self, rank: int) -> None:
-        await self._carry_out(self.coordinator.worker_gone(rank, self._clock()))
+    async def worker_gone(self, rank: int, *, succeeded: bool = False) -> None:
+        now = self._clock()
+        await self._carry_out(self.coordinator.worker_gone(rank, now, succeeded=succeeded))
 
     async def _carry_out(self, commands: list[Command]) -> None:
         for command in commands:
