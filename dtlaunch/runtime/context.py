@@ -371,6 +371,7 @@ class Job:
             else:
                 done, gen = agree(batch is None, self._heard_gen())
             while self._elastic is not None and gen > self._elastic.gen:
+                self._source.report(self._timer.flush())  # a leaving worker's last steps too
                 counters = {"step": self.step_count, "global_batch": self._global_batch}
                 self._elastic.regroup(gen, counters)
                 done, gen = agree(batch is None, self._heard_gen())
@@ -573,9 +574,7 @@ class Job:
             return
         self._closed = True
         atexit.unregister(self.close)
-        last = self._timer.flush()
-        if last:
-            self._source.report(last)
+        self._source.report(self._timer.flush())
         global _current
         if _current is self:
             _current = None
