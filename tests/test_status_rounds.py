@@ -58,3 +58,14 @@ def test_replay_plot_data_has_the_rounds_and_each_workers_share():
     assert data.contribution[1].ys == [0.75, 0.5] and data.contribution[2].ys == [0.2, 0.2]
     # A run without RNA keeps the batch-size panel.
     assert plot_data(events[:1]).rounds is None
+
+
+def test_importing_dtlaunch_rna_loads_no_torch_until_the_trainer_is_used():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, dtlaunch.rna; assert 'torch' not in sys.modules; "
+        "dtlaunch.rna.Trainer; assert 'torch' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -22,12 +22,15 @@ class RoundRates:
         # (time, rounds in the report, {rank: rounds it contributed to})
         self._reports: deque[tuple[float, int, dict[int, int]]] = deque()
         self.total_rounds = 0
+        # A snapshot asks once per worker node: computed once per report.
+        self._shares: dict[int, float] | None = None
 
     def add(self, at: float, data: Mapping[str, Any]) -> None:
         members = [int(m) for m in data.get("members", [])]
         counts = [int(c) for c in data.get("contributions", [])]
         rounds = int(data.get("rounds", 0))
         self.total_rounds += rounds
+        self._shares = None
         self._reports.append((at, rounds, dict(zip(members, counts, strict=False))))
         while self._reports and at - self._reports[0][0] > WINDOW_S:
             self._reports.popleft()
@@ -43,11 +46,13 @@ class RoundRates:
 
     def shares(self) -> dict[int, float]:
         """Each worker's contributions over the rounds in the window, 0 to 1."""
-        rounds = sum(r[1] for r in self._reports)
-        if not rounds:
-            return {}
-        counts: dict[int, int] = {}
-        for _, _, by_rank in self._reports:
-            for rank, count in by_rank.items():
-                counts[rank] = counts.get(rank, 0) + count
-        return {rank: count / rounds for rank, count in sorted(counts.items())}
+        if self._shares is None:
+            rounds = sum(r[1] for r in self._reports)
+            counts: dict[int, int] = {}
+            for _, _, by_rank in self._reports:
+                for rank, count in by_rank.items():
+                    counts[rank] = counts.get(rank, 0) + count
+            self._shares = (
+                {rank: count / rounds for rank, count in sorted(counts.items())} if rounds else {}
+            )
+        return self._shares
