@@ -137,4 +137,8 @@ def test_rna_goes_on_after_the_supervisor_is_killed_and_resumed(tmp_path):
     assert data["status"] == "succeeded" and data["restarts"] == []
     finals = results(out, range(3))
     assert_one_model(finals)
-    assert finals[0]["final_loss"] < 1e-4
+    # A crash between a round's starts pauses the rounds for up to group_timeout
+    # (the members that got the start wait in it), so how many rounds run after the
+    # resume depends on when the data ends: the bound is what the rounds before
+    # the kill (>= a second of them) already reach, not full convergence.
+    assert finals[0]["final_loss"] < 1e-2, finals[0]["final_loss"]
