@@ -309,3 +309,31 @@ def test_recv_many_takes_what_is_queued_without_waiting_for_more(keys):
     assert batch == [0, 1, 2, 3]
     assert rest == [4, 5]
     assert dropped == 1
+
+
+def test_a_receiver_cancelled_as_it_is_woken_ends_in_a_loop(keys):
+    """A cancellation that comes together with the wake-up must end the receiver
+    (asyncio.wait_for in Python 3.11 swallowed it: the supervisor's receive loop
+    then never ended and a finished job never exited)."""
+
+    async def test(ctx):
+        async with (
+            Router(ctx, keys) as router,
+            Dealer(ctx, router.endpoint, keys.peer(), b"p") as dealer,
+        ):
+            for seq in range(200):
+                receiver = asyncio.ensure_future(router.recv_many(8))
+                await asyncio.sleep(0)  # the receiver now waits on the socket
+                if seq % 2:
+                    await router.send(b"p", Ping(seq=seq))  # a send wakes the receiver
+                else:
+                    router._wake()  # as the FD's signal does
+                receiver.cancel()
+                done, _ = await asyncio.wait({receiver}, timeout=2.0)
+                assert done, f"round {seq}: the cancelled receiver did not end"
+                assert receiver.cancelled()
+                assert await dealer.send(Ping(seq=seq))
+                assert await recv_within(router) == (b"p", Ping(seq=seq))
+                await dealer.recv(timeout=0.1) if seq % 2 else None
+
+    run(test)

@@ -15,6 +15,15 @@ arrive and are dropped by the codec, with a log line naming the peer.
 
 One ``Router`` per ``zmq.asyncio.Context``: ZeroMQ has one ZAP endpoint per
 context.
+
+Cost: the ROUTER carries every message of a job (thousands a second at 1,000
+workers), so it is a plain ``zmq.Socket`` watched by the event loop rather than a
+``zmq.asyncio`` socket, which builds a future and schedules callbacks for every
+send and receive. A send never blocks (``DONTWAIT``), so it needs no future; a
+receive drains what is queued and waits only when nothing is. ZeroMQ's
+``ZMQ_FD`` is edge-triggered: it signals a change of the socket's events, not
+their level, so the receiver asks ``ZMQ_EVENTS`` before it waits and again after
+every wake-up.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ DEALER_SNDHWM = 1_000
 DEALER_RECONNECT_IVL_MS = 100
 DEALER_RECONNECT_IVL_MAX_MS = 2_000
 DEALER_CLOSE_LINGER_MS = 100  # long enough to flush a final Bye, short enough not to hang
+FD_RECHECK_S = 1.0  # the longest a receiver waits without asking ZMQ_EVENTS again
 
 _HANDSHAKE_FAILURES = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
@@ -58,6 +68,11 @@ _HANDSHAKE_FAILURES = (
 )
 _ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by RFC 27; zmq.auth binds it
 _WARN_EVERY_S = 30.0  # refused peers retry every few seconds; do not flood the log
+
+
+def _resolve(future: asyncio.Future[bool], signalled: bool) -> None:
+    if not future.done():
+        future.set_result(signalled)
 
 
 class _OneClientKey:
@@ -89,7 +104,9 @@ class Router:
         self._ctx = ctx
         self._keys = keys
         self._bind = bind
-        self._sock: zmq.asyncio.Socket | None = None
+        self._sock: zmq.Socket[bytes] | None = None
+        self._readable: asyncio.Future[bool] | None = None  # a receiver waits on it
+        self._loop: asyncio.AbstractEventLoop | None = None  # watching the socket's FD
         self._auth: AsyncioAuthenticator | None = None
         self._zap: _OneClientKey | None = None
         self._monitor: zmq.asyncio.Socket | None = None
@@ -127,7 +144,8 @@ class Router:
         auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=self._zap)
         self._auth = auth
 
-        sock = self._ctx.socket(zmq.ROUTER)
+        # A plain socket in the asyncio context (see the module docstring).
+        sock: zmq.Socket[bytes] = zmq.Socket(self._ctx, zmq.ROUTER)
         self._sock = sock
         sock.linger = 0
         sock.zap_domain = ZAP_DOMAIN.encode()
@@ -139,7 +157,11 @@ class Router:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         sock.maxmsgsize = SOCKET_MAX_FRAME
         sock.sndhwm = ROUTER_SNDHWM
-        self._monitor = sock.get_monitor_socket(_HANDSHAKE_FAILURES)
+        # The monitor's own end is an asyncio socket: it carries a few events.
+        monitor_addr = f"inproc://dtlaunch.router-monitor.{id(self)}"
+        sock.monitor(monitor_addr, _HANDSHAKE_FAILURES)
+        self._monitor = self._ctx.socket(zmq.PAIR)
+        self._monitor.connect(monitor_addr)
         self._monitor_task = asyncio.ensure_future(self._watch_handshakes(self._monitor))
         try:
             sock.bind(self._bind)
@@ -150,6 +172,7 @@ class Router:
                 "tcp://ADDRESS:PORT with a local address and a free port (0 picks one)"
             ) from exc
         self._endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._watch_fd()
         logger.debug("router bound to %s", self._endpoint)
 
     @property
@@ -165,18 +188,7 @@ class Router:
 
     async def recv(self) -> tuple[bytes, Message]:
         """The next valid message and its sender's routing id; bad frames are dropped."""
-        sock = self._started()
-        while True:
-            frames = await sock.recv_multipart()
-            peer, payload = frames[0], frames[1:]
-            if len(payload) != 1:
-                size = sum(len(f) for f in payload)
-                self._drop(peer, f"{len(payload)} frames, expected 1", size)
-                continue
-            try:
-                return peer, decode(payload[0])
-            except WireError as exc:
-                self._drop(peer, str(exc), len(payload[0]))
+        return (await self.recv_many(1))[0]
 
     async def recv_many(self, limit: int) -> list[tuple[bytes, Message]]:
         """The next valid message, then up to ``limit`` - 1 more that are already
@@ -188,14 +200,22 @@ class Router:
         """
         if limit < 1:
             raise ValueError(f"recv_many needs a limit >= 1, got {limit}")
-        sock = self._started()
-        batch = [await self.recv()]
+        batch: list[tuple[bytes, Message]] = []
+        while True:
+            sock = self._started()  # again after each wait: close() wakes a receiver
+            self._take_queued(sock, limit, batch)
+            if batch:
+                return batch
+            await self._until_readable(sock)
+
+    def _take_queued(
+        self, sock: zmq.Socket[bytes], limit: int, batch: list[tuple[bytes, Message]]
+    ) -> None:
         while len(batch) < limit:
             try:
-                # A non-blocking receive resolves at once (no loop round trip).
-                frames = await sock.recv_multipart(flags=zmq.DONTWAIT)
+                frames = sock.recv_multipart(flags=zmq.DONTWAIT)
             except zmq.Again:
-                break
+                return
             peer, payload = frames[0], frames[1:]
             if len(payload) != 1:
                 self._drop(peer, f"{len(payload)} frames, expected 1", sum(map(len, payload)))
@@ -204,7 +224,54 @@ class Router:
                 batch.append((peer, decode(payload[0])))
             except WireError as exc:
                 self._drop(peer, str(exc), len(payload[0]))
-        return batch
+
+    async def _until_readable(self, sock: zmq.Socket[bytes]) -> None:
+        """Wait until a message may be queued. ``ZMQ_EVENTS`` is asked first: the
+        FD signalled for messages that arrived before the last receive emptied the
+        queue may not signal again for them.
+
+        The wait is bounded: should the loop ever stop watching the FD (see
+        ``_watch_fd``), a queued message waits at most ``FD_RECHECK_S``, and the FD
+        is watched afresh. (A timer wakes the same future rather than
+        ``asyncio.wait_for``, which in Python 3.11 can swallow a cancellation that
+        comes together with the wake-up, and the receive loop would never end.)"""
+        if int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            return
+        loop = asyncio.get_running_loop()
+        readable: asyncio.Future[bool] = loop.create_future()
+        self._readable = readable
+        recheck = loop.call_later(FD_RECHECK_S, _resolve, readable, False)
+        try:
+            signalled = await readable
+        finally:
+            recheck.cancel()
+            self._readable = None
+        if not signalled and self._sock is sock and int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            logger.warning(
+                "router: a message was queued but the loop was not told; "
+                "watching the socket's FD afresh"
+            )
+            self._watch_fd()
+
+    def _watch_fd(self) -> None:
+        """Have the loop call ``_wake`` when the socket's FD signals.
+
+        The number ZeroMQ gave this socket's FD may still be in the loop's table
+        for a closed socket: pyzmq's asyncio poller (a previous Router's ZAP
+        authenticator) unregisters its sockets late, or never. Adding over such an
+        entry would change its callback but leave the kernel watching nothing, so
+        any entry is removed first; and a late removal of the old entry is what
+        the bounded wait in ``_until_readable`` repairs."""
+        sock = self._started()
+        loop = self._loop = asyncio.get_running_loop()
+        loop.remove_reader(sock.FD)
+        loop.add_reader(sock.FD, self._wake)
+
+    def _wake(self) -> None:
+        """ZMQ_FD signalled, or a send or close changed the socket's events: a
+        waiting receiver checks ``ZMQ_EVENTS`` itself."""
+        if self._readable is not None:
+            _resolve(self._readable, True)
 
     async def send(self, peer: bytes, msg: Message) -> None:
         """Queue ``msg`` for ``peer``; never blocks.
@@ -226,11 +293,13 @@ class Router:
             data = encode(msg)
             self._last_encoded = (msg, data)
         try:
-            await sock.send_multipart([peer, data], flags=zmq.DONTWAIT)
+            sock.send_multipart([peer, data], flags=zmq.DONTWAIT)
         except zmq.Again:
             logger.debug("router: %s to %r dropped, queue full", msg.TYPE, peer)
             return
-        logger.debug("router: %s to %r (dropped if that peer is unknown)", msg.TYPE, peer)
+        # A send changes the socket's events (ZMQ_FD may have signalled and been
+        # consumed): a receiver waiting on the FD checks ZMQ_EVENTS again.
+        self._wake()
 
     def close(self) -> None:
         """Close the socket, its monitor and the authenticator (idempotent)."""
@@ -244,6 +313,11 @@ class Router:
             self._monitor.close(linger=0)
             self._monitor = None
         if self._sock is not None:
+            if self._loop is not None:
+                if not self._loop.is_closed():
+                    self._loop.remove_reader(self._sock.FD)
+                self._loop = None
+            self._wake()  # a receiver waiting on the FD finds the socket closed
             self._sock.close(linger=0)
             self._sock = None
         # Last: while the ROUTER is open, its ZAP handler must be there.
@@ -273,7 +347,7 @@ class Router:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    def _started(self) -> zmq.asyncio.Socket:
+    def _started(self) -> zmq.Socket[bytes]:
         if self._sock is None:
             raise RuntimeError("Router is not started (or already closed)")
         return self._sock
