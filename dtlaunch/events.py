@@ -4,6 +4,14 @@ An ``Event`` is one thing that happened: a spawn, an exit, a restart, a lost or
 recovered heartbeat, a command, a decision. The supervisor hands every event to
 the sinks it was given (no global registry); ``JsonlEventLog`` writes them to
 ``events.jsonl``, one JSON object a line, which ``dtlaunch replay`` reads back.
+
+Lines are encoded by orjson, about ten times faster than the standard library:
+at 1,000 workers the log takes several thousand lines a second (step reports,
+shards done), and encoding them was a tenth of the supervisor's time. orjson
+writes ``null`` for NaN and infinity, where the standard library writes
+``NaN``/``Infinity`` (which it reads back as floats); a line with a ``null`` in
+it is therefore encoded again by the standard library, so that every value
+reads back as it was recorded.
 """
 
 from __future__ import annotations
@@ -17,7 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import orjson
+
 log = logging.getLogger(__name__)
+
+# orjson options that keep the standard library's output for the same record:
+# integer keys become strings, dataclasses and datetimes go through default=str.
+_ORJSON_AS_STDLIB = (
+    orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+)
 
 EVENT_KINDS = (
     "job_start",
@@ -63,7 +79,13 @@ class Event:
             "rank": self.rank,
         }
         record.update(self.data)
-        return json.dumps(record, default=str, sort_keys=False)
+        try:
+            line = orjson.dumps(record, default=str, option=_ORJSON_AS_STDLIB)
+        except TypeError:  # e.g. an integer beyond 64 bits
+            return json.dumps(record, default=str)
+        if b"null" in line:  # None, or a non-finite float that orjson wrote as null
+            return json.dumps(record, default=str)
+        return line.decode()
 
     @classmethod
     def from_json(cls, line: str) -> Event:

@@ -121,7 +121,7 @@ def test_replay_tolerates_a_torn_last_line(killed_run: Path, tmp_path: Path) -> 
     copy.mkdir()
     shutil.copy(killed_run / "job.json", copy / "job.json")
     lines = (killed_run / "events.jsonl").read_text().splitlines(keepends=True)
-    cut = next(i for i, line in enumerate(lines) if '"kind": "restart"' in line)
+    cut = next(i for i, line in enumerate(lines) if json.loads(line)["kind"] == "restart")
     # A supervisor killed in the middle of a write: no job_end, no summary.
     (copy / "events.jsonl").write_text("".join(lines[: cut + 1]) + lines[cut + 1][:25])
     result = _replay(str(copy))
