@@ -341,9 +341,10 @@ class Supervisor:
         while True:
             await asyncio.sleep(self._interval / 2)
             self._ping_seq += 1
+            ping = Ping(seq=self._ping_seq)  # one message to every agent: encoded once
             for host, agent in self.state.agents.items():
                 if agent.state in (AgentState.UP, AgentState.UNRESPONSIVE):
-                    await self._router.send(AGENT_PREFIX + host.encode(), Ping(seq=self._ping_seq))
+                    await self._router.send(AGENT_PREFIX + host.encode(), ping)
             now = self._clock()
             self._apply(self.state.tick(now))
             if self.state.phase is Phase.RUNNING:

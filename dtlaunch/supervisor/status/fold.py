@@ -355,10 +355,14 @@ class StatusFold:
         remaining = self.shards_total - self.shards_done
         if remaining <= 0:
             return 0.0
-        recent = [(t, d) for t, d in self._done_history if t >= now - ETA_WINDOW_S]
-        if len(recent) < 2:
+        # The history is in time order: drop what fell out of the window rather
+        # than scan it (a thousand acks a second keep 60,000 entries).
+        history = self._done_history
+        while history and history[0][0] < now - ETA_WINDOW_S:
+            history.popleft()
+        if len(history) < 2:
             return None
-        (t0, d0), (t1, d1) = recent[0], recent[-1]
+        (t0, d0), (t1, d1) = history[0], history[-1]
         span = max(now, t1) - t0
         if d1 <= d0 or span <= 0:
             return None
