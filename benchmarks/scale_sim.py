@@ -11,7 +11,8 @@ workers it is told to start or stop, ``Bye`` on ``Shutdown``. Each simulated wor
 has its own DEALER under its real identity (``worker:<rank>@<attempt>``) and does
 what the SDK's link does: ``Hello``, the data set, ``FetchShards`` with prefetch,
 ``AckShards`` after the step that used a lease's last record, ``StepReports``
-every ``REPORT_EVERY_STEPS`` steps, ``Ping`` every heartbeat interval, and it
+every ``REPORT_EVERY_S`` (at most ``REPORT_MAX_STEPS`` steps a message), ``Ping``
+after a heartbeat interval without another message, and it
 applies ``AdjustBatchSize`` at the step the plan names.
 
 Two paces:
@@ -48,7 +49,7 @@ import zmq
 import zmq.asyncio
 
 from dtlaunch.agent.agent import peer_keys_of
-from dtlaunch.runtime.steps import REPORT_EVERY_STEPS
+from dtlaunch.runtime.steps import REPORT_EVERY_S, REPORT_MAX_STEPS
 from dtlaunch.version import __version__
 from dtlaunch.wire.codec import decode, from_dict
 from dtlaunch.wire.messages import (
@@ -183,9 +184,11 @@ class SimWorker:
     fetch_sent_at: float | None = None
     retry_at: float = 0.0
     pending_reports: list[StepReport] = field(default_factory=list)
+    reported_at: float = field(default_factory=time.monotonic)  # last StepReports sent
     unconfirmed: set[int] = field(default_factory=set)
     plan: tuple[int, int] | None = None  # (apply_at_step, batch)
     next_ping: float = 0.0
+    ping_every_s: float = 1.0  # the run's heartbeat interval, from the Welcome
     ping_seq: int = 0
     stopped: bool = False
     finished: bool = False
@@ -199,6 +202,10 @@ class SimWorker:
     async def send(self, msg: Message) -> None:
         if not await send(self.dealer, msg):
             self.stats.send_failures += 1
+            return
+        # As the SDK's link: any message says "alive"; a ping only after an
+        # interval without one.
+        self.next_ping = time.monotonic() + self.ping_every_s
 
     async def hello(self) -> None:
         await self.send(
@@ -250,7 +257,8 @@ class SimWorker:
 
     def train_step(self, now: float) -> tuple[list[int], StepReports | None]:
         """One step: take up to ``batch`` records; return the leases it finished and,
-        every REPORT_EVERY_STEPS steps, the reports to send."""
+        as the SDK does (every REPORT_EVERY_S, at most REPORT_MAX_STEPS steps a
+        message), the reports to send."""
         if self.plan is not None and self.step + 1 >= self.plan[0]:
             self.batch = self.plan[1]
             self.plan = None
@@ -278,9 +286,11 @@ class SimWorker:
         self.pending_reports.append(
             StepReport(step=self.step, batch_size=self.batch, compute_s=compute, samples=take)
         )
-        if len(self.pending_reports) < REPORT_EVERY_STEPS:
+        due = now - self.reported_at >= REPORT_EVERY_S
+        if len(self.pending_reports) < REPORT_MAX_STEPS and not due:
             return done, None
         reports, self.pending_reports = self.pending_reports, []
+        self.reported_at = now
         return done, StepReports(reports=reports)
 
 
@@ -360,7 +370,7 @@ class Simulator:
             now = time.monotonic()
             if isinstance(msg, Welcome):
                 worker.welcomed = True
-                self.heartbeat_s = msg.heartbeat_interval
+                self.heartbeat_s = worker.ping_every_s = msg.heartbeat_interval
             elif isinstance(msg, DatasetReady):
                 worker.dataset_ok = msg.dataset is not None and not msg.error
                 if msg.error:

@@ -25,6 +25,7 @@ from dtlaunch.wire.messages import (
     StepReports,
 )
 from tests.runtime_fake import (
+    HEARTBEAT,
     REPO,
     RUN_ID,
     assert_each_record_once_per_epoch,
@@ -102,6 +103,11 @@ def test_records_batches_acks_and_prefetch(tmp_path, keys):
     # Liveness: the worker pinged while it was paused.
     pings = [t for t, msg in fake.log if isinstance(msg, Ping)]
     assert any(run.one("pause_start") < t < pause_end for t in pings)
+    # ... and only then: a ping follows a heartbeat interval without any other
+    # message (reports, fetches and acks say "alive" too).
+    for t in pings:
+        before = [tb for tb, msg in fake.log if tb < t and not isinstance(msg, Ping)]
+        assert not before or t - max(before) > 0.8 * HEARTBEAT, (t, max(before))
     (hello, _, _), *_ = fake.hellos
     assert (hello.role, hello.rank, hello.attempt, hello.leases) == ("worker", 1, 0, [])
     assert hello.run_id == RUN_ID and hello.version == dtlaunch.__version__

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from dtlaunch.runtime.steps import REPORT_EVERY_STEPS, StepTimer
+from dtlaunch.runtime.steps import REPORT_MAX_STEPS, StepTimer
 
 
 def _step(timer: StepTimer, step: int, records: int = 4):
@@ -14,15 +14,15 @@ def _step(timer: StepTimer, step: int, records: int = 4):
     return timer.end_step(step, batch_size=records)
 
 
-def test_reports_are_sent_after_the_report_interval_or_every_few_steps():
+def test_reports_are_sent_after_the_report_interval_or_when_a_message_is_full():
     slow = StepTimer(role="worker", rank=0, host="h", report_every_s=3600.0)
-    sent = [_step(slow, i) for i in range(1, 2 * REPORT_EVERY_STEPS + 1)]
+    sent = [_step(slow, i) for i in range(1, 2 * REPORT_MAX_STEPS + 1)]
     sizes = [len(batch) for batch in sent]
-    assert sizes == [0] * (REPORT_EVERY_STEPS - 1) + [REPORT_EVERY_STEPS] + [0] * (
-        REPORT_EVERY_STEPS - 1
-    ) + [REPORT_EVERY_STEPS]
-    assert [r.report.step for r in sent[REPORT_EVERY_STEPS - 1]] == list(
-        range(1, REPORT_EVERY_STEPS + 1)
+    assert sizes == [0] * (REPORT_MAX_STEPS - 1) + [REPORT_MAX_STEPS] + [0] * (
+        REPORT_MAX_STEPS - 1
+    ) + [REPORT_MAX_STEPS]
+    assert [r.report.step for r in sent[REPORT_MAX_STEPS - 1]] == list(
+        range(1, REPORT_MAX_STEPS + 1)
     )
 
     quick = StepTimer(role="worker", rank=0, host="h", report_every_s=0.05)

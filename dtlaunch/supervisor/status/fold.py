@@ -7,7 +7,7 @@ keeps is bounded (a few dozen BPT points per node, the last actions), so a
 week-long job costs the supervisor no more memory than a minute-long one.
 
 Step data comes from the ``reports`` events (one per batch of step reports a
-worker sends, every few steps or about a second): one sparkline point each. In
+worker sends, about once a second): one sparkline point each. In
 PS mode their per-server exchanges give each server's fitted speed (PSLD's
 ``Pred``), and ``ps_placement`` events the bytes each server holds.
 """

@@ -55,7 +55,7 @@ class StepReport(Record):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepReports(Message):
-    """A worker's recent steps, sent every few steps."""
+    """A worker's recent steps, sent every report interval (about a second)."""
 
     TYPE: ClassVar[str] = "step_reports"
     reports: list[StepReport]
