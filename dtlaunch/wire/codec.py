@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import msgpack
 
 from dtlaunch.errors import WireError
+from dtlaunch.wire.fastcheck import FastField, FastPathMiss, compile_fast
 from dtlaunch.wire.messages import (
     MESSAGE_TYPES,
     PROC_ROLES,
@@ -156,6 +157,7 @@ _PORT_LISTS = frozenset({"free_ports"})
 # (value, path) -> validated value; raises WireError naming ``path``.
 _Check = Callable[[Any, str], Any]
 _RECORD_CHECKS: dict[tuple[type[Any], bool], _Check] = {}
+_FAST_CHECKS: dict[type[Any], Callable[[Any], Any]] = {}
 _FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {}
 # The path a checker gets on the fast first pass (see _build): build no names.
 _NO_PATH = ""
@@ -270,10 +272,13 @@ def _build(cls: type[M], data: Mapping[Any, Any], *, json_form: bool) -> M:
     fields = {k: v for k, v in data.items() if k not in _TAG_KEYS}
     check = _record_check(cls, json_form)
     try:
-        # First without paths: naming every field and list item as it goes costs
-        # as much as the checks themselves, and nearly every frame is valid.
-        return typing.cast(M, check(fields, _NO_PATH))
-    except WireError:
+        # First a validator compiled for the class (``fastcheck``) or, for the JSON
+        # form, the checkers without paths: naming every field and list item as it
+        # goes costs as much as the checks themselves, and nearly every frame is valid.
+        if json_form:
+            return typing.cast(M, check(fields, _NO_PATH))
+        return typing.cast(M, _fast_check(cls)(fields))
+    except (WireError, FastPathMiss):
         return typing.cast(M, check(fields, cls.TYPE))  # again, to name what is wrong
 
 
@@ -283,6 +288,41 @@ def _record_check(cls: type[Any], json_form: bool) -> _Check:
     if check is None:
         check = _RECORD_CHECKS[cls, json_form] = _compile_record_check(cls, json_form)
     return check
+
+
+def _fast_check(cls: type[Any]) -> Callable[[Any], Any]:
+    """The compiled first pass for the binary form of ``cls`` (compiled once)."""
+    fast = _FAST_CHECKS.get(cls)
+    if fast is None:
+        hints = typing.get_type_hints(cls)
+        specs = []
+        for f in dataclasses.fields(cls):
+            name = f.name
+            choices = _CHOICES.get((cls, name)) or _CHOICES_BY_NAME.get(name)
+            low: float | None = None
+            strict = False
+            if choices is None:
+                if name in _INT_MIN:
+                    low = _INT_MIN[name]
+                elif name in _FLOAT_MIN:
+                    low = _FLOAT_MIN[name]
+                elif name in _FLOAT_POSITIVE:
+                    low, strict = 0.0, True
+            specs.append(
+                FastField(
+                    name=name,
+                    hint=hints[name],
+                    required=f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING,
+                    choices=choices,
+                    low=low,
+                    strict=strict,
+                    ordinary=_field_check(cls, name, hints[name], json_form=False),
+                    plain=not (name in _PORT_LISTS and choices is None and low is None),
+                )
+            )
+        fast = _FAST_CHECKS[cls] = compile_fast(cls, specs, _fast_check)
+    return fast
 
 
 def _compile_record_check(cls: type[Any], json_form: bool) -> _Check:
@@ -483,6 +523,7 @@ def _refuse_ext(code: int, data: bytes) -> Any:
 for _cls in MESSAGE_TYPES:
     _record_check(_cls, False)
     _record_check(_cls, True)
+    _fast_check(_cls)
 
 
 # ---------------------------------------------------------------- plain forms
