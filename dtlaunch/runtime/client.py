@@ -19,7 +19,7 @@ from typing import Any
 from dtlaunch.errors import ConfigError, DtlaunchError
 from dtlaunch.runtime.data import NOT_READY, NotReady
 from dtlaunch.runtime.link import Ask, Connection, End, Failed, Item, Shared, SupervisorLink
-from dtlaunch.runtime.steps import TimedReport
+from dtlaunch.runtime.steps import REPORT_EVERY_S, TimedReport
 from dtlaunch.sharding import DatasetSpec, dataset_spec
 from dtlaunch.wire.messages import (
     DatasetInfo,
@@ -49,7 +49,14 @@ NO_DATASET = (
 class SupervisorClient:
     """A ``LeaseSource`` backed by the supervisor; see the module docstring."""
 
-    def __init__(self, conn: Connection, *, prefetch: int, joining: bool = False) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        *,
+        prefetch: int,
+        joining: bool = False,
+        report_every_s: float = REPORT_EVERY_S,
+    ) -> None:
         self._conn = conn
         self._shared = Shared()
         # A replacement waiting to join has its own identity: the worker it
@@ -58,7 +65,9 @@ class SupervisorClient:
         identity = (
             b"join:%d" % conn.rank if joining else b"worker:%d@%d" % (conn.rank, conn.attempt)
         )
-        self._link = SupervisorLink(conn, self._shared, prefetch=prefetch, identity=identity)
+        self._link = SupervisorLink(
+            conn, self._shared, prefetch=prefetch, identity=identity, report_every_s=report_every_s
+        )
         self._negotiated: DatasetSpec | None = None  # negotiate()'s answer
         self._ended = False  # END or a failure was taken
         self._closed = False
@@ -167,7 +176,11 @@ class SupervisorClient:
         self._call(self._link.release, list(lease_ids), step)
 
     def report(self, reports: list[TimedReport]) -> None:
-        self._call(self._link.add_reports, list(reports))
+        # No wake-up of the link thread per step: it sends every report interval.
+        self._link.hand_reports(reports)
+
+    def flush_reports(self) -> None:
+        self._call(self._link.flush_reports)
 
     def send(self, msg: Message, *, repeat_on_rehello: bool = False) -> None:
         """Send a notice (``Attached``, ``RegroupReady``) after our Hello; with

@@ -148,7 +148,11 @@ def init(
         )
     wanted = dataset_from_args(given)
     timeout = env_float(os.environ, ENV_INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT_S)
-    client = SupervisorClient(conn, prefetch=prefetch)
+    client = SupervisorClient(
+        conn,
+        prefetch=prefetch,
+        report_every_s=env_float(os.environ, ENV_REPORT_INTERVAL, REPORT_EVERY_S),
+    )
     try:
         spec = client.negotiate(dataset_info(wanted) if wanted else None, timeout)
         if wanted is None:
@@ -196,7 +200,6 @@ class Job:
             ),
             job_start_wall=env_float(os.environ, "DTLAUNCH_JOB_START", 0.0),
             seed=dataset.seed,
-            report_every_s=env_float(os.environ, ENV_REPORT_INTERVAL, REPORT_EVERY_S),
         )
         self._pending_actions: list[AdjustBatchSize | AdjustLR] = []
         self._regroups: list[Regroup] = []  # heard, not yet handed to the elastic group
@@ -315,9 +318,7 @@ class Job:
             )
         dropped, self._dropped = self._dropped, False
         step = self._stream.drop_step() if dropped else self._stream.step()
-        due = self._timer.end_step(step, self._stream.batch_size)
-        if due:
-            self._source.report(due)
+        self._source.report([self._timer.end_step(step, self._stream.batch_size)])
         self._apply_actions(next_step=step + 1)
 
     def mark_dropped(self) -> None:
@@ -371,7 +372,7 @@ class Job:
             else:
                 done, gen = agree(batch is None, self._heard_gen())
             while self._elastic is not None and gen > self._elastic.gen:
-                self._source.report(self._timer.flush())  # a leaving worker's last steps too
+                self._source.flush_reports()  # a leaving worker's last steps too
                 counters = {"step": self.step_count, "global_batch": self._global_batch}
                 self._elastic.regroup(gen, counters)
                 done, gen = agree(batch is None, self._heard_gen())
@@ -574,7 +575,7 @@ class Job:
             return
         self._closed = True
         atexit.unregister(self.close)
-        self._source.report(self._timer.flush())
+        self._source.flush_reports()
         global _current
         if _current is self:
             _current = None

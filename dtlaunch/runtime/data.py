@@ -86,7 +86,13 @@ class LeaseSource(Protocol):
         ...
 
     def report(self, reports: list[TimedReport]) -> None:
-        """Send step measurements to the Monitor; must not block."""
+        """Hand step measurements over for the Monitor (sent within the report
+        interval); must not block."""
+        ...
+
+    def flush_reports(self) -> None:
+        """Send the measurements handed over so far now (a worker leaving a group,
+        or closing); must not block."""
         ...
 
     def actions(self) -> list[Message]:

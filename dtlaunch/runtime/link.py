@@ -44,13 +44,14 @@ import queue
 import socket
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import zmq.asyncio
 
 from dtlaunch.errors import DtlaunchError
 from dtlaunch.runtime.data import lease_fits
-from dtlaunch.runtime.steps import TimedReport
+from dtlaunch.runtime.steps import REPORT_EVERY_S, REPORT_MAX_STEPS, TimedReport
 from dtlaunch.sharding import DatasetSpec
 from dtlaunch.version import __version__
 from dtlaunch.wire.keys import PeerKeys
@@ -160,7 +161,15 @@ class SupervisorLink:
     """The DDS protocol over one ``Dealer``; see the module docstring. Everything
     here runs on ``loop`` in the client's thread, except ``failure`` reads."""
 
-    def __init__(self, conn: Connection, shared: Shared, *, prefetch: int, identity: bytes) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        shared: Shared,
+        *,
+        prefetch: int,
+        identity: bytes,
+        report_every_s: float = REPORT_EVERY_S,
+    ) -> None:
         self._conn = conn
         self._shared = shared
         self._prefetch = prefetch
@@ -184,7 +193,12 @@ class SupervisorLink:
         self._finished = False
         self._consumer_waiting = False
         self._pending_acks: dict[int, tuple[int, float]] = {}  # lease -> (step, sent at)
-        self._reports: list[TimedReport] = []  # step measurements not sent yet
+        # Step measurements not sent yet: the training thread appends (a deque's
+        # append is thread-safe), this thread sends them every report interval.
+        self._reports: deque[TimedReport] = deque()
+        self._report_every_s = report_every_s
+        self._reports_sent_at = 0.0  # on self.loop.time()
+        self._reports_now = False  # flush_reports() asked for them
         self._outbox: list[Message] = []  # notices from the training thread
         self._sticky: list[Message] = []  # notices every new supervisor must hear
         self._close_deadline: float | None = None
@@ -233,8 +247,13 @@ class SupervisorLink:
             self._sticky.append(msg)
         self._wake.set()
 
-    def add_reports(self, reports: list[TimedReport]) -> None:
+    def hand_reports(self, reports: list[TimedReport]) -> None:
+        """From the training thread: queued without waking this thread."""
         self._reports.extend(reports)
+
+    def flush_reports(self) -> None:
+        """On this thread's loop: send the queued reports at once."""
+        self._reports_now = True
         self._wake.set()
 
     def begin_close(self, timeout: float) -> None:
@@ -310,7 +329,8 @@ class SupervisorLink:
         return max(MIN_REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_INTERVALS * self._interval)
 
     def _next_deadline(self) -> float:
-        deadlines = [self._next_ping]
+        # Reports are handed over without a wake-up: look every report interval.
+        deadlines = [self._next_ping, self._reports_sent_at + self._report_every_s]
         deadlines += [ask.sent_at + self._timeout for ask in self._asks.values()]
         if self._outstanding is not None:
             deadlines.append(self._outstanding[1] + self._timeout)
@@ -367,13 +387,25 @@ class SupervisorLink:
                 await self._send(msg)
         await self._pump_fetch(now)
         await self._pump_acks(now)
-        if self._reports and self._hello_at is None:
-            # Measurements are best effort: if the link is down they are dropped.
+        await self._pump_reports(now)
+
+    async def _pump_reports(self, now: float) -> None:
+        due = self._reports_now or now - self._reports_sent_at >= self._report_every_s
+        if not due:
+            return
+        self._reports_sent_at = now  # the next look is an interval from now
+        if not self._reports or self._hello_at is not None:
+            return
+        self._reports_now = False
+        # Measurements are best effort: if the link is down they are dropped.
+        while self._reports:
+            taken = [
+                self._reports.popleft() for _ in range(min(REPORT_MAX_STEPS, len(self._reports)))
+            ]
             reports = [
                 dataclasses.replace(t.report, age_s=max(0.0, time.monotonic() - t.ended))
-                for t in self._reports
+                for t in taken
             ]
-            self._reports = []
             await self._send(StepReports(reports=reports))
 
     async def _pump_fetch(self, now: float) -> None:

@@ -51,6 +51,9 @@ class StandaloneSource:
     def report(self, reports: list[TimedReport]) -> None:
         return None  # no Monitor without a supervisor
 
+    def flush_reports(self) -> None:
+        return None
+
     def actions(self) -> list[Message]:
         return []
 

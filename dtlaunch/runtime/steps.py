@@ -3,13 +3,16 @@
 A step runs from the first batch a worker takes after its previous ``step()``
 to the next ``step()``: its batch processing time (AntDT §II). Communication
 time is what the script reports with ``job.record_comm(seconds)`` (the
-weighted-allreduce helpers do it for you); the rest is compute. Reports are
-sent every ``report_every_s`` seconds (the supervisor passes half its control
+weighted-allreduce helpers do it for you); the rest is compute.
+
+Each step's report goes to the link thread as the step ends; the link sends
+them every ``report_every_s`` seconds (the supervisor passes half its control
 interval, at most 1 s, in ``DTLAUNCH_REPORT_INTERVAL``), so a policy deciding
-every interval sees windows at most half an interval old; a message carries at
-most ``REPORT_MAX_STEPS`` steps, so a worker faster than that per interval sends
-more often. One message an interval, not one every few steps: at 1,000 workers
-of 10 steps/s the supervisor's cost is per message as much as per step.
+every interval sees windows at most half an interval old, and the steps of a
+training loop that then hangs are still reported. A message carries at most
+``REPORT_MAX_STEPS`` steps. One message an interval rather than one every few
+steps: at 1,000 workers of 10 steps/s the supervisor's cost is per message as
+much as per step.
 
 Injected stragglers (``dtlaunch run --inject``, AntDT §VII-A-4) sleep when a
 step's first batch is taken, i.e. at the start of its compute: they count as
@@ -29,7 +32,7 @@ from dtlaunch.inject import InjectionSpec, injected_delay
 from dtlaunch.wire.messages import ServerComm, StepReport
 
 REPORT_MAX_STEPS = 32  # steps per StepReports message, at most
-REPORT_EVERY_S = 1.0
+REPORT_EVERY_S = 1.0  # the link's default report interval
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +51,6 @@ class StepTimer:
         injections: tuple[InjectionSpec, ...] = (),
         job_start_wall: float = 0.0,
         seed: int = 0,
-        report_every_s: float = REPORT_EVERY_S,
     ) -> None:
         self._role = role
         self._rank = rank
@@ -59,9 +61,6 @@ class StepTimer:
         self._started: float | None = None
         self._comm = 0.0
         self._samples = 0
-        self._pending: list[TimedReport] = []
-        self._last_sent = time.monotonic()
-        self._report_every_s = report_every_s
         self._injected = 0.0  # slept in the current step
         self._wait = 0.0  # waited for the other workers in the current step
         self._last_compute = 0.0  # the previous step's compute, without injected delay
@@ -111,8 +110,8 @@ class StepTimer:
         if seconds > 0:
             self._wait += seconds
 
-    def end_step(self, step: int, batch_size: int) -> list[TimedReport]:
-        """Close the step; returns the reports due for sending (often none)."""
+    def end_step(self, step: int, batch_size: int) -> TimedReport:
+        """Close the step; returns its report, for the link to send."""
         now = time.monotonic()
         started = self._started if self._started is not None else now
         injected, self._injected = self._injected, 0.0
@@ -131,15 +130,5 @@ class StepTimer:
             ],
         )
         self._servers = {}
-        self._pending.append(TimedReport(ended=now, report=report))
         self._started, self._comm, self._wait, self._samples = None, 0.0, 0.0, 0
-        due_by_time = now - self._last_sent >= self._report_every_s
-        if len(self._pending) >= REPORT_MAX_STEPS or due_by_time:
-            return self.flush()
-        return []
-
-    def flush(self) -> list[TimedReport]:
-        """Every report not sent yet (at the end of the job, the last steps')."""
-        due, self._pending = self._pending, []
-        self._last_sent = time.monotonic()
-        return due
+        return TimedReport(ended=now, report=report)

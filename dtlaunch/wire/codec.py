@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import msgpack
 
 from dtlaunch.errors import WireError
-from dtlaunch.wire.fastcheck import FastField, FastPathMiss, compile_fast
+from dtlaunch.wire.fastcheck import FastField, compile_fast
 from dtlaunch.wire.messages import (
     MESSAGE_TYPES,
     PROC_ROLES,
@@ -278,7 +278,7 @@ def _build(cls: type[M], data: Mapping[Any, Any], *, json_form: bool) -> M:
         if json_form:
             return typing.cast(M, check(fields, _NO_PATH))
         return typing.cast(M, _fast_check(cls)(fields))
-    except (WireError, FastPathMiss):
+    except WireError:
         return typing.cast(M, check(fields, cls.TYPE))  # again, to name what is wrong
 
 

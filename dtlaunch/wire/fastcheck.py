@@ -6,7 +6,7 @@ frames a second that generality was the largest single cost of the supervisor
 (a step report of a few steps made some forty checker calls). Nearly every
 frame is valid, so the codec first runs a validator compiled for the record
 class: straight-line code per field, the same tests inline. It answers only
-"valid, here is the record" or "not sure": on any doubt it raises ``FastPathMiss``
+"valid, here is the record" or "not sure": on any doubt it raises ``WireError``
 and the codec runs its ordinary checkers, which accept or name the problem
 exactly as before. The compiled code must therefore never accept what the
 ordinary checkers refuse; ``tests/test_codec_fastcheck.py`` holds the two
@@ -25,14 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FastField", "FastPathMiss", "compile_fast"]
+from dtlaunch.errors import WireError
 
+__all__ = ["NOT_TAKEN", "FastField", "compile_fast"]
 
-class FastPathMiss(Exception):
-    """The compiled validator is not sure: the codec's ordinary checkers decide."""
-
-
-_MISS = FastPathMiss()  # raised often on bad input: no instance per miss
+# The text of a miss; never shown: the codec's checkers raise their own error.
+NOT_TAKEN = "not taken by the compiled first pass"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,12 +53,13 @@ def compile_fast(
     nested: Callable[[type[Any]], Callable[[Any], Any]],
 ) -> Callable[[Any], Any]:
     """A function taking a decoded map to a ``cls`` instance, or raising
-    ``FastPathMiss``. ``nested(R)`` gives the compiled validator of record ``R``
+    ``WireError``. ``nested(R)`` gives the compiled validator of record ``R``
     (compiled on first use, so records may nest)."""
     names = {f.name for f in fields}
     required = [f.name for f in fields if f.required]
     env: dict[str, Any] = {
-        "MISS": _MISS,
+        "WireError": WireError,
+        "NOT_TAKEN": NOT_TAKEN,
         "CLS": cls,
         "KNOWN": frozenset(names),
         "isfinite": math.isfinite,
@@ -70,11 +69,11 @@ def compile_fast(
     lines = [
         "def fast(value):",
         "    if type(value) is not dict or not value.keys() <= KNOWN:",
-        "        raise MISS",
+        "        raise WireError(NOT_TAKEN)",
     ]
     if required:
         present = " and ".join(f"{name!r} in value" for name in required)
-        lines += [f"    if not ({present}):", "        raise MISS"]
+        lines += [f"    if not ({present}):", "        raise WireError(NOT_TAKEN)"]
     lines.append("    kw = {}")
     for i, spec in enumerate(fields):
         body = _field_code(spec, f"f{i}", env, nested)
@@ -88,7 +87,7 @@ def compile_fast(
         "    try:",
         "        return CLS(**kw)",
         "    except Exception:",  # a __post_init__ refusal: the ordinary path names it
-        "        raise MISS from None",
+        "        raise WireError(NOT_TAKEN) from None",
     ]
     namespace: dict[str, Any] = {}
     exec("\n".join(lines), env, namespace)  # built from our own type hints, never from input
@@ -107,27 +106,27 @@ def _field_code(
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     scalar = _scalar_test(hint)
     if spec.plain and scalar is not None:
-        code = [f"if {scalar.format(v='v')}:", "    raise MISS"]
+        code = [f"if {scalar.format(v='v')}:", "    raise WireError(NOT_TAKEN)"]
         if hint is float:
             code = [
                 "if type(v) is int:",
                 "    v = float(v)",
                 "elif type(v) is not float or not isfinite(v):",
-                "    raise MISS",
+                "    raise WireError(NOT_TAKEN)",
             ]
         if spec.choices is not None:
             env[f"{key}_choices"] = frozenset(spec.choices)
-            code += [f"if v not in {key}_choices:", "    raise MISS"]
+            code += [f"if v not in {key}_choices:", "    raise WireError(NOT_TAKEN)"]
         if spec.low is not None:
             op = "<=" if spec.strict else "<"
-            code += [f"if v {op} {spec.low!r}:", "    raise MISS"]
+            code += [f"if v {op} {spec.low!r}:", "    raise WireError(NOT_TAKEN)"]
         return code
     if spec.plain and spec.choices is None and spec.low is None and origin is list:
         item = args[0]
         if item is float:
             return [
                 "if type(v) is not list:",
-                "    raise MISS",
+                "    raise WireError(NOT_TAKEN)",
                 "if not all_finite(v):",
                 "    v = [to_float(x) for x in v]",
             ]
@@ -135,16 +134,16 @@ def _field_code(
         if item_test is not None:
             return [
                 "if type(v) is not list:",
-                "    raise MISS",
+                "    raise WireError(NOT_TAKEN)",
                 "for x in v:",
                 f"    if {item_test.format(v='x')}:",
-                "        raise MISS",
+                "        raise WireError(NOT_TAKEN)",
             ]
         if _is_record(item):
             env[f"{key}_item"] = nested(item)
             return [
                 "if type(v) is not list:",
-                "    raise MISS",
+                "    raise WireError(NOT_TAKEN)",
                 f"v = [{key}_item(x) for x in v]",
             ]
     if spec.plain and spec.choices is None and spec.low is None and _is_record(hint):
@@ -174,7 +173,7 @@ def _to_float(value: Any) -> float:
     if type(value) is int:
         return float(value)
     if type(value) is not float or not math.isfinite(value):
-        raise _MISS
+        raise WireError(NOT_TAKEN)
     return value
 
 
