@@ -29,8 +29,9 @@ import orjson
 
 log = logging.getLogger(__name__)
 
-# orjson options that keep the standard library's output for the same record:
+# orjson options that keep the standard library's values for the same record:
 # integer keys become strings, dataclasses and datetimes go through default=str.
+# (The text is more compact: no spaces after separators, UTF-8 unescaped.)
 _ORJSON_AS_STDLIB = (
     orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
 )
@@ -80,7 +81,7 @@ class Event:
         }
         record.update(self.data)
         try:
-            line = orjson.dumps(record, default=str, option=_ORJSON_AS_STDLIB)
+            line = orjson.dumps(record, default=_as_stdlib, option=_ORJSON_AS_STDLIB)
         except TypeError:  # e.g. an integer beyond 64 bits
             return json.dumps(record, default=str)
         if b"null" in line:  # None, or a non-finite float that orjson wrote as null
@@ -92,6 +93,14 @@ class Event:
         record = json.loads(line)
         base = {k: record.pop(k) for k in ("kind", "mono", "wall", "host", "role", "rank")}
         return cls(**base, data=record)
+
+
+def _as_stdlib(value: Any) -> Any:
+    """What orjson cannot write, as the standard library's default=str would
+    have it; a float subclass (numpy.float64) stays a number, as it did there."""
+    if isinstance(value, float):
+        return float(value)
+    return str(value)
 
 
 class EventSink(Protocol):

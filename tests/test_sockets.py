@@ -337,3 +337,26 @@ def test_a_receiver_cancelled_as_it_is_woken_ends_in_a_loop(keys):
                 await dealer.recv(timeout=0.1) if seq % 2 else None
 
     run(test)
+
+
+def test_a_router_nobody_reads_leaves_the_loop_idle(keys):
+    """ZMQ_FD stays readable until the socket handles its commands and the loop
+    watches it level-triggered: with no receiver waiting (the receive loop busy,
+    or gone at a job's end) the loop must not spin on it."""
+
+    async def test(ctx):
+        async with (
+            Router(ctx, keys) as router,
+            Dealer(ctx, router.endpoint, keys.peer(), b"p") as dealer,
+        ):
+            for seq in range(3):
+                assert await dealer.send(Ping(seq=seq))
+            await asyncio.sleep(0.3)  # they arrive; nobody receives
+            began = time.process_time()
+            await asyncio.sleep(1.0)
+            assert time.process_time() - began < 0.3  # a spin takes the whole second
+            assert [await recv_within(router) for _ in range(3)] == [
+                (b"p", Ping(seq=seq)) for seq in range(3)
+            ]
+
+    run(test)

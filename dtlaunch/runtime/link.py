@@ -3,7 +3,8 @@
 ``SupervisorClient`` (``runtime.client``) runs a ``SupervisorLink`` in its daemon
 thread. All socket I/O happens here, on a wire ``Dealer``; the training thread
 reaches this object only through ``loop.call_soon_threadsafe`` (the public
-methods above the loop) and the thread-safe queues of ``Shared``.
+methods above the loop), the thread-safe queues of ``Shared``, and
+``hand_reports``, which appends to a deque without waking this thread.
 
 Protocol, as the worker sees it:
 
@@ -86,6 +87,8 @@ __all__ = ["Ask", "Connection", "End", "Failed", "Item", "Shared", "SupervisorLi
 
 logger = logging.getLogger(__name__)
 
+MIN_REPORT_EVERY_S = 0.05  # the shortest report interval the link keeps
+
 REQUEST_TIMEOUT_INTERVALS = 3  # heartbeat intervals without an answer before re-sending
 MIN_REQUEST_TIMEOUT_S = 1.0
 MIN_RETRY_S = 0.05  # an empty grant with retry_after 0 must not become a busy loop
@@ -159,7 +162,8 @@ class Shared:
 
 class SupervisorLink:
     """The DDS protocol over one ``Dealer``; see the module docstring. Everything
-    here runs on ``loop`` in the client's thread, except ``failure`` reads."""
+    here runs on ``loop`` in the client's thread, except ``failure`` reads and
+    ``hand_reports``."""
 
     def __init__(
         self,
@@ -196,7 +200,9 @@ class SupervisorLink:
         # Step measurements not sent yet: the training thread appends (a deque's
         # append is thread-safe), this thread sends them every report interval.
         self._reports: deque[TimedReport] = deque()
-        self._report_every_s = report_every_s
+        # The link looks for reports this often: a tiny --control-interval must not
+        # wake every worker's thread a thousand times a second.
+        self._report_every_s = max(MIN_REPORT_EVERY_S, report_every_s)
         self._reports_sent_at = 0.0  # on self.loop.time()
         self._reports_now = False  # flush_reports() asked for them
         self._outbox: list[Message] = []  # notices from the training thread
@@ -248,8 +254,10 @@ class SupervisorLink:
         self._wake.set()
 
     def hand_reports(self, reports: list[TimedReport]) -> None:
-        """From the training thread: queued without waking this thread."""
-        self._reports.extend(reports)
+        """From the training thread: queued without waking this thread (and
+        dropped once the thread has failed: nobody would send them)."""
+        if self.failure is None:
+            self._reports.extend(reports)
 
     def flush_reports(self) -> None:
         """On this thread's loop: send the queued reports at once."""
@@ -320,8 +328,11 @@ class SupervisorLink:
                     )
                     return
             delay = max(0.0, self._next_deadline() - self.loop.time())
+            # asyncio.timeout, not wait_for: in Python 3.11 wait_for can swallow a
+            # cancellation that comes with the wake-up, and this loop never ends.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
             self._wake.clear()
 
     @property
@@ -342,12 +353,14 @@ class SupervisorLink:
             deadlines.append(self._close_deadline)
         return min(deadlines)
 
-    async def _send(self, msg: Message) -> None:
+    async def _send(self, msg: Message) -> bool:
+        """Queue ``msg``; False when the send queue is full (it is not sent)."""
         assert self._dealer is not None
         if not await self._dealer.send(msg):
             logger.debug("%s not queued (send queue full); retried later", msg.TYPE)
-            return
+            return False
         self._next_ping = self.loop.time() + self._interval  # this message says "alive"
+        return True
 
     async def _pump(self, now: float) -> None:
         """Send whatever is due; every decision is made from state, never blocks."""
@@ -397,16 +410,19 @@ class SupervisorLink:
         if not self._reports or self._hello_at is not None:
             return
         self._reports_now = False
-        # Measurements are best effort: if the link is down they are dropped.
-        while self._reports:
-            taken = [
-                self._reports.popleft() for _ in range(min(REPORT_MAX_STEPS, len(self._reports)))
-            ]
+        # What is queued now (the training thread may add while we send), in
+        # messages of at most REPORT_MAX_STEPS. Measurements are best effort: a
+        # message the full send queue refuses is dropped, and the rest wait.
+        left = len(self._reports)
+        while left > 0:
+            taken = [self._reports.popleft() for _ in range(min(REPORT_MAX_STEPS, left))]
+            left -= len(taken)
             reports = [
                 dataclasses.replace(t.report, age_s=max(0.0, time.monotonic() - t.ended))
                 for t in taken
             ]
-            await self._send(StepReports(reports=reports))
+            if not await self._send(StepReports(reports=reports)):
+                return
 
     async def _pump_fetch(self, now: float) -> None:
         spec = self._spec

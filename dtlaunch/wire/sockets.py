@@ -33,6 +33,7 @@ import contextlib
 import hmac
 import logging
 import time
+import typing
 from types import TracebackType
 from typing import Self
 
@@ -96,6 +97,8 @@ class Router:
 
     Use ``async with Router(ctx, keys) as router:`` or ``await start()`` then
     ``close()``. ``recv`` and ``send`` must run on the loop that ran ``start``.
+    One task receives (the supervisor's receive loop); any task may send. A
+    receiver waiting when ``close()`` is called gets ``RuntimeError``.
     """
 
     def __init__(
@@ -144,9 +147,25 @@ class Router:
         auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=self._zap)
         self._auth = auth
 
-        # A plain socket in the asyncio context (see the module docstring).
-        sock: zmq.Socket[bytes] = zmq.Socket(self._ctx, zmq.ROUTER)
+        # A plain socket of the asyncio context (see the module docstring), known
+        # to the context so that destroying it closes the socket too.
+        # (pyzmq's stubs type socket_class as the context's own class only.)
+        sock = typing.cast(
+            "zmq.Socket[bytes]",
+            self._ctx.socket(zmq.ROUTER, socket_class=zmq.Socket),  # type: ignore[arg-type]
+        )
         self._sock = sock
+        try:
+            self._configure(sock)
+        except BaseException:
+            self.close()
+            raise
+        self._endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._watch_fd()
+        logger.debug("router bound to %s", self._endpoint)
+
+    def _configure(self, sock: zmq.Socket[bytes]) -> None:
+        """Security, limits, the handshake monitor, then the bind."""
         sock.linger = 0
         sock.zap_domain = ZAP_DOMAIN.encode()
         sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
@@ -166,14 +185,10 @@ class Router:
         try:
             sock.bind(self._bind)
         except zmq.ZMQError as exc:
-            self.close()
             raise ConfigError(
                 f"cannot bind the supervisor socket to {self._bind!r}: {exc}. Fix: use "
                 "tcp://ADDRESS:PORT with a local address and a free port (0 picks one)"
             ) from exc
-        self._endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._watch_fd()
-        logger.debug("router bound to %s", self._endpoint)
 
     @property
     def endpoint(self) -> str:
@@ -265,11 +280,22 @@ class Router:
         sock = self._started()
         loop = self._loop = asyncio.get_running_loop()
         loop.remove_reader(sock.FD)
-        loop.add_reader(sock.FD, self._wake)
+        loop.add_reader(sock.FD, self._fd_signalled)
+
+    def _fd_signalled(self) -> None:
+        """ZMQ_FD is readable. It stays readable until the socket handles its
+        pending commands, and the loop watches it level-triggered: with no
+        receiver waiting (the receive loop is busy, or gone at the job's end), ask
+        ``ZMQ_EVENTS`` here, which handles them, or the loop would spin. A receiver
+        asks ``ZMQ_EVENTS`` itself before it waits, so nothing is missed."""
+        if self._readable is not None:
+            _resolve(self._readable, True)
+        elif self._sock is not None:
+            self._sock.getsockopt(zmq.EVENTS)
 
     def _wake(self) -> None:
-        """ZMQ_FD signalled, or a send or close changed the socket's events: a
-        waiting receiver checks ``ZMQ_EVENTS`` itself."""
+        """A send or close changed the socket's events: a waiting receiver checks
+        ``ZMQ_EVENTS`` itself."""
         if self._readable is not None:
             _resolve(self._readable, True)
 
@@ -296,10 +322,11 @@ class Router:
             sock.send_multipart([peer, data], flags=zmq.DONTWAIT)
         except zmq.Again:
             logger.debug("router: %s to %r dropped, queue full", msg.TYPE, peer)
-            return
-        # A send changes the socket's events (ZMQ_FD may have signalled and been
-        # consumed): a receiver waiting on the FD checks ZMQ_EVENTS again.
-        self._wake()
+        finally:
+            # A send (even a refused one) handles the socket's pending commands, so
+            # ZMQ_FD may have signalled and been consumed: a waiting receiver
+            # checks ZMQ_EVENTS again.
+            self._wake()
 
     def close(self) -> None:
         """Close the socket, its monitor and the authenticator (idempotent)."""
