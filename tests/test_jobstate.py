@@ -714,3 +714,46 @@ def test_a_two_slot_spare_stays_free_for_a_kill_restart_until_both_slots_are_tak
     assert state.free_spare_hosts() == ["h1", "h2"]  # h1 has a second slot
     state.kill_restart("worker", 1, "slow host h0", 5.5, target_host="h1")
     assert state.free_spare_hosts() == ["h2"]  # both of h1's slots are spoken for
+
+
+def test_a_process_that_ended_before_its_agent_said_hello_again_is_not_restarted():
+    """A resumed supervisor: the workers ran on, and two of them finished their
+    data while their agents were still reconnecting. Each agent queued the Exited
+    and sent it before its Hello (we answered Rehello); the Hello lists only what
+    still runs. The finished workers ended as their Exited says; they are not
+    lost processes to start again (a kill loop test saw them restarted)."""
+    state = make_state(workers=3, scope="process")
+    state.resume(
+        0.0, attempts={f"worker-{r}": 0 for r in range(3)}, restarts=[], failures=[], adopt=set()
+    )
+    running = ProcReport(
+        proc_id="worker-1", role="worker", rank=1, attempt=0, pid=101, state="running"
+    )
+    out = []
+    for host in state.agents:
+        for rank in (0, 2):
+            if state.procs[f"worker-{rank}"].host == host:
+                state.heard_before_hello(host, exited(f"worker-{rank}", 0, code=0))
+        state.heard_before_hello(host, Shutdown(reason="not an exit: ignored", grace_s=1.0))
+        procs = [running] if state.procs["worker-1"].host == host else []
+        out += state.agent_hello(host, 1.0, free_ports=[5000], host_addr="", procs=procs)
+    assert sent(out, Spawn) == []
+    assert events(out, "restart") == []
+    assert sorted(e.rank for e in events(out, "adopted")) == [0, 1, 2]
+    assert state.procs["worker-0"].state is ProcState.SUCCEEDED
+    assert state.procs["worker-2"].state is ProcState.SUCCEEDED
+    assert state.procs["worker-1"].state is ProcState.RUNNING
+
+    # Without the early Exited, a process the Hello does not list was lost while
+    # the supervisor was down: it starts again under the next attempt.
+    state = make_state(workers=3, scope="process")
+    state.resume(
+        0.0, attempts={f"worker-{r}": 0 for r in range(3)}, restarts=[], failures=[], adopt=set()
+    )
+    out = []
+    for host in state.agents:
+        out += state.agent_hello(host, 1.0, free_ports=[5000], host_addr="", procs=[])
+    assert sorted(s.rank for s in sent(out, Spawn)) == [0, 1, 2]
+    assert {e.data["reason"] for e in events(out, "restart")} == {
+        "lost while the supervisor was down"
+    }

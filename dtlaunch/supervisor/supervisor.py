@@ -272,9 +272,8 @@ class Supervisor:
 
     def _serve(self, coro: Coroutine[Any, Any, None], name: str, peer: bytes) -> None:
         """Run one peer's request as its own task (many share one WAL fsync), under
-        the same guard as the receive loop: a request that fails is logged and
-        dropped. Only a failed write of the log stops the supervisor (WalError):
-        the disk may have lost what it acknowledged."""
+        the receive loop's guard: a request that fails is logged and dropped. Only
+        a failed write of the log (WalError) stops the supervisor."""
 
         async def guarded() -> None:
             try:
@@ -577,7 +576,8 @@ class Supervisor:
             return
         agent = self.state.agents[host]
         if agent.state in (AgentState.LAUNCHING, AgentState.LOST):
-            # We do not know this agent's state (e.g. it reconnected): ask again.
+            # We do not know this agent's state (e.g. it reconnected): ask again;
+            self.state.heard_before_hello(host, msg)  # the node table keeps its exits
             await self._router.send(peer, Rehello())
             return
         if isinstance(msg, AgentHeartbeat):

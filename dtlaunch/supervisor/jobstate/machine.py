@@ -59,7 +59,7 @@ from dtlaunch.supervisor.jobstate.nodes import (
 )
 from dtlaunch.supervisor.jobstate.tftasks import tf_cluster
 from dtlaunch.supervisor.placement import Assignment
-from dtlaunch.wire.messages import Exited, Kill, ProcReport, Shutdown, Spawn
+from dtlaunch.wire.messages import Exited, Kill, Message, ProcReport, Shutdown, Spawn
 
 __all__ = [
     "LISTENERS_PER_HOST_MAX",
@@ -376,6 +376,8 @@ class JobState:
         memory_bytes: int = 0,
         limits: str = "",
     ) -> list[Command]:
+        """An agent says who it is and what it runs (and, kept by
+        ``heard_before_hello``, what ended while it could not reach us)."""
         agent = self.agents.get(host)
         if agent is None or agent.state in (AgentState.GONE,):
             return []
@@ -405,6 +407,8 @@ class JobState:
         elif was is AgentState.UNRESPONSIVE:
             out.append(EmitEvent(kind="heartbeat_recovered", host=host, role="agent"))
         out += self._adopt_reported(host, procs, now, replaced=replaced)
+        out += self._adopt_ended(host, list(agent.exits_before_hello), now)
+        agent.exits_before_hello.clear()
         if self.phase is Phase.STOPPING:
             out.append(self._shutdown_message(host))
             return out
@@ -674,6 +678,41 @@ class JobState:
                 out += self._gone(slot)
                 out += self._on_failure(slot, verdict, None, None, [], now)
         return out + self._fence_stale(host, procs)
+
+    def heard_before_hello(self, host: str, msg: Message) -> None:
+        """A message from an agent we do not know yet (it reconnected; we answer
+        ``Rehello``). An ``Exited`` among them was queued while it could not reach
+        us: its Hello will list only what still runs, this says how the rest ended."""
+        agent = self.agents.get(host)
+        if agent is not None and isinstance(msg, Exited):
+            agent.exits_before_hello.append(msg)
+
+    def _adopt_ended(self, host: str, exits: list[Exited], now: float) -> list[Command]:
+        """A resumed supervisor's process that ran on and then ended before its
+        agent said hello again (a worker that finished its data while the agent
+        was reconnecting): it is no lost process to start again, but one that
+        ended as its ``Exited`` says."""
+        out: list[Command] = []
+        for ended in exits:
+            slot = self.procs.get(ended.proc_id)
+            if (
+                slot is None
+                or slot.host != host
+                or slot.state is not ProcState.PENDING
+                or not slot.bump_before_spawn
+                or ended.attempt != slot.attempt
+            ):
+                continue
+            slot.state = ProcState.RUNNING
+            slot.pid = ended.pid
+            slot.bump_before_spawn = False
+            out.append(
+                self._proc_event(
+                    "adopted", slot, pid=ended.pid, attempt=slot.attempt, **_gpu_of(slot)
+                )
+            )
+            out += self._exited(host, ended, now)
+        return out
 
     @staticmethod
     def _gone_while_unreachable(slot: ProcSlot) -> Exited:

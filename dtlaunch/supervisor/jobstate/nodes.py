@@ -5,12 +5,13 @@ Plain data only; the transitions live in ``jobstate``.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from dtlaunch.supervisor.placement import Assignment
-from dtlaunch.wire.messages import Message
+from dtlaunch.wire.messages import Exited, Message
 
 
 class ProcState(StrEnum):
@@ -184,6 +185,9 @@ class AgentSlot:
     # proc id -> attempt it ran here when it was lost: stale once restarted, and
     # fenced when the host is heard again (see JobState._fence_stale).
     stale_attempts: dict[str, int] = field(default_factory=dict)
+    # Exited messages it sent before its Hello (queued while it could not reach
+    # us), for that Hello: how processes that no longer run ended. Bounded.
+    exits_before_hello: deque[Exited] = field(default_factory=lambda: deque(maxlen=1024))
     pid: int = 0  # of the agent that said hello last
 
 
