@@ -298,16 +298,7 @@ def _fast_check(cls: type[Any]) -> Callable[[Any], Any]:
         specs = []
         for f in dataclasses.fields(cls):
             name = f.name
-            choices = _CHOICES.get((cls, name)) or _CHOICES_BY_NAME.get(name)
-            low: float | None = None
-            strict = False
-            if choices is None:
-                if name in _INT_MIN:
-                    low = _INT_MIN[name]
-                elif name in _FLOAT_MIN:
-                    low = _FLOAT_MIN[name]
-                elif name in _FLOAT_POSITIVE:
-                    low, strict = 0.0, True
+            choices, low, strict, ports = _field_rule(cls, name)
             specs.append(
                 FastField(
                     name=name,
@@ -318,7 +309,7 @@ def _fast_check(cls: type[Any]) -> Callable[[Any], Any]:
                     low=low,
                     strict=strict,
                     ordinary=_field_check(cls, name, hints[name], json_form=False),
-                    plain=not (name in _PORT_LISTS and choices is None and low is None),
+                    plain=not ports,
                 )
             )
         fast = _FAST_CHECKS[cls] = compile_fast(cls, specs, _fast_check)
@@ -363,19 +354,33 @@ def _compile_record_check(cls: type[Any], json_form: bool) -> _Check:
     return check
 
 
-def _field_check(owner: type[Any], name: str, hint: Any, json_form: bool) -> _Check:
-    """The type checker for one field plus the field's choices and range, if any."""
-    base = _type_check(hint, json_form)
+def _field_rule(
+    owner: type[Any], name: str
+) -> tuple[tuple[str, ...] | None, float | None, bool, bool]:
+    """A field's one rule beyond its type, in this order of precedence: its
+    choices, or its lower bound (and whether the bound is excluded), or that it
+    is a list of ports."""
     choices = _CHOICES.get((owner, name)) or _CHOICES_BY_NAME.get(name)
     if choices is not None:
-        return _with_choices(base, choices)
+        return choices, None, False, False
     if name in _INT_MIN:
-        return _with_min(base, _INT_MIN[name], strict=False)
+        return None, _INT_MIN[name], False, False
     if name in _FLOAT_MIN:
-        return _with_min(base, _FLOAT_MIN[name], strict=False)
+        return None, _FLOAT_MIN[name], False, False
     if name in _FLOAT_POSITIVE:
-        return _with_min(base, 0.0, strict=True)
-    if name in _PORT_LISTS:
+        return None, 0.0, True, False
+    return None, None, False, name in _PORT_LISTS
+
+
+def _field_check(owner: type[Any], name: str, hint: Any, json_form: bool) -> _Check:
+    """The type checker for one field plus the field's rule (``_field_rule``)."""
+    base = _type_check(hint, json_form)
+    choices, low, strict, ports = _field_rule(owner, name)
+    if choices is not None:
+        return _with_choices(base, choices)
+    if low is not None:
+        return _with_min(base, low, strict=strict)
+    if ports:
         return _with_ports(base)
     return base
 

@@ -651,15 +651,7 @@ class JobState:
             if slot.state is ProcState.PENDING and report is not None and slot.bump_before_spawn:
                 if report.attempt >= slot.attempt:
                     # Still running from before the supervisor restarted: adopt it.
-                    slot.attempt = report.attempt
-                    slot.state = ProcState.RUNNING
-                    slot.pid = report.pid
-                    slot.bump_before_spawn = False
-                    out.append(
-                        self._proc_event(
-                            "adopted", slot, pid=report.pid, attempt=slot.attempt, **_gpu_of(slot)
-                        )
-                    )
+                    out.append(self._adopt(slot, report.attempt, report.pid))
                     if slot.restart_if_found:
                         # Its state no longer matches ours: stop it, start it afresh.
                         out.append(self._stop_then_restart(slot, slot.restart_if_found))
@@ -703,16 +695,18 @@ class JobState:
                 or ended.attempt != slot.attempt
             ):
                 continue
-            slot.state = ProcState.RUNNING
-            slot.pid = ended.pid
-            slot.bump_before_spawn = False
-            out.append(
-                self._proc_event(
-                    "adopted", slot, pid=ended.pid, attempt=slot.attempt, **_gpu_of(slot)
-                )
-            )
+            out.append(self._adopt(slot, ended.attempt, ended.pid))
             out += self._exited(host, ended, now)
         return out
+
+    def _adopt(self, slot: ProcSlot, attempt: int, pid: int) -> EmitEvent:
+        """A process of a resumed supervisor's that ran on from before: RUNNING
+        under the attempt and pid its agent reports, not started again."""
+        slot.attempt = attempt
+        slot.state = ProcState.RUNNING
+        slot.pid = pid
+        slot.bump_before_spawn = False
+        return self._proc_event("adopted", slot, pid=pid, attempt=attempt, **_gpu_of(slot))
 
     @staticmethod
     def _gone_while_unreachable(slot: ProcSlot) -> Exited:
