@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import time
+import uuid
 
 import pytest
 import zmq.asyncio
@@ -168,7 +169,10 @@ def test_live_screen_in_tmux_shows_the_job_and_quits(job, tmp_path, key, code):
         pytest.skip("tmux is not installed (make sshd-deps installs it when run as root)")
     run_dir, _, _ = job
     run_id = RunDir.open(run_dir).spec().run_id
-    socket = f"dtlaunch-status-{os.getpid()}"
+    # A server of its own per test: `kill-server` returns before the old server has
+    # exited, and a new session on the same socket name then meets the dying server
+    # ("server exited unexpectedly") when both parameters run in one pytest worker.
+    socket = f"dtlaunch-status-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     rc_file, stty_file = tmp_path / "rc", tmp_path / "stty"
     env = job_env({"TERM": "xterm-256color"})
     env.pop("COLUMNS")  # the pane's own size must rule
