@@ -31,29 +31,15 @@ import msgpack
 
 from dtlaunch.errors import WireError
 from dtlaunch.wire.fastcheck import FastField, compile_fast
+from dtlaunch.wire.fieldrules import field_rule
 from dtlaunch.wire.messages import (
     MESSAGE_TYPES,
-    PROC_ROLES,
-    PROC_STATES,
     PROTOCOL_VERSION,
-    PS_MODES,
-    PS_OPTIMIZERS,
-    ROLES,
-    STATUS_PHASES,
-    STATUS_SOURCES,
-    STREAMS,
-    Hello,
     Message,
-    NodeStatus,
-    ProcReport,
-    PsOptimizer,
-    PsStats,
     Record,
-    Spawn,
-    StatusSnapshot,
 )
 
-__all__ = ["MAX_MESSAGE_BYTES", "decode", "encode", "from_dict", "to_dict"]
+__all__ = ["MAX_MESSAGE_BYTES", "compile_all", "decode", "encode", "from_dict", "to_dict"]
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
@@ -61,98 +47,6 @@ M = TypeVar("M", bound=Message)
 
 _TAG_KEYS = ("t", "v")
 _TYPES_BY_TAG: dict[str, type[Message]] = {cls.TYPE: cls for cls in MESSAGE_TYPES}
-
-# Enumerated string fields, per (class, field): the same name means different
-# sets in different messages (a Hello's role may be "agent", a Spawn's may not).
-_CHOICES: dict[tuple[type[Any], str], tuple[str, ...]] = {
-    (Hello, "role"): ROLES,
-    (Spawn, "role"): PROC_ROLES,
-    (ProcReport, "role"): PROC_ROLES,
-    (PsOptimizer, "name"): PS_OPTIMIZERS,
-    (PsStats, "mode"): PS_MODES,
-    (NodeStatus, "role"): PROC_ROLES,
-    (StatusSnapshot, "phase"): STATUS_PHASES,
-    (StatusSnapshot, "source"): STATUS_SOURCES,
-}
-# These names mean the same thing wherever they appear.
-_CHOICES_BY_NAME: dict[str, tuple[str, ...]] = {"stream": STREAMS, "state": PROC_STATES}
-
-# Inclusive lower bounds by field name, wherever the field appears. An int field
-# named here that is None (``signal: int | None``) is not checked.
-_INT_MIN: dict[str, int] = {
-    "rank": -1,  # -1 = "no rank" (agents, control clients)
-    "attempt": 0,
-    "pid": 1,
-    "seq": 0,
-    "rss_bytes": 0,
-    "signal": 1,
-    "dead_after": 1,
-    # DDS
-    "lease_id": 0,
-    "epoch": 0,
-    "shard": 0,
-    "start": 0,
-    "end": 0,
-    "request_id": 0,
-    "count": 1,
-    "step": 0,
-    "dataset_size": 1,
-    "shard_size": 1,
-    "epochs": 1,
-    "global_batch": 0,
-    "seed": 0,
-    # Monitor and actions
-    "batch_size": 0,
-    "samples": 0,
-    "apply_at_step": 0,
-    # elastic regroup
-    "gen": 1,
-    "leaving_rank": 0,
-    "store_rank": 0,
-    "store_port": 1,
-    "master_port": 1,
-    "source_rank": 0,
-    # parameter server (messages' "version" is not here: Hello.version is a str)
-    "worker": 0,
-    "server": 0,
-    "block_id": 0,
-    "backup": 0,
-    "min_version": 0,
-    "at_version": 0,
-    "since_version": 0,
-    "incarnation": 0,
-    "recovered_at": 0,
-    "nbytes": 0,
-    # status
-    "restarts": 0,
-    "shards_done": 0,
-    "shards_total": 0,
-}
-_FLOAT_MIN: dict[str, float] = {
-    "runtime_s": 0.0,
-    "cpu_percent": 0.0,
-    "grace_s": 0.0,
-    "kill_grace": 0.0,
-    "orphan_timeout": 0.0,
-    "retry_after": 0.0,
-    "compute_s": 0.0,
-    "comm_s": 0.0,
-    "age_s": 0.0,
-    "injected_s": 0.0,
-    "update_s": 0.0,
-    "wait_s": 0.0,
-    "waited_s": 0.0,
-    "ended_s": 0.0,
-    "now_s": 0.0,
-    # status (eta_s may be None: unknown)
-    "elapsed_s": 0.0,
-    "bpt_s": 0.0,
-    "throughput": 0.0,
-    "eta_s": 0.0,
-    "at_s": 0.0,
-}
-_FLOAT_POSITIVE = frozenset({"heartbeat_interval", "factor"})  # 0 would make a busy loop
-_PORT_LISTS = frozenset({"free_ports"})
 
 # (value, path) -> validated value; raises WireError naming ``path``.
 _Check = Callable[[Any, str], Any]
@@ -270,16 +164,16 @@ def _build(cls: type[M], data: Mapping[Any, Any], *, json_form: bool) -> M:
     if type(version) is not int or version != PROTOCOL_VERSION:
         raise WireError(f"{cls.TYPE}: {_version_mismatch(version)}")
     fields = {k: v for k, v in data.items() if k not in _TAG_KEYS}
-    check = _record_check(cls, json_form)
     try:
         # First a validator compiled for the class (``fastcheck``) or, for the JSON
         # form, the checkers without paths: naming every field and list item as it
         # goes costs as much as the checks themselves, and nearly every frame is valid.
         if json_form:
-            return typing.cast(M, check(fields, _NO_PATH))
+            return typing.cast(M, _record_check(cls, json_form)(fields, _NO_PATH))
         return typing.cast(M, _fast_check(cls)(fields))
     except WireError:
-        return typing.cast(M, check(fields, cls.TYPE))  # again, to name what is wrong
+        # Again, to name what is wrong.
+        return typing.cast(M, _record_check(cls, json_form)(fields, cls.TYPE))
 
 
 def _record_check(cls: type[Any], json_form: bool) -> _Check:
@@ -298,7 +192,7 @@ def _fast_check(cls: type[Any]) -> Callable[[Any], Any]:
         specs = []
         for f in dataclasses.fields(cls):
             name = f.name
-            choices, low, strict, ports = _field_rule(cls, name)
+            choices, low, strict, ports = field_rule(cls, name)
             specs.append(
                 FastField(
                     name=name,
@@ -354,28 +248,10 @@ def _compile_record_check(cls: type[Any], json_form: bool) -> _Check:
     return check
 
 
-def _field_rule(
-    owner: type[Any], name: str
-) -> tuple[tuple[str, ...] | None, float | None, bool, bool]:
-    """A field's one rule beyond its type, in this order of precedence: its
-    choices, or its lower bound (and whether the bound is excluded), or that it
-    is a list of ports."""
-    choices = _CHOICES.get((owner, name)) or _CHOICES_BY_NAME.get(name)
-    if choices is not None:
-        return choices, None, False, False
-    if name in _INT_MIN:
-        return None, _INT_MIN[name], False, False
-    if name in _FLOAT_MIN:
-        return None, _FLOAT_MIN[name], False, False
-    if name in _FLOAT_POSITIVE:
-        return None, 0.0, True, False
-    return None, None, False, name in _PORT_LISTS
-
-
 def _field_check(owner: type[Any], name: str, hint: Any, json_form: bool) -> _Check:
-    """The type checker for one field plus the field's rule (``_field_rule``)."""
+    """The type checker for one field plus the field's rule (``fieldrules.field_rule``)."""
     base = _type_check(hint, json_form)
-    choices, low, strict, ports = _field_rule(owner, name)
+    choices, low, strict, ports = field_rule(owner, name)
     if choices is not None:
         return _with_choices(base, choices)
     if low is not None:
@@ -524,11 +400,14 @@ def _refuse_ext(code: int, data: bytes) -> Any:
     raise WireError(f"msgpack ext type {code} is not allowed")
 
 
-# Compile every checker now: a field type the codec cannot validate fails at import.
-for _cls in MESSAGE_TYPES:
-    _record_check(_cls, False)
-    _record_check(_cls, True)
-    _fast_check(_cls)
+def compile_all() -> None:
+    """Compile every class's checkers now, else each on its first use (a field type
+    the codec cannot validate fails here; tests call it). Not at import: that took
+    140 ms of every agent's and worker's start, for the few classes each decodes."""
+    for cls in MESSAGE_TYPES:
+        _record_check(cls, False)
+        _record_check(cls, True)
+        _fast_check(cls)
 
 
 # ---------------------------------------------------------------- plain forms
