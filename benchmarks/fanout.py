@@ -397,9 +397,10 @@ def _ratio(slow: float | None, fast: float | None) -> float | None:
 
 def summarize(sizes: dict[int, dict[str, Any]], *, concurrency: int, pdsh: str) -> dict[str, Any]:
     for row in sizes.values():
-        check = row["check"]["s"] if row["check"]["ok"] else None
-        seq = row["sequential"]["s"] if row["sequential"]["ok"] else None
-        pd = row["pdsh"]["s"] if row.get("pdsh", {}).get("ok") else None
+        # A skipped column is None.
+        check = row["check"]["s"] if (row.get("check") or {}).get("ok") else None
+        seq = row["sequential"]["s"] if (row.get("sequential") or {}).get("ok") else None
+        pd = row["pdsh"]["s"] if (row.get("pdsh") or {}).get("ok") else None
         row["check_speedup_vs_sequential"] = _ratio(seq, check)
         row["check_speedup_vs_pdsh"] = _ratio(pd, check)
     targets: dict[str, bool] = {}

@@ -31,7 +31,7 @@ from dtlaunch.agent.limits import Cage, LimitEnforcer, Limits
 from dtlaunch.agent.oom import OomWatcher
 from dtlaunch.agent.output import ChunkCallback, LineTail, pump
 from dtlaunch.agent.proctable import TOKEN_ENV, ChildRecord, write_table
-from dtlaunch.agent.resources import TreeSampler
+from dtlaunch.agent.resources import ParentTable, TreeSampler
 from dtlaunch.errors import LaunchError
 from dtlaunch.procwait import wait_popen
 from dtlaunch.wire.messages import ProcReport
@@ -120,9 +120,9 @@ class ChildProcess:
             token=self.token,
         )
 
-    def report(self) -> ProcReport:
+    def report(self, parents: ParentTable | None = None) -> ProcReport:
         if self.sampler is None:
-            self.sampler = TreeSampler(self.pid)
+            self.sampler = TreeSampler(self.pid, parents)
         sample = self.sampler.sample()
         return ProcReport(
             proc_id=self.proc_id,
@@ -222,6 +222,7 @@ class ProcessGroupRunner:
         self._limits = limits
         self._shutdown_grace_s = shutdown_grace_s
         self._children: dict[str, ChildProcess] = {}
+        self._parents = ParentTable()  # one /proc listing per round of reports
         self._tasks = asyncio.TaskGroup()
 
     async def __aenter__(self) -> ProcessGroupRunner:
@@ -248,7 +249,9 @@ class ProcessGroupRunner:
         return self._children.get(proc_id)
 
     def reports(self) -> list[ProcReport]:
-        return [child.report() for child in self._children.values()]
+        if self._children:
+            self._parents.refresh()
+        return [child.report(self._parents) for child in self._children.values()]
 
     # ------------------------------------------------------------------ spawn
 

@@ -1,10 +1,30 @@
-"""State and resource use of a child's whole process tree, via psutil."""
+"""State and resource use of a child's whole process tree, via psutil.
+
+Finding a tree's members is the costly part: psutil's ``children(recursive=True)``
+reads the ``stat`` file of every process on the machine, each time, for each
+child. On a host with many processes, or on one machine carrying hundreds of
+agents (a loopback scale test), every heartbeat of every agent then reads them
+all. ``ParentTable`` keeps the parent of every pid it has seen and reads the
+``stat`` of new pids only: a heartbeat costs one listing of ``/proc``, shared by
+all of an agent's children. A parent does not change while both live (Linux
+reparents only orphans, whose parents are read again when their parent is gone);
+a pid that is reused between two listings is caught by re-reading everything
+every ``FULL_REREAD_S``.
+"""
 
 from __future__ import annotations
 
+import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
+
+# How often ParentTable re-reads every pid's parent (a pid reused between two
+# listings would otherwise keep its old parent); listings in between read new pids.
+FULL_REREAD_S = 30.0
+_PROC = "/proc"
 
 _STOPPED = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})
 
@@ -33,15 +53,20 @@ class TreeSampler:
     create time, so a reused pid starts afresh).
     """
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, parents: ParentTable | None = None) -> None:
         self._pid = pid
+        self._parents = parents
         self._known: dict[tuple[int, float], psutil.Process] = {}
 
     def sample(self) -> TreeSample:
         try:
             leader = self._cached(psutil.Process(self._pid))
             state = state_of(leader.status())
-            tree = [leader, *leader.children(recursive=True)]
+            if self._parents is not None and self._parents.usable:
+                descendants = [psutil.Process(pid) for pid in self._parents.descendants(self._pid)]
+            else:
+                descendants = leader.children(recursive=True)
+            tree = [leader, *descendants]
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return TreeSample(state="zombie", rss_bytes=0, cpu_percent=0.0)
         rss = 0
@@ -61,3 +86,76 @@ class TreeSampler:
 
     def _cached(self, proc: psutil.Process) -> psutil.Process:
         return self._known.get((proc.pid, proc.create_time()), proc)
+
+
+class ParentTable:
+    """pid -> parent pid of every process, kept up to date incrementally (see the
+    module docstring); ``refresh`` once per round of samples, then ``descendants``.
+
+    ``usable`` is False where ``/proc`` cannot be read (then callers ask psutil).
+    ``clock`` is injectable for tests.
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._parent: dict[int, int] = {}
+        self._children: dict[int, list[int]] | None = None
+        self._full_at = -float("inf")
+        self.usable = os.path.isdir(_PROC)
+
+    def refresh(self) -> None:
+        """List ``/proc``: forget the pids that are gone, read the new ones' parents."""
+        try:
+            listed = {int(name) for name in os.listdir(_PROC) if name.isdigit()}
+        except OSError:
+            self.usable = False
+            return
+        now = self._clock()
+        if now - self._full_at >= FULL_REREAD_S:
+            self._parent.clear()
+            self._full_at = now
+        parent = self._parent
+        gone = {p for p in parent if p not in listed}
+        for pid in gone:
+            del parent[pid]
+        if gone:  # their children were reparented (to init or a subreaper): read again
+            for pid in [p for p, pp in parent.items() if pp in gone]:
+                del parent[pid]
+        for pid in listed:
+            if pid not in parent:
+                ppid = _read_ppid(pid)
+                if ppid is not None:
+                    parent[pid] = ppid
+        self._children = None
+
+    def descendants(self, pid: int) -> list[int]:
+        """The pids below ``pid`` as of the last ``refresh``, parents first."""
+        children = self._children
+        if children is None:
+            children = self._children = {}
+            for child, ppid in self._parent.items():
+                children.setdefault(ppid, []).append(child)
+        out: list[int] = []
+        todo = list(children.get(pid, ()))
+        while todo:
+            child = todo.pop()
+            out.append(child)
+            todo.extend(children.get(child, ()))
+        return out
+
+
+def _read_ppid(pid: int) -> int | None:
+    """The parent of ``pid`` from ``/proc/PID/stat``; None if it is gone already.
+
+    The command name in field 2 may hold spaces and parentheses: the fields after
+    the last ')' are fixed (state, then ppid)."""
+    try:
+        with open(f"{_PROC}/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split(b" ", 2)
+    try:
+        return int(fields[1])
+    except (IndexError, ValueError):
+        return None

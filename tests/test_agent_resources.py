@@ -1,0 +1,135 @@
+"""The agent's process-tree sampling: ``ParentTable`` finds a tree's members from
+one ``/proc`` listing, reading only the new pids' parents, and agrees with
+psutil's own walk on real process trees."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from dtlaunch.agent import resources
+from dtlaunch.agent.resources import FULL_REREAD_S, ParentTable, TreeSampler
+
+# A leader whose child starts a grandchild; every process sleeps until killed.
+TREE = """\
+import subprocess, sys, time
+if len(sys.argv) < 2:
+    subprocess.Popen([sys.executable, __file__, "child"])
+elif sys.argv[1] == "child":
+    subprocess.Popen([sys.executable, __file__, "grandchild"])
+time.sleep(120)
+"""
+
+
+def start_tree(tmp_path) -> subprocess.Popen[bytes]:
+    script = tmp_path / "tree.py"
+    script.write_text(TREE)
+    return subprocess.Popen([sys.executable, str(script)], start_new_session=True)
+
+
+def wait_for_descendants(leader: psutil.Process, count: int) -> list[int]:
+    deadline = time.monotonic() + 30
+    while len(found := leader.children(recursive=True)) < count:
+        assert time.monotonic() < deadline, f"the tree never had {count} descendants"
+        time.sleep(0.05)
+    return sorted(p.pid for p in found)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, 9)
+    proc.wait(timeout=30)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_descendants_match_psutil_on_a_real_tree(tmp_path):
+    proc = start_tree(tmp_path)
+    try:
+        expected = wait_for_descendants(psutil.Process(proc.pid), 2)
+        table = ParentTable()
+        assert table.usable
+        table.refresh()
+        assert sorted(table.descendants(proc.pid)) == expected
+        # Parents come before their children.
+        found = table.descendants(proc.pid)
+        child = psutil.Process(proc.pid).children()[0].pid
+        assert found.index(child) < found.index(next(p for p in found if p != child))
+        assert table.descendants(expected[-1] + 10_000_000) == []
+    finally:
+        stop(proc)
+
+
+def test_a_refresh_reads_only_the_new_pids(tmp_path, monkeypatch):
+    clock = FakeClock()
+    table = ParentTable(clock=clock)
+    reads: list[int] = []
+    real = resources._read_ppid
+    monkeypatch.setattr(resources, "_read_ppid", lambda pid: reads.append(pid) or real(pid))
+    table.refresh()
+    assert len(reads) > 1  # the first listing reads every pid
+    reads.clear()
+    clock.now += 1
+    proc = start_tree(tmp_path)
+    try:
+        expected = wait_for_descendants(psutil.Process(proc.pid), 2)
+        table.refresh()
+        # The tree's three processes are new; a busy machine may have started a few
+        # others meanwhile, but nothing seen before is read again.
+        assert {proc.pid, *expected} <= set(reads)
+        before = set(psutil.pids()) - {proc.pid, *expected}
+        assert len(set(reads) & before) <= 5, "pids seen before were read again"
+        assert sorted(table.descendants(proc.pid)) == expected
+        # After FULL_REREAD_S every pid is read again (a reused pid gets its new parent).
+        reads.clear()
+        clock.now += FULL_REREAD_S
+        table.refresh()
+        assert len(reads) >= len(before)
+    finally:
+        stop(proc)
+    # Gone pids are forgotten at the next listing.
+    clock.now += 1
+    table.refresh()
+    assert table.descendants(proc.pid) == []
+
+
+def test_a_command_name_with_spaces_and_parentheses(tmp_path):
+    """``/proc/PID/stat`` quotes the name in parentheses that it does not escape."""
+    odd = tmp_path / "a) b (c"
+    os.symlink(shutil.which("sleep") or "/bin/sleep", odd)
+    leader = subprocess.Popen(["/bin/sh", "-c", f"'{odd}' 120 & wait"], start_new_session=True)
+    try:
+        expected = wait_for_descendants(psutil.Process(leader.pid), 1)
+        assert psutil.Process(expected[0]).name().startswith("a) b (c")
+        table = ParentTable()
+        table.refresh()
+        assert sorted(table.descendants(leader.pid)) == expected
+    finally:
+        stop(leader)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["parent-table", "psutil-walk"])
+def test_the_sampler_counts_the_whole_tree_either_way(tmp_path, shared):
+    proc = start_tree(tmp_path)
+    try:
+        wait_for_descendants(psutil.Process(proc.pid), 2)
+        table = ParentTable() if shared else None
+        if table is not None:
+            table.refresh()
+        sample = TreeSampler(proc.pid, table).sample()
+        own = psutil.Process(proc.pid).memory_info().rss
+        assert sample.state == "running"
+        assert sample.rss_bytes > 2 * own  # the child and the grandchild are counted
+    finally:
+        stop(proc)
