@@ -54,7 +54,7 @@ def test_psld_moves_blocks_off_a_slow_server_live(sshd, tmp_path):
     # Kept light while its samples are in the long window (60 s: the whole run); a
     # later map may still even out the others.
     before = maps[0]["bytes_per_server"]
-    assert all(m["bytes_per_server"][2] < before[2] / 3 for m in maps[1:]), maps
+    assert all(m["bytes_per_server"][2] < before[2] / 3 for m in maps[1:]), _story(log)
     # Live: no process restarted, every record trained once, one model everywhere.
     data = summary(run_dir)
     assert data["status"] == "succeeded" and data["restarts"] == [], data["restarts"]
@@ -77,3 +77,17 @@ def test_psld_moves_blocks_off_a_slow_server_live(sshd, tmp_path):
     assert replay.returncode == 0, replay.stderr
     would = json.loads(replay.stdout)["would"]
     assert any(a["action"] == "REASSIGN_BLOCKS" for a in would), would
+
+
+def _story(log: list[dict]) -> str:
+    """The maps and the decisions with their inputs, to tell why a map was made."""
+    lines = []
+    for e in log:
+        if e["kind"] == "ps_placement":
+            lines.append(f"{e['mono']:.1f} map v{e['version']}: {e['bytes_per_server']}")
+        elif e["kind"] == "decision" and e.get("action"):
+            i = e.get("inputs", {})
+            keys = ("speeds", "fits", "superior", "superior_lower", "superior_upper", "moved")
+            lines.append(f"{e['mono']:.1f} {e['action']}: {e['reason']}")
+            lines += [f"    {k}: {i.get(k)}" for k in keys]
+    return "\n".join(lines)

@@ -25,7 +25,6 @@ from dtlaunch.wire.keys import (
     write_peer_keys,
 )
 from dtlaunch.wire.messages import (
-    MESSAGE_TYPES,
     PROC_ROLES,
     PROC_STATES,
     PROTOCOL_VERSION,
@@ -55,7 +54,6 @@ from dtlaunch.wire.sockets import ZAP_DOMAIN, Dealer, Router
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
-    "MESSAGE_TYPES",
     "PROC_ROLES",
     "PROC_STATES",
     "PROTOCOL_VERSION",

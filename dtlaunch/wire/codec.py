@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import importlib
 import math
 import reprlib
 import types
@@ -30,10 +31,10 @@ from typing import Any, TypeVar
 import msgpack
 
 from dtlaunch.errors import WireError
+from dtlaunch.wire import messages as _messages
 from dtlaunch.wire.fastcheck import FastField, compile_fast
 from dtlaunch.wire.fieldrules import field_rule
 from dtlaunch.wire.messages import (
-    MESSAGE_TYPES,
     PROTOCOL_VERSION,
     Message,
     Record,
@@ -46,7 +47,10 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 M = TypeVar("M", bound=Message)
 
 _TAG_KEYS = ("t", "v")
-_TYPES_BY_TAG: dict[str, type[Message]] = {cls.TYPE: cls for cls in MESSAGE_TYPES}
+# The registry by tag, filled one protocol module at a time as they are imported
+# (see ``messages``); a tag not in it makes the codec import the rest once.
+_TYPES_BY_TAG: dict[str, type[Message]] = {}
+_LOADED: set[str] = set()  # protocol modules whose MESSAGES are in _TYPES_BY_TAG
 
 # (value, path) -> validated value; raises WireError naming ``path``.
 _Check = Callable[[Any, str], Any]
@@ -120,7 +124,7 @@ def decode(data: bytes) -> Message:
     tag = obj.get("t")
     if type(tag) is not str:
         raise WireError(f"frame has no string type tag 't' (got {_short(tag)})")
-    cls = _TYPES_BY_TAG.get(tag)
+    cls = _TYPES_BY_TAG.get(tag) or _registered_tag(tag)
     if cls is None:
         raise WireError(f"unknown message type {_short(tag)}")
     try:
@@ -396,6 +400,31 @@ def _dict(item: _Check) -> _Check:
     return check
 
 
+def _registered(cls: type[Message]) -> bool:
+    """``cls`` is in the registry (its protocol module's ``MESSAGES`` are loaded here
+    on its first message)."""
+    if _TYPES_BY_TAG.get(cls.TYPE) is cls:
+        return True
+    _load_protocol(cls.__module__)
+    return _TYPES_BY_TAG.get(cls.TYPE) is cls
+
+
+def _registered_tag(tag: str) -> type[Message] | None:
+    """The class of a tag not seen yet: every protocol module is loaded, once."""
+    if len(_LOADED) < len(_messages.PROTOCOL_MODULES):
+        for module in _messages.PROTOCOL_MODULES:
+            _load_protocol(module)
+    return _TYPES_BY_TAG.get(tag)
+
+
+def _load_protocol(module: str) -> None:
+    if module in _LOADED or module not in _messages.PROTOCOL_MODULES:
+        return
+    for cls in importlib.import_module(module).MESSAGES:
+        _TYPES_BY_TAG[cls.TYPE] = cls
+    _LOADED.add(module)
+
+
 def _refuse_ext(code: int, data: bytes) -> Any:
     raise WireError(f"msgpack ext type {code} is not allowed")
 
@@ -404,7 +433,7 @@ def compile_all() -> None:
     """Compile every class's checkers now, else each on its first use (a field type
     the codec cannot validate fails here; tests call it). Not at import: that took
     140 ms of every agent's and worker's start, for the few classes each decodes."""
-    for cls in MESSAGE_TYPES:
+    for cls in _messages.registry():
         _record_check(cls, False)
         _record_check(cls, True)
         _fast_check(cls)
@@ -414,7 +443,7 @@ def compile_all() -> None:
 
 
 def _plain_message(msg: Message, *, json_form: bool) -> dict[str, object]:
-    if not isinstance(msg, Message) or type(msg).TYPE not in _TYPES_BY_TAG:
+    if not isinstance(msg, Message) or not _registered(type(msg)):
         raise WireError(f"{type(msg).__name__} is not a registered wire message")
     out: dict[str, object] = {"t": msg.TYPE, "v": PROTOCOL_VERSION}
     for name in _field_names(type(msg)):

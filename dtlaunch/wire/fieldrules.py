@@ -11,37 +11,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from dtlaunch.wire.messages import (
-    PROC_ROLES,
-    PROC_STATES,
-    PS_MODES,
-    PS_OPTIMIZERS,
-    ROLES,
-    STATUS_PHASES,
-    STATUS_SOURCES,
-    STREAMS,
-    Hello,
-    NodeStatus,
-    ProcReport,
-    PsOptimizer,
-    PsStats,
-    Spawn,
-    StatusSnapshot,
-)
+from dtlaunch.wire import messages
+from dtlaunch.wire.messages.base import PROC_STATES, STREAMS
 
 __all__ = ["field_rule"]
 
-# Enumerated string fields, per (class, field): the same name means different
+# Enumerated string fields, per (class name, field): the same name means different
 # sets in different messages (a Hello's role may be "agent", a Spawn's may not).
-_CHOICES: dict[tuple[type[Any], str], tuple[str, ...]] = {
-    (Hello, "role"): ROLES,
-    (Spawn, "role"): PROC_ROLES,
-    (ProcReport, "role"): PROC_ROLES,
-    (PsOptimizer, "name"): PS_OPTIMIZERS,
-    (PsStats, "mode"): PS_MODES,
-    (NodeStatus, "role"): PROC_ROLES,
-    (StatusSnapshot, "phase"): STATUS_PHASES,
-    (StatusSnapshot, "source"): STATUS_SOURCES,
+# The sets are named, not imported: importing them would import every protocol
+# module that ``messages`` imports only when asked (its docstring says why).
+_CHOICES: dict[tuple[str, str], str] = {
+    ("Hello", "role"): "ROLES",
+    ("Spawn", "role"): "PROC_ROLES",
+    ("ProcReport", "role"): "PROC_ROLES",
+    ("PsOptimizer", "name"): "PS_OPTIMIZERS",
+    ("PsStats", "mode"): "PS_MODES",
+    ("NodeStatus", "role"): "PROC_ROLES",
+    ("StatusSnapshot", "phase"): "STATUS_PHASES",
+    ("StatusSnapshot", "source"): "STATUS_SOURCES",
 }
 # These names mean the same thing wherever they appear.
 _CHOICES_BY_NAME: dict[str, tuple[str, ...]] = {"stream": STREAMS, "state": PROC_STATES}
@@ -130,7 +117,8 @@ def field_rule(
     """A field's one rule beyond its type, in this order of precedence: its
     choices, or its lower bound (and whether the bound is excluded), or that it
     is a list of ports."""
-    choices = _CHOICES.get((owner, name)) or _CHOICES_BY_NAME.get(name)
+    named = _CHOICES.get((owner.__name__, name))
+    choices = getattr(messages, named) if named else _CHOICES_BY_NAME.get(name)
     if choices is not None:
         return choices, None, False, False
     if name in _INT_MIN:

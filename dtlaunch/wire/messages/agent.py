@@ -15,6 +15,7 @@ from typing import ClassVar
 from dtlaunch.wire.messages.base import Message, Record
 
 __all__ = [
+    "MESSAGES",
     "AgentBootstrap",
     "AgentHeartbeat",
     "Bye",
@@ -177,3 +178,20 @@ class Stacks(Message):
     TYPE: ClassVar[str] = "stacks"
     request_id: int
     stacks: dict[str, str] = field(default_factory=dict)
+
+
+# This protocol's messages in the registry (``MESSAGE_TYPES``).
+MESSAGES: tuple[type[Message], ...] = (
+    AgentBootstrap,
+    AgentHeartbeat,
+    Spawned,
+    SpawnFailed,
+    Output,
+    Exited,
+    Bye,
+    Spawn,
+    Kill,
+    Shutdown,
+    DumpStacks,
+    Stacks,
+)

@@ -15,6 +15,7 @@ from typing import ClassVar
 from dtlaunch.wire.messages.base import Message, Record
 
 __all__ = [
+    "MESSAGES",
     "AckDone",
     "AckShards",
     "DatasetInfo",
@@ -118,3 +119,15 @@ class AckDone(Message):
 
     TYPE: ClassVar[str] = "ack_done"
     lease_ids: list[int]
+
+
+# This protocol's messages in the registry (``MESSAGE_TYPES``).
+MESSAGES: tuple[type[Message], ...] = (
+    RegisterDataset,
+    DatasetReady,
+    FetchShards,
+    ShardGrant,
+    AckShards,
+    ReleaseShards,
+    AckDone,
+)

@@ -12,6 +12,7 @@ from typing import ClassVar
 from dtlaunch.wire.messages.base import Message, Record
 
 __all__ = [
+    "MESSAGES",
     "PlacementReady",
     "PsPlacedBlock",
     "PsPlacementMap",
@@ -58,3 +59,10 @@ class PlacementReady(Message):
     TYPE: ClassVar[str] = "placement_ready"
     placement: PsPlacementMap | None
     error: str = ""  # non-empty: the registration was refused (another model)
+
+
+# This protocol's messages in the registry (``MESSAGE_TYPES``).
+MESSAGES: tuple[type[Message], ...] = (
+    RegisterPlacement,
+    PlacementReady,
+)

@@ -16,6 +16,7 @@ from typing import ClassVar
 from dtlaunch.wire.messages.base import Message, Record
 
 __all__ = [
+    "MESSAGES",
     "PS_MESSAGE_TYPES",
     "PS_MODES",
     "PS_OPTIMIZERS",
@@ -387,3 +388,6 @@ PS_MESSAGE_TYPES: tuple[type[Message], ...] = (
     PsReply,
     PsPing,
 )
+
+# This protocol's messages in the registry (``MESSAGE_TYPES``).
+MESSAGES = PS_MESSAGE_TYPES

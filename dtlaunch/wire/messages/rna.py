@@ -23,6 +23,7 @@ from typing import ClassVar
 from dtlaunch.wire.messages.base import Message, Record
 
 __all__ = [
+    "MESSAGES",
     "RnaFailed",
     "RnaFormed",
     "RnaGroup",
@@ -174,3 +175,20 @@ class RnaRounds(Message):
     rounds: int
     contributions: list[int]
     sampled: list[RnaRoundRecord] = field(default_factory=list)
+
+
+# This protocol's messages in the registry (``MESSAGE_TYPES``).
+MESSAGES: tuple[type[Message], ...] = (
+    RnaJoin,
+    RnaOpenStore,
+    RnaStoreReady,
+    RnaGroup,
+    RnaFormed,
+    RnaProbe,
+    RnaReady,
+    RnaStart,
+    RnaFailed,
+    RnaLeave,
+    RnaLeft,
+    RnaRounds,
+)

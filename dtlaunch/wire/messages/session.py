@@ -16,6 +16,7 @@ from dtlaunch.wire.messages.agent import ProcReport
 from dtlaunch.wire.messages.base import Message
 
 __all__ = [
+    "MESSAGES",
     "Ack",
     "Hello",
     "Ping",
@@ -76,3 +77,14 @@ class Ack(Message):
     TYPE: ClassVar[str] = "ack"
     ok: bool
     detail: str = ""
+
+
+# This protocol's messages in the registry (``MESSAGE_TYPES``).
+MESSAGES: tuple[type[Message], ...] = (
+    Hello,
+    StopJob,
+    Ping,
+    Welcome,
+    Rehello,
+    Ack,
+)

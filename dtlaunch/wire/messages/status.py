@@ -12,6 +12,7 @@ from typing import ClassVar
 from dtlaunch.wire.messages.base import Message, Record
 
 __all__ = [
+    "MESSAGES",
     "STATUS_PHASES",
     "STATUS_SOURCES",
     "ActionStatus",
@@ -99,3 +100,10 @@ class StatusReply(Message):
     TYPE: ClassVar[str] = "status_reply"
     request_id: int
     snapshot: StatusSnapshot
+
+
+# This protocol's messages in the registry (``MESSAGE_TYPES``).
+MESSAGES: tuple[type[Message], ...] = (
+    StatusRequest,
+    StatusReply,
+)

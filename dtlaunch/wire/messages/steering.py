@@ -16,6 +16,7 @@ from typing import ClassVar
 from dtlaunch.wire.messages.base import Message, Record
 
 __all__ = [
+    "MESSAGES",
     "AdjustBatchSize",
     "AdjustLR",
     "Attached",
@@ -165,3 +166,15 @@ class RegroupGo(Message):
     master_port: int
     source_rank: int = 0
     batch_size: int = 0
+
+
+# This protocol's messages in the registry (``MESSAGE_TYPES``).
+MESSAGES: tuple[type[Message], ...] = (
+    StepReports,
+    AdjustBatchSize,
+    AdjustLR,
+    Attached,
+    Regroup,
+    RegroupReady,
+    RegroupGo,
+)
