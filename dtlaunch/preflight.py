@@ -65,8 +65,8 @@ try:
     from dtlaunch.agent.limits import LimitEnforcer
     s = LimitEnforcer.detect(dry_run=True).support
     r["limits"] = {"memory": s.memory, "cpu": s.cpu, "detail": s.detail}
-    import psutil
-    r["capacity"] = {"cpus": len(os.sched_getaffinity(0)), "memory": psutil.virtual_memory().total}
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # what psutil says
+    r["capacity"] = {"cpus": len(os.sched_getaffinity(0)), "memory": memory}
 except Exception as e:
     r["error"] = "%s: %s" % (type(e).__name__, e)
 p = os.path.abspath(os.path.expanduser(sys.argv[1]))
