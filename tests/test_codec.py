@@ -403,8 +403,11 @@ loaded = lambda: {m.rsplit(".", 1)[1] for m in PROTOCOL_MODULES if m in sys.modu
 assert loaded() == {"agent", "session"}, loaded()  # the wire's face re-exports these two
 msg = Spawn(proc_id="w0", role="worker", rank=0, attempt=0, argv=["x"], env={}, cwd="/")
 assert decode(encode(msg)) == msg and loaded() == {"agent", "session"}, loaded()
-# A tag of a protocol not imported yet: the codec imports the rest, once.
 import msgpack
+# A tag of an imported protocol never sent from here: found without importing more.
+welcome = decode(msgpack.packb({"t": "welcome", "v": 1, "run_id": "r", "heartbeat_interval": 1.0}))
+assert type(welcome).__name__ == "Welcome" and loaded() == {"agent", "session"}, loaded()
+# A tag of a protocol not imported yet: the codec imports the rest, once.
 ping = decode(msgpack.packb({"t": "ps_ping", "v": 1, "request_id": 7}))
 assert type(ping).__name__ == "PsPing" and ping.request_id == 7
 assert loaded() == {m.rsplit(".", 1)[1] for m in PROTOCOL_MODULES}, loaded()

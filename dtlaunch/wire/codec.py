@@ -23,6 +23,7 @@ import dataclasses
 import importlib
 import math
 import reprlib
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -410,8 +411,12 @@ def _registered(cls: type[Message]) -> bool:
 
 
 def _registered_tag(tag: str) -> type[Message] | None:
-    """The class of a tag not seen yet: every protocol module is loaded, once."""
-    if len(_LOADED) < len(_messages.PROTOCOL_MODULES):
+    """The class of a tag not seen yet: from the protocol modules imported already,
+    else every protocol module is imported (once)."""
+    for module in _messages.PROTOCOL_MODULES:
+        if module in sys.modules:
+            _load_protocol(module)
+    if tag not in _TYPES_BY_TAG:
         for module in _messages.PROTOCOL_MODULES:
             _load_protocol(module)
     return _TYPES_BY_TAG.get(tag)
