@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from dtlaunch.wire.keys import load_run_keys
@@ -240,6 +242,63 @@ def test_wrong_python_on_the_hosts_is_a_clear_error(sshd, tmp_path):
     )
     assert result.returncode == 1
     assert "--python" in summary(run_dir)["failures"][0]["error"]
+
+
+def _python_wrapper(path: Path, prelude: str) -> Path:
+    """A --python that runs ``prelude`` (shell) first, then this interpreter."""
+    path.write_text(f'#!/bin/sh\n{prelude}\nexec {sys.executable} "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+def _probe_processes() -> list[int]:
+    """Processes still waiting as a probed, never started agent."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if any("DTLAUNCH-AGENT-PROBE" in part for part in proc.info["cmdline"] or ()):
+            found.append(proc.pid)
+    return found
+
+
+@pytest.mark.parametrize("problem", ["workdir", "version"])
+def test_a_host_that_cannot_run_the_agent_is_refused_with_the_fix(sshd, tmp_path, problem):
+    """One session per host probes, then becomes the agent; a host the probe
+    refuses gets the reason and the fix, and its waiting process ends."""
+    fake = tmp_path / "fake"
+    (fake / "dtlaunch").mkdir(parents=True)
+    (fake / "dtlaunch" / "__init__.py").write_text('__version__ = "0.0.1"\n')
+    python = sys.executable
+    workdir = str(tmp_path)
+    if problem == "workdir":
+        workdir = str(tmp_path / "missing")
+        expected = f"workdir {workdir} does not exist. Fix: create it or pass --workdir"
+    else:
+        python = str(_python_wrapper(tmp_path / "py", f"export PYTHONPATH={fake}"))
+        expected = "is not importable by" + f" {python} (version 0.0.1). Fix: pip install"
+    run_dir = tmp_path / "run"
+    result = run(
+        ["run", "-H", str(hostfile(sshd, tmp_path / "hosts")), "--python", python,
+         "--workdir", workdir, "--run-dir", str(run_dir), "x.py"],
+        env=sshd.env(), timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    errors = [f["error"] for f in summary(run_dir)["failures"]]
+    assert errors and all(expected in e for e in errors), errors
+    wait_until(lambda: not _probe_processes(), timeout=15, what="the refused probes to exit")
+
+
+def test_what_a_login_shell_prints_before_the_probe_is_skipped(sshd, tmp_path):
+    noisy = _python_wrapper(tmp_path / "py", "echo 'Welcome!'; echo '{not the probe}'")
+    run_dir = tmp_path / "run"
+    script = tmp_path / "ok.py"
+    script.write_text("print('trained')\n")
+    result = run(
+        ["run", "-H", str(hostfile(sshd, tmp_path / "hosts")), "--python", str(noisy),
+         "--workdir", str(tmp_path), "--run-dir", str(run_dir), str(script)],
+        env=sshd.env(), timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert summary(run_dir)["status"] == "succeeded"
 
 
 def test_ps_mode_places_servers_by_quota_and_sets_ps_lite_env(sshd, tmp_path):

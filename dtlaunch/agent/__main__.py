@@ -82,12 +82,17 @@ def setup_logging(state_dir: Path) -> None:
         root.addHandler(handler)
 
 
-def main() -> int:
+def main(bootstrap_line: str | None = None) -> int:
+    """Run the agent; its bootstrap is ``bootstrap_line`` when the caller read it
+    already (the launcher's one-session start, ``supervisor.launcher``), else the
+    first line of stdin."""
     # The SSH channel closing must not take the agent (and the job) down.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     logging.raiseExceptions = False
+    if bootstrap_line is None:
+        bootstrap_line = sys.stdin.readline()
     try:
-        boot = parse_bootstrap(sys.stdin.readline())
+        boot = parse_bootstrap(bootstrap_line)
     except (WireError, UnicodeDecodeError) as exc:
         print(
             f"dtlaunch.agent: invalid bootstrap on stdin: {exc}. The supervisor must write "

@@ -4,6 +4,14 @@ Both launchers hand the agent its ``AgentBootstrap`` (which holds the run's CURV
 client secret) as one JSON line on stdin, never in argv, and report how the
 agent ended: ``definite`` when its exit status is known (the process is gone),
 not definite when only the SSH channel closed.
+
+Over SSH, one session and one interpreter per host do both steps: ``prepare``
+starts ``_PROBE_THEN_AGENT``, which prints what the host has (home, dtlaunch's
+version, the workdir) and waits; ``start`` answers with the bootstrap line, on
+which the same process becomes the agent. A host that cannot run the agent gets
+its stdin closed instead, and the process exits. (Two sessions, a probe and
+then the agent, cost a second Python start and SSH session per host: at 256
+loopback hosts, 15 s of CPU.)
 """
 
 from __future__ import annotations
@@ -12,19 +20,18 @@ import asyncio
 import contextlib
 import json
 import logging
-import shlex
 import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 import asyncssh
 
 from dtlaunch.errors import LaunchError, SshError
 from dtlaunch.hostfile import HostSpec
 from dtlaunch.procwait import wait_popen
-from dtlaunch.sshconn import SshOptions, connect, run_remote
+from dtlaunch.sshconn import SshOptions, connect, remote_command
 from dtlaunch.supervisor.jobstate.failures import signal_name
 from dtlaunch.version import __version__
 from dtlaunch.wire.codec import to_dict
@@ -36,8 +43,10 @@ log = logging.getLogger(__name__)
 _SESSION_TIMEOUT_S = 30.0
 
 # What the agent needs on a host, probed before it starts so that a wrong
-# python or a missing workdir is a clear error instead of a silent agent.
-_PROBE = (
+# python or a missing workdir is a clear error instead of a silent agent; then,
+# given a bootstrap line on stdin, the agent itself (an empty line or EOF: exit).
+_PROBE_MARK = "DTLAUNCH-AGENT-PROBE "
+_PROBE_THEN_AGENT = (
     "import json, os, sys\n"
     "out = {'home': os.path.expanduser('~'), 'python': sys.executable}\n"
     "try:\n"
@@ -47,8 +56,15 @@ _PROBE = (
     "    out['version'] = ''\n"
     "    out['import_error'] = repr(err)\n"
     "out['workdir_ok'] = os.path.isdir(sys.argv[1])\n"
-    "print(json.dumps(out))\n"
+    f"sys.stdout.write({_PROBE_MARK!r} + json.dumps(out) + '\\n')\n"
+    "sys.stdout.flush()\n"
+    "line = sys.stdin.readline()\n"
+    "if line.strip():\n"
+    "    from dtlaunch.agent.__main__ import main\n"
+    "    sys.exit(main(line))\n"
 )
+# Lines a login shell may print before the probe's (a motd, a noisy ~/.bashrc).
+_MAX_NOISE_LINES = 200
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,7 +219,7 @@ class SshAgentProcess:
 
 
 class SshLauncher:
-    """Remote hosts: one asyncssh connection per host, agent on an exec channel."""
+    """Remote hosts: one asyncssh connection per host, the agent on an exec channel."""
 
     def __init__(self, *, options: SshOptions, python: str, workdir: str, run_id: str) -> None:
         self._options = options
@@ -211,6 +227,8 @@ class SshLauncher:
         self._workdir = workdir
         self._run_id = run_id
         self._conns: dict[str, asyncssh.SSHClientConnection] = {}
+        # Probed processes waiting for their bootstrap line, by host label.
+        self._waiting: dict[str, asyncssh.SSHClientProcess[bytes]] = {}
 
     async def _connection(self, host: HostSpec) -> asyncssh.SSHClientConnection:
         conn = self._conns.get(host.label)
@@ -220,62 +238,124 @@ class SshLauncher:
         return conn
 
     async def prepare(self, host: HostSpec) -> HostInfo:
+        """Start the host's probe-then-agent process and check what it found; the
+        process waits for ``start``'s bootstrap line."""
+        self._dismiss(host.label)  # an earlier launch's, never started
         try:
             conn = await self._connection(host)
-            status, out, stderr = await run_remote(
-                conn, [self._python, "-c", _PROBE, self._workdir], timeout=_SESSION_TIMEOUT_S
-            )
         except SshError as err:
             raise LaunchError(str(err)) from err
-        if status != 0:
-            problem = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit {status}"
+        command = remote_command([self._python, "-c", _PROBE_THEN_AGENT, self._workdir])
+        proc: asyncssh.SSHClientProcess[bytes] | None = None
+        exit_status: int | None = None
+        stderr = ""
+        try:
+            async with asyncio.timeout(_SESSION_TIMEOUT_S):
+                proc = await conn.create_process(command, encoding=None)
+                probe = await _read_probe(proc)
+                if probe is None:  # it ended without a probe line: python did not run
+                    exit_status = (await proc.wait()).exit_status
+                    stderr = (await proc.stderr.read()).decode("utf-8", "replace")
+        except TimeoutError as err:
+            if proc is not None:
+                _kill(proc)
+            raise LaunchError(
+                f"{host.label}: the probe of {self._python} did not answer within "
+                f"{_SESSION_TIMEOUT_S:g} s. Fix: check the host's load and its sshd (MaxSessions)"
+            ) from err
+        except (asyncssh.Error, OSError) as err:
+            if proc is not None:
+                _kill(proc)
+            raise LaunchError(f"{host.label}: cannot start the agent over ssh: {err}") from err
+        if probe is None:
+            problem = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit {exit_status}"
             raise LaunchError(
                 f"{host.label}: cannot run {self._python} ({problem}). "
                 "Fix: pass --python with the interpreter path on the hosts"
             )
-        probe = json.loads(out.strip().splitlines()[-1])
-        if probe.get("version") != __version__:
-            found = probe.get("import_error") or f"version {probe.get('version')}"
-            raise LaunchError(
-                f"{host.label}: dtlaunch {__version__} is not importable by {self._python} "
-                f"({found}). Fix: pip install dtlaunch=={__version__} on {host.label}, or "
-                "pass --python"
-            )
-        if not probe.get("workdir_ok"):
-            raise LaunchError(
-                f"{host.label}: workdir {self._workdir} does not exist. Fix: create it or pass "
-                "--workdir (a shared file system is assumed, as with mpirun)"
-            )
+        problem = self._refusal(host, probe)
+        if problem:
+            proc.stdin.write_eof()  # the process exits without becoming an agent
+            proc.close()
+            raise LaunchError(problem)
+        self._waiting[host.label] = proc
         sockname = conn.get_extra_info("sockname")
         addr = str(sockname[0]) if sockname else "127.0.0.1"
         state_dir = f"{probe['home']}/.cache/dtlaunch/runs/{self._run_id}/{host.label}"
         return HostInfo(endpoint_addr=addr, state_dir=state_dir)
 
+    def _refusal(self, host: HostSpec, probe: dict[str, object]) -> str:
+        """Why the probed host cannot run the agent, with the fix; "" when it can."""
+        if probe.get("version") != __version__:
+            found = probe.get("import_error") or f"version {probe.get('version')}"
+            return (
+                f"{host.label}: dtlaunch {__version__} is not importable by {self._python} "
+                f"({found}). Fix: pip install dtlaunch=={__version__} on {host.label}, or "
+                "pass --python"
+            )
+        if not probe.get("workdir_ok"):
+            return (
+                f"{host.label}: workdir {self._workdir} does not exist. Fix: create it or pass "
+                "--workdir (a shared file system is assumed, as with mpirun)"
+            )
+        return ""
+
     async def start(self, host: HostSpec, boot: AgentBootstrap, log_path: Path) -> AgentProcess:
-        conn = await self._connection(host)
-        command = shlex.join([self._python, "-m", "dtlaunch.agent"])
+        """Hand the prepared host's process its bootstrap: it becomes the agent."""
+        proc = self._waiting.pop(host.label, None)
+        if proc is None:
+            raise LaunchError(f"{host.label}: no prepared agent process to start (prepare() first)")
         try:
-            async with asyncio.timeout(_SESSION_TIMEOUT_S):
-                proc = await conn.create_process(command, encoding=None)
-        except TimeoutError as err:
-            raise LaunchError(
-                f"{host.label}: sshd opened no session for the agent within "
-                f"{_SESSION_TIMEOUT_S:g} s. Fix: check the host's load and its sshd (MaxSessions)"
-            ) from err
+            proc.stdin.write(_bootstrap_line(boot))
+            proc.stdin.write_eof()
         except (asyncssh.Error, OSError) as err:
-            raise LaunchError(f"{host.label}: cannot start the agent over ssh: {err}") from err
-        proc.stdin.write(_bootstrap_line(boot))
-        proc.stdin.write_eof()
+            _kill(proc)
+            raise LaunchError(f"{host.label}: the agent's ssh session closed: {err}") from err
         pump = asyncio.create_task(_pump_to_file(proc, log_path), name=f"agent-log-{host.label}")
         return SshAgentProcess(proc, pump)
 
+    def _dismiss(self, label: str) -> None:
+        proc = self._waiting.pop(label, None)
+        if proc is not None:
+            with contextlib.suppress(asyncssh.Error, OSError):
+                proc.stdin.write_eof()
+                proc.close()
+
     async def close(self) -> None:
+        for label in list(self._waiting):
+            self._dismiss(label)
         for conn in self._conns.values():
             conn.close()
         for conn in self._conns.values():
             with contextlib.suppress(asyncssh.Error, OSError):
                 await conn.wait_closed()
         self._conns.clear()
+
+
+async def _read_probe(proc: asyncssh.SSHClientProcess[bytes]) -> dict[str, Any] | None:
+    """The probe's report, skipping what the login shell printed first; None when
+    the output ended without one. Raises OSError on a probe line that is not JSON."""
+    for _ in range(_MAX_NOISE_LINES):
+        line = (await proc.stdout.readline()).decode("utf-8", "replace")
+        if not line:
+            return None
+        if line.startswith(_PROBE_MARK):
+            try:
+                report = json.loads(line[len(_PROBE_MARK) :])
+            except ValueError as err:
+                raise OSError(f"garbled probe line {line[:80]!r}") from err
+            if isinstance(report, dict):
+                return report
+            raise OSError(f"garbled probe line {line[:80]!r}")
+    raise OSError(f"no probe line within {_MAX_NOISE_LINES} lines of output")
+
+
+def _kill(proc: asyncssh.SSHClientProcess[bytes]) -> None:
+    # Closing the channel alone leaves the remote command running (no pty, no SIGHUP).
+    with contextlib.suppress(asyncssh.Error, OSError):
+        proc.send_signal("KILL")
+    with contextlib.suppress(asyncssh.Error, OSError):
+        proc.close()
 
 
 async def _pump_to_file(proc: asyncssh.SSHClientProcess[bytes], path: Path) -> None:
