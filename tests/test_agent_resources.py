@@ -41,6 +41,13 @@ def wait_for_descendants(leader: psutil.Process, count: int) -> list[int]:
     return sorted(p.pid for p in found)
 
 
+def wait_until(done, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not done():
+        assert time.monotonic() < deadline, f"waited 30 s for {what}"
+        time.sleep(0.01)
+
+
 def stop(proc: subprocess.Popen[bytes]) -> None:
     os.killpg(proc.pid, 9)
     proc.wait(timeout=30)
@@ -111,7 +118,9 @@ def test_a_command_name_with_spaces_and_parentheses(tmp_path):
     leader = subprocess.Popen(["/bin/sh", "-c", f"'{odd}' 120 & wait"], start_new_session=True)
     try:
         expected = wait_for_descendants(psutil.Process(leader.pid), 1)
-        assert psutil.Process(expected[0]).name().startswith("a) b (c")
+        # Forked, the child is "sh" until it has exec'd the oddly named program.
+        child = psutil.Process(expected[0])
+        wait_until(lambda: child.name().startswith("a) b (c"), "the child to exec")
         table = ParentTable()
         table.refresh()
         assert sorted(table.descendants(leader.pid)) == expected
@@ -123,13 +132,18 @@ def test_a_command_name_with_spaces_and_parentheses(tmp_path):
 def test_the_sampler_counts_the_whole_tree_either_way(tmp_path, shared):
     proc = start_tree(tmp_path)
     try:
-        wait_for_descendants(psutil.Process(proc.pid), 2)
+        leader = psutil.Process(proc.pid)
+        wait_for_descendants(leader, 2)
+        tree = [leader, *leader.children(recursive=True)]
+        # Every process has started and sleeps: their memory no longer moves.
+        wait_until(lambda: all(p.status() == "sleeping" for p in tree), "the tree to sleep")
         table = ParentTable() if shared else None
         if table is not None:
             table.refresh()
         sample = TreeSampler(proc.pid, table).sample()
-        own = psutil.Process(proc.pid).memory_info().rss
+        each = [p.memory_info().rss for p in tree]
         assert sample.state == "running"
-        assert sample.rss_bytes > 2 * own  # the child and the grandchild are counted
+        # The child and the grandchild are counted, each once.
+        assert abs(sample.rss_bytes - sum(each)) < 0.1 * sum(each), (sample, each)
     finally:
         stop(proc)
