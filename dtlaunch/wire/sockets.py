@@ -76,6 +76,90 @@ def _resolve(future: asyncio.Future[bool], signalled: bool) -> None:
         future.set_result(signalled)
 
 
+class _Readiness:
+    """Tells one receiver, on the running event loop, when a plain ZeroMQ socket
+    may hold a message: the loop watches its ``ZMQ_FD``, and ``ZMQ_EVENTS`` is
+    asked before and after every wait (the FD signals changes, not a level).
+
+    The traps, each with a test in ``tests/test_sockets.py``:
+
+    * the number ZeroMQ gave the FD may still be in the loop's table for a
+      closed socket (pyzmq's asyncio poller unregisters its sockets late, or
+      never): adding over that entry would leave the kernel watching nothing, so
+      any entry is removed first, and a wait is bounded (``FD_RECHECK_S``), after
+      which the FD is watched afresh;
+    * the FD is watched level-triggered and stays readable until the socket
+      handles its pending commands: with no receiver waiting, its signal is
+      consumed at once (asking ``ZMQ_EVENTS``), or the loop would spin;
+    * a timer, not ``asyncio.wait_for``, bounds a wait: in Python 3.11 that can
+      swallow a cancellation that comes with the wake-up.
+    """
+
+    def __init__(self, sock: zmq.Socket[bytes], name: str) -> None:
+        self._sock: zmq.Socket[bytes] | None = sock
+        self._name = name
+        self._waiting: asyncio.Future[bool] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # watching the FD
+
+    def watch(self) -> None:
+        """Have the running loop watch the socket's FD (again, if it was already)."""
+        sock = self._sock
+        if sock is None:
+            return
+        loop = asyncio.get_running_loop()
+        if self._loop is not None and self._loop is not loop and not self._loop.is_closed():
+            self._loop.remove_reader(sock.FD)
+        self._loop = loop
+        loop.remove_reader(sock.FD)
+        loop.add_reader(sock.FD, self._signalled)
+
+    async def wait(self, limit: float | None = None) -> None:
+        """Return when a message may be queued, or after ``limit`` seconds."""
+        sock = self._sock
+        if sock is None or int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            return
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self.watch()
+        waiting: asyncio.Future[bool] = loop.create_future()
+        self._waiting = waiting
+        bound = FD_RECHECK_S if limit is None else min(limit, FD_RECHECK_S)
+        recheck = loop.call_later(bound, _resolve, waiting, False)
+        try:
+            signalled = await waiting
+        finally:
+            recheck.cancel()
+            self._waiting = None
+        if not signalled and self._sock is sock and int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            logger.warning(
+                "%s: a message was queued but the loop was not told; watching the "
+                "socket's FD afresh",
+                self._name,
+            )
+            self.watch()
+
+    def _signalled(self) -> None:
+        if self._waiting is not None:
+            _resolve(self._waiting, True)
+        elif self._sock is not None:
+            self._sock.getsockopt(zmq.EVENTS)
+
+    def wake(self) -> None:
+        """A send or close changed the socket's events: a waiting receiver checks
+        ``ZMQ_EVENTS`` itself (a send handles the socket's pending commands, so
+        the FD may have signalled and been consumed)."""
+        if self._waiting is not None:
+            _resolve(self._waiting, True)
+
+    def stop(self) -> None:
+        """Before the socket closes: stop watching, wake a waiting receiver."""
+        if self._sock is not None and self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._sock.FD)
+        self._loop = None
+        self.wake()
+        self._sock = None
+
+
 class _OneClientKey:
     """ZAP credentials provider accepting only the run's client public key."""
 
@@ -108,8 +192,7 @@ class Router:
         self._keys = keys
         self._bind = bind
         self._sock: zmq.Socket[bytes] | None = None
-        self._readable: asyncio.Future[bool] | None = None  # a receiver waits on it
-        self._loop: asyncio.AbstractEventLoop | None = None  # watching the socket's FD
+        self._ready: _Readiness | None = None  # tells the receiver of new messages
         self._auth: AsyncioAuthenticator | None = None
         self._zap: _OneClientKey | None = None
         self._monitor: zmq.asyncio.Socket | None = None
@@ -161,7 +244,8 @@ class Router:
             self.close()
             raise
         self._endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._watch_fd()
+        self._ready = _Readiness(sock, "router")
+        self._ready.watch()
         logger.debug("router bound to %s", self._endpoint)
 
     def _configure(self, sock: zmq.Socket[bytes]) -> None:
@@ -241,63 +325,13 @@ class Router:
                 self._drop(peer, str(exc), len(payload[0]))
 
     async def _until_readable(self, sock: zmq.Socket[bytes]) -> None:
-        """Wait until a message may be queued. ``ZMQ_EVENTS`` is asked first: the
-        FD signalled for messages that arrived before the last receive emptied the
-        queue may not signal again for them.
-
-        The wait is bounded: should the loop ever stop watching the FD (see
-        ``_watch_fd``), a queued message waits at most ``FD_RECHECK_S``, and the FD
-        is watched afresh. (A timer wakes the same future rather than
-        ``asyncio.wait_for``, which in Python 3.11 can swallow a cancellation that
-        comes together with the wake-up, and the receive loop would never end.)"""
-        if int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            return
-        loop = asyncio.get_running_loop()
-        readable: asyncio.Future[bool] = loop.create_future()
-        self._readable = readable
-        recheck = loop.call_later(FD_RECHECK_S, _resolve, readable, False)
-        try:
-            signalled = await readable
-        finally:
-            recheck.cancel()
-            self._readable = None
-        if not signalled and self._sock is sock and int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            logger.warning(
-                "router: a message was queued but the loop was not told; "
-                "watching the socket's FD afresh"
-            )
-            self._watch_fd()
-
-    def _watch_fd(self) -> None:
-        """Have the loop call ``_wake`` when the socket's FD signals.
-
-        The number ZeroMQ gave this socket's FD may still be in the loop's table
-        for a closed socket: pyzmq's asyncio poller (a previous Router's ZAP
-        authenticator) unregisters its sockets late, or never. Adding over such an
-        entry would change its callback but leave the kernel watching nothing, so
-        any entry is removed first; and a late removal of the old entry is what
-        the bounded wait in ``_until_readable`` repairs."""
-        sock = self._started()
-        loop = self._loop = asyncio.get_running_loop()
-        loop.remove_reader(sock.FD)
-        loop.add_reader(sock.FD, self._fd_signalled)
-
-    def _fd_signalled(self) -> None:
-        """ZMQ_FD is readable. It stays readable until the socket handles its
-        pending commands, and the loop watches it level-triggered: with no
-        receiver waiting (the receive loop is busy, or gone at the job's end), ask
-        ``ZMQ_EVENTS`` here, which handles them, or the loop would spin. A receiver
-        asks ``ZMQ_EVENTS`` itself before it waits, so nothing is missed."""
-        if self._readable is not None:
-            _resolve(self._readable, True)
-        elif self._sock is not None:
-            self._sock.getsockopt(zmq.EVENTS)
+        """Wait until a message may be queued (``_Readiness``)."""
+        if self._ready is not None:
+            await self._ready.wait()
 
     def _wake(self) -> None:
-        """A send or close changed the socket's events: a waiting receiver checks
-        ``ZMQ_EVENTS`` itself."""
-        if self._readable is not None:
-            _resolve(self._readable, True)
+        if self._ready is not None:
+            self._ready.wake()
 
     async def send(self, peer: bytes, msg: Message) -> None:
         """Queue ``msg`` for ``peer``; never blocks.
@@ -340,11 +374,9 @@ class Router:
             self._monitor.close(linger=0)
             self._monitor = None
         if self._sock is not None:
-            if self._loop is not None:
-                if not self._loop.is_closed():
-                    self._loop.remove_reader(self._sock.FD)
-                self._loop = None
-            self._wake()  # a receiver waiting on the FD finds the socket closed
+            if self._ready is not None:
+                self._ready.stop()  # a receiver waiting on the FD finds the socket closed
+                self._ready = None
             self._sock.close(linger=0)
             self._sock = None
         # Last: while the ROUTER is open, its ZAP handler must be there.
@@ -410,7 +442,11 @@ class Dealer:
     """A peer's connection to the supervisor's ROUTER (CURVE client).
 
     ``identity`` becomes the routing id; a reconnecting peer with the same id
-    takes over its old connection (ROUTER_HANDOVER).
+    takes over its old connection (ROUTER_HANDOVER). Like the Router, a plain
+    socket whose FD the running loop watches (``_Readiness``): an agent or a
+    worker wakes for each message it gets, and zmq.asyncio's futures and flag
+    arithmetic per receive were most of an idle agent's CPU. One task receives;
+    ``recv`` may run on another loop later (the loop that runs it watches).
     """
 
     def __init__(
@@ -429,7 +465,11 @@ class Dealer:
                 f"routing id {identity[:64]!r} is invalid: it must be 1..255 bytes and "
                 "must not start with a zero byte (ZeroMQ reserves those)"
             )
-        sock = ctx.socket(zmq.DEALER)
+        # (pyzmq's stubs type socket_class as the context's own class only.)
+        sock = typing.cast(
+            "zmq.Socket[bytes]",
+            ctx.socket(zmq.DEALER, socket_class=zmq.Socket),  # type: ignore[arg-type]
+        )
         try:
             sock.curve_serverkey = keys.server_public
             sock.curve_publickey = keys.client.public
@@ -447,7 +487,8 @@ class Dealer:
                 f"cannot connect to the supervisor at {endpoint!r}: {exc}. "
                 "Fix: use tcp://HOST:PORT as printed by the supervisor"
             ) from exc
-        self._sock: zmq.asyncio.Socket | None = sock
+        self._sock: zmq.Socket[bytes] | None = sock
+        self._ready = _Readiness(sock, f"dealer {identity[:64]!r}")
         self.identity = identity
         self.endpoint = endpoint
         self.dropped = 0  # malformed frames dropped by recv
@@ -462,26 +503,32 @@ class Dealer:
         sock = self._open()
         data = encode(msg)
         try:
-            await sock.send(data, flags=zmq.DONTWAIT)
+            sock.send(data, flags=zmq.DONTWAIT)
         except zmq.Again:
             self.send_failures += 1
             logger.debug("dealer %r: queue full, %s not sent", self.identity, msg.TYPE)
             return False
+        finally:
+            self._ready.wake()
         return True
 
     # A timeout parameter, not asyncio.timeout: "nothing arrived" is a normal result here.
     async def recv(self, timeout: float | None = None) -> Message | None:  # noqa: ASYNC109
         """The next valid message, or None after ``timeout`` seconds; bad frames are dropped."""
-        sock = self._open()
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
-            wait_ms = -1 if deadline is None else max(0, int((deadline - loop.time()) * 1000))
-            if not await sock.poll(wait_ms):  # POLLIN; -1 waits forever
-                return None
+            sock = self._open()  # again after each wait: close() wakes a receiver
             try:
-                frames = await sock.recv_multipart(flags=zmq.DONTWAIT)
-            except zmq.Again:  # another reader took it between poll and recv
+                frames = sock.recv_multipart(flags=zmq.DONTWAIT)
+            except zmq.Again:
+                if deadline is None:
+                    await self._ready.wait()
+                else:
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        return None
+                    await self._ready.wait(left)
                 continue
             if len(frames) != 1:
                 self._drop(f"{len(frames)} frames, expected 1", sum(len(f) for f in frames))
@@ -494,6 +541,7 @@ class Dealer:
     def close(self, linger_ms: int = DEALER_CLOSE_LINGER_MS) -> None:
         """Close the socket, waiting up to ``linger_ms`` to flush queued messages."""
         if self._sock is not None:
+            self._ready.stop()
             self._sock.close(linger=linger_ms)
             self._sock = None
 
@@ -508,7 +556,7 @@ class Dealer:
     ) -> None:
         self.close()
 
-    def _open(self) -> zmq.asyncio.Socket:
+    def _open(self) -> zmq.Socket[bytes]:
         if self._sock is None:
             raise RuntimeError("Dealer is closed")
         return self._sock
