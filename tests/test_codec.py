@@ -73,14 +73,8 @@ from dtlaunch.wire.messages import (
 FUZZ = settings(max_examples=300, deadline=None, database=None)
 
 REPORT = ProcReport(
-    proc_id="worker-3",
-    role="worker",
-    rank=3,
-    attempt=1,
-    pid=4242,
-    state="running",
-    rss_bytes=123_456_789,
-    cpu_percent=87.5,
+    proc_id="worker-3", role="worker", rank=3, attempt=1, pid=4242, state="running",
+    rss_bytes=123_456_789, cpu_percent=87.5,
 )
 DATASET = DatasetInfo(dataset_size=1000, shard_size=100, epochs=2, global_batch=64, seed=7)
 
@@ -97,65 +91,34 @@ PLACEMENT = PsPlacementMap(
 
 SAMPLES = [
     AgentBootstrap(
-        run_id="r-1",
-        host="node1",
-        endpoint="tcp://10.0.0.1:45123",
-        server_public="s" * 40,
-        client_public="c" * 40,
-        client_secret="x" * 40,
-        state_dir="/tmp/dtl/r-1/node1",
-        heartbeat_interval=1.0,
-        dead_after=3,
-        orphan_timeout=30.0,
-        kill_grace=5.0,
+        run_id="r-1", host="node1", endpoint="tcp://10.0.0.1:45123",
+        server_public="s" * 40, client_public="c" * 40, client_secret="x" * 40,
+        state_dir="/tmp/dtl/r-1/node1", heartbeat_interval=1.0, dead_after=3,
+        orphan_timeout=30.0, kill_grace=5.0,
     ),
     Hello(
-        role="agent",
-        run_id="r-1",
-        host="node1",
-        pid=100,
-        version="0.1.0",
-        procs=[
-            REPORT,
-            ProcReport(
-                proc_id="server-0", role="server", rank=0, attempt=0, pid=101, state="stopped"
-            ),
-        ],
-        free_ports=[29500, 29501],
-        host_addr="10.0.0.2",
+        role="agent", run_id="r-1", host="node1", pid=100, version="0.1.0",
+        procs=[REPORT, ProcReport(proc_id="server-0", role="server", rank=0, attempt=0,
+                                  pid=101, state="stopped")],
+        free_ports=[29500, 29501], host_addr="10.0.0.2",
     ),
     Hello(role="worker", run_id="r-1", host="node1", pid=7, version="0.1.0", rank=3),
     AgentHeartbeat(seq=17, procs=[REPORT]),
     Spawned(proc_id="worker-3", attempt=1, pid=4242),
     SpawnFailed(proc_id="worker-3", attempt=0, error="cwd /nope does not exist"),
     Output(proc_id="worker-3", attempt=0, stream="stderr", data=b"\xff\x00bin\nary\r\n"),
-    Exited(
-        proc_id="worker-3",
-        attempt=0,
-        pid=4242,
-        exit_code=None,
-        signal=9,
-        runtime_s=12.5,
-        stderr_tail=["Traceback", "Killed"],
-        oom_killed=True,
-    ),
-    Exited(
-        proc_id="server-0", attempt=2, pid=9, exit_code=1, signal=None, runtime_s=0, requested=True
-    ),
+    Exited(proc_id="worker-3", attempt=0, pid=4242, exit_code=None, signal=9, runtime_s=12.5,
+           stderr_tail=["Traceback", "Killed"], oom_killed=True),
+    Exited(proc_id="server-0", attempt=2, pid=9, exit_code=1, signal=None, runtime_s=0,
+           requested=True),
     Bye(reason="orphan timeout"),
     StopJob(),
     Ping(seq=0),
     Welcome(run_id="r-1", heartbeat_interval=0.5),
     Rehello(),
-    Spawn(
-        proc_id="worker-3",
-        role="worker",
-        rank=3,
-        attempt=1,
-        argv=["python", "train.py", "--lr", "0.1"],
-        env={"RANK": "3", "ü": "✓"},
-        cwd="/home/u/job",
-    ),
+    Spawn(proc_id="worker-3", role="worker", rank=3, attempt=1,
+          argv=["python", "train.py", "--lr", "0.1"], env={"RANK": "3", "ü": "✓"},
+          cwd="/home/u/job"),
     Kill(proc_id="worker-3", attempt=1, grace_s=5.0),
     Shutdown(grace_s=2.5, reason="job done"),
     wire_messages.DumpStacks(request_id=3, proc_ids=["worker-0", "server-1"]),
@@ -178,11 +141,7 @@ SAMPLES = [
         reports=[
             StepReport(step=5, batch_size=32, compute_s=0.25, comm_s=0.01, samples=32, age_s=0.1),
             StepReport(
-                step=6,
-                batch_size=32,
-                compute_s=0.25,
-                comm_s=0.01,
-                samples=32,
+                step=6, batch_size=32, compute_s=0.25, comm_s=0.01, samples=32,
                 servers=[ServerComm(server=1, nbytes=4096, comm_s=0.004)],
             ),
         ]
@@ -200,11 +159,7 @@ SAMPLES = [
     wire_messages.RnaOpenStore(gen=2),
     wire_messages.RnaStoreReady(gen=2, port=40123),
     wire_messages.RnaGroup(
-        gen=2,
-        members=[0, 2, 3],
-        store_addr="10.0.0.2",
-        store_port=40123,
-        source_rank=2,
+        gen=2, members=[0, 2, 3], store_addr="10.0.0.2", store_port=40123, source_rank=2,
         timeout_s=30.0,
     ),
     wire_messages.RnaFormed(gen=2, applied=140),
@@ -215,48 +170,21 @@ SAMPLES = [
     wire_messages.RnaLeave(applied=150),
     wire_messages.RnaLeft(round=151),
     wire_messages.RnaRounds(
-        gen=2,
-        members=[0, 2, 3],
-        rounds=9,
-        contributions=[9, 4, 7],
-        sampled=[
-            wire_messages.RnaRoundRecord(
-                round=141, initiator=3, contributors=[0, 3], staleness=[0, 1], comm_s=0.004
-            )
-        ],
+        gen=2, members=[0, 2, 3], rounds=9, contributions=[9, 4, 7],
+        sampled=[wire_messages.RnaRoundRecord(
+            round=141, initiator=3, contributors=[0, 3], staleness=[0, 1], comm_s=0.004
+        )],
     ),
     StatusRequest(request_id=3, run_id="r-1"),
     StatusReply(
         request_id=3,
         snapshot=StatusSnapshot(
-            run_id="r-1",
-            policy="nd:lambda=2",
-            mode="ps",
-            phase="running",
-            source="live",
-            elapsed_s=12.5,
-            shards_done=4,
-            shards_total=10,
-            throughput=99.5,
-            eta_s=None,
-            nodes=[
-                NodeStatus(
-                    role="worker",
-                    rank=2,
-                    host="n1",
-                    proc_state="running",
-                    recent_bpt_s=[0.1, 0.3],
-                    straggler="3.0x the mean BPT",
-                )
-            ],
-            actions=[
-                ActionStatus(
-                    at_s=3.0,
-                    action="KILL_RESTART",
-                    target="worker 2",
-                    reason="persistent straggler",
-                )
-            ],
+            run_id="r-1", policy="nd:lambda=2", mode="ps", phase="running", source="live",
+            elapsed_s=12.5, shards_done=4, shards_total=10, throughput=99.5, eta_s=None,
+            nodes=[NodeStatus(role="worker", rank=2, host="n1", proc_state="running",
+                              recent_bpt_s=[0.1, 0.3], straggler="3.0x the mean BPT")],
+            actions=[ActionStatus(at_s=3.0, action="KILL_RESTART", target="worker 2",
+                                  reason="persistent straggler")],
         ),
     ),
     Hello(
@@ -271,15 +199,14 @@ _PS_UPDATE = wire_messages.PsUpdate(
     version=8, step=7, update_s=0.01, samples=64, applied=[0, 1], dropped=[2]
 )
 SAMPLES += [
-    wire_messages.PsInit(
-        request_id=1, worker=0, optimizer=_PS_OPT, blocks=[_PS_BLOCK], with_data=True, version=6
-    ),
-    wire_messages.PsInitReply(
-        request_id=1, seeded=True, version=4, incarnation=2**47 + 5, recovered_at=3
-    ),
+    wire_messages.PsInit(request_id=1, worker=0, optimizer=_PS_OPT, blocks=[_PS_BLOCK],
+                         with_data=True, version=6),
+    wire_messages.PsInitReply(request_id=1, seeded=True, version=4, incarnation=2**47 + 5,
+                              recovered_at=3),
     wire_messages.PsPull(request_id=2, min_version=7, blocks=[3, 5], incarnation=9),
     wire_messages.PsParams(request_id=2, version=7, blocks=[3, 5], incarnation=9),
-    wire_messages.PsPush(request_id=3, worker=1, step=7, samples=32, blocks=[3, 5], incarnation=9),
+    wire_messages.PsPush(request_id=3, worker=1, step=7, samples=32, blocks=[3, 5],
+                         incarnation=9),
     wire_messages.PsPushAck(request_id=3, step=7, accepted=False, version=8, incarnation=9),
     wire_messages.PsMembership(request_id=4, workers=[0, 1, 3], backup=1),
     wire_messages.PsLeave(request_id=5, worker=2),
@@ -293,21 +220,11 @@ SAMPLES += [
     wire_messages.PsExported(request_id=7, version=8, optimizer=_PS_OPT, blocks=[_PS_STATE]),
     wire_messages.PsImport(request_id=8, version=8, optimizer=_PS_OPT, blocks=[_PS_STATE]),
     wire_messages.PsStatsRequest(request_id=9, since_version=2),
-    wire_messages.PsStats(
-        request_id=9,
-        server=1,
-        version=8,
-        mode="bsp",
-        backup=1,
-        workers=[0, 1],
-        blocks=[3],
-        updates=[_PS_UPDATE],
-        incarnation=9,
-    ),
+    wire_messages.PsStats(request_id=9, server=1, version=8, mode="bsp", backup=1,
+                          workers=[0, 1], blocks=[3], updates=[_PS_UPDATE], incarnation=9),
     wire_messages.PsShutdown(request_id=10),
-    wire_messages.PsReply(
-        request_id=10, ok=False, version=8, detail="not seeded", incarnation=9, holding=True
-    ),
+    wire_messages.PsReply(request_id=10, ok=False, version=8, detail="not seeded",
+                          incarnation=9, holding=True),
     wire_messages.PsReply(request_id=10, ok=False, version=9, placement_version=2),
     wire_messages.PsPing(request_id=11, awaiting=10),
 ]
@@ -320,15 +237,8 @@ def pack(obj) -> bytes:
 
 
 def hello_fields(**changes):
-    fields = {
-        "t": "hello",
-        "v": PROTOCOL_VERSION,
-        "role": "agent",
-        "run_id": "r",
-        "host": "h",
-        "pid": 1,
-        "version": "0.1.0",
-    }
+    fields = {"t": "hello", "v": PROTOCOL_VERSION, "role": "agent", "run_id": "r", "host": "h",
+              "pid": 1, "version": "0.1.0"}
     fields.update(changes)
     return {k: v for k, v in fields.items() if v is not ...}
 
@@ -434,21 +344,14 @@ def test_to_dict_is_json_and_round_trips(msg):
 def test_nested_records_are_plain_maps():
     raw = msgpack.unpackb(encode(AgentHeartbeat(seq=1, procs=[REPORT])))
     assert raw["procs"][0] == {
-        "proc_id": "worker-3",
-        "role": "worker",
-        "rank": 3,
-        "attempt": 1,
-        "pid": 4242,
-        "state": "running",
-        "rss_bytes": 123_456_789,
-        "cpu_percent": 87.5,
+        "proc_id": "worker-3", "role": "worker", "rank": 3, "attempt": 1, "pid": 4242,
+        "state": "running", "rss_bytes": 123_456_789, "cpu_percent": 87.5,
     }
 
 
 def test_int_is_accepted_for_float_and_becomes_float():
-    msg = decode(
-        pack({"t": "welcome", "v": PROTOCOL_VERSION, "run_id": "r", "heartbeat_interval": 2})
-    )
+    msg = decode(pack({"t": "welcome", "v": PROTOCOL_VERSION, "run_id": "r",
+                       "heartbeat_interval": 2}))
     assert msg == Welcome(run_id="r", heartbeat_interval=2.0)
     assert type(msg.heartbeat_interval) is float
 
@@ -479,11 +382,8 @@ def test_from_dict_checks_tags_when_present():
 
 
 def test_wrong_version_names_both_versions():
-    text = refused(
-        {**PING, "v": PROTOCOL_VERSION + 1},
-        f"version {PROTOCOL_VERSION + 1}",
-        f"speaks {PROTOCOL_VERSION}",
-    )
+    text = refused({**PING, "v": PROTOCOL_VERSION + 1}, f"version {PROTOCOL_VERSION + 1}",
+                   f"speaks {PROTOCOL_VERSION}")
     assert "same dtlaunch version" in text
     # A newer peer's unknown message type is reported as the version problem it is.
     refused({"t": "from_the_future", "v": 7}, "version 7")
@@ -506,31 +406,18 @@ def test_wrong_version_names_both_versions():
         ({**PING, "seq": -1}, "ping.seq: -1 is out of range"),
         ({"t": "ack", "v": 1, "ok": 1}, "ack.ok: expected bool, got int"),
         ({"t": "bye", "v": 1, "reason": b"bytes"}, "bye.reason: expected str, got bytes"),
-        (
-            {
-                "t": "output",
-                "v": 1,
-                "proc_id": "w",
-                "attempt": 0,
-                "stream": "stdout",
-                "data": "text",
-            },
-            "output.data: expected bytes, got str",
-        ),
-        (
-            {"t": "output", "v": 1, "proc_id": "w", "attempt": 0, "stream": "stdin", "data": b""},
-            "'stdin' is not one of stdout, stderr",
-        ),
+        ({"t": "output", "v": 1, "proc_id": "w", "attempt": 0, "stream": "stdout",
+          "data": "text"}, "output.data: expected bytes, got str"),
+        ({"t": "output", "v": 1, "proc_id": "w", "attempt": 0, "stream": "stdin",
+          "data": b""}, "'stdin' is not one of stdout, stderr"),
         ({"t": "welcome", "v": 1, "run_id": "r", "heartbeat_interval": True}, "got bool"),
         ({"t": "welcome", "v": 1, "run_id": "r", "heartbeat_interval": 0}, "must be > 0"),
         ({"t": "kill", "v": 1, "proc_id": "w", "attempt": 0, "grace_s": -1.0}, "must be >= 0"),
         ({"t": "spawned", "v": 1, "proc_id": "w", "attempt": 0, "pid": 0}, "pid: 0 is out"),
         ({"t": "spawned", "v": 1, "proc_id": "w", "attempt": -1, "pid": 5}, "attempt: -1"),
         ({"t": "ps_ping_x", "v": 1}, "unknown message type"),
-        (
-            {"t": "ps_reply", "v": 1, "request_id": 1, "ok": True, "incarnation": -3},
-            "ps_reply.incarnation: -3 is out of range",
-        ),
+        ({"t": "ps_reply", "v": 1, "request_id": 1, "ok": True, "incarnation": -3},
+         "ps_reply.incarnation: -3 is out of range"),
         (hello_fields(role="worker", rank=-2), "hello.rank: -2 is out of range"),
         (hello_fields(role="root"), "hello.role: 'root' is not one of agent, worker"),
         (hello_fields(free_ports=[80, 70000]), "hello.free_ports[1]: 70000 is not a TCP port"),
@@ -542,114 +429,22 @@ def test_wrong_version_names_both_versions():
         (hello_fields(procs="none"), "hello.procs: expected a list, got str"),
         (hello_fields(host=None), "hello.host: expected str, got null"),
         (hello_fields(pid=...), "missing required field(s) pid"),
-        (
-            {
-                "t": "spawn",
-                "v": 1,
-                "proc_id": "w",
-                "role": "agent",
-                "rank": 0,
-                "attempt": 0,
-                "argv": [],
-                "env": {},
-                "cwd": "/",
-            },
-            "spawn.role: 'agent' is not one of worker, server",
-        ),
-        (
-            {
-                "t": "spawn",
-                "v": 1,
-                "proc_id": "w",
-                "role": "worker",
-                "rank": 0,
-                "attempt": 0,
-                "argv": ["a", 1],
-                "env": {},
-                "cwd": "/",
-            },
-            "spawn.argv[1]: expected str, got int",
-        ),
-        (
-            {
-                "t": "spawn",
-                "v": 1,
-                "proc_id": "w",
-                "role": "worker",
-                "rank": 0,
-                "attempt": 0,
-                "argv": [],
-                "env": {"K": 1},
-                "cwd": "/",
-            },
-            "spawn.env['K']: expected str, got int",
-        ),
-        (
-            {
-                "t": "spawn",
-                "v": 1,
-                "proc_id": "w",
-                "role": "worker",
-                "rank": 0,
-                "attempt": 0,
-                "argv": [],
-                "env": {b"K": "v"},
-                "cwd": "/",
-            },
-            "spawn.env: key b'K' is not a string",
-        ),
-        (
-            {
-                "t": "exited",
-                "v": 1,
-                "proc_id": "w",
-                "attempt": 0,
-                "pid": 3,
-                "exit_code": "1",
-                "signal": None,
-                "runtime_s": 1.0,
-            },
-            "exited.exit_code: expected int | None, got str",
-        ),
-        (
-            {
-                "t": "exited",
-                "v": 1,
-                "proc_id": "w",
-                "attempt": 0,
-                "pid": 3,
-                "exit_code": None,
-                "signal": 0,
-                "runtime_s": 1.0,
-            },
-            "exited.signal: 0 is out of range",
-        ),
-        (
-            {
-                "t": "exited",
-                "v": 1,
-                "proc_id": "w",
-                "attempt": 0,
-                "pid": 3,
-                "exit_code": 0,
-                "signal": None,
-                "runtime_s": float("nan"),
-            },
-            "is not a finite number",
-        ),
-        (
-            {
-                "t": "exited",
-                "v": 1,
-                "proc_id": "w",
-                "attempt": 0,
-                "pid": 3,
-                "exit_code": 0,
-                "signal": None,
-                "runtime_s": float("inf"),
-            },
-            "is not a finite number",
-        ),
+        ({"t": "spawn", "v": 1, "proc_id": "w", "role": "agent", "rank": 0, "attempt": 0,
+          "argv": [], "env": {}, "cwd": "/"}, "spawn.role: 'agent' is not one of worker, server"),
+        ({"t": "spawn", "v": 1, "proc_id": "w", "role": "worker", "rank": 0, "attempt": 0,
+          "argv": ["a", 1], "env": {}, "cwd": "/"}, "spawn.argv[1]: expected str, got int"),
+        ({"t": "spawn", "v": 1, "proc_id": "w", "role": "worker", "rank": 0, "attempt": 0,
+          "argv": [], "env": {"K": 1}, "cwd": "/"}, "spawn.env['K']: expected str, got int"),
+        ({"t": "spawn", "v": 1, "proc_id": "w", "role": "worker", "rank": 0, "attempt": 0,
+          "argv": [], "env": {b"K": "v"}, "cwd": "/"}, "spawn.env: key b'K' is not a string"),
+        ({"t": "exited", "v": 1, "proc_id": "w", "attempt": 0, "pid": 3, "exit_code": "1",
+          "signal": None, "runtime_s": 1.0}, "exited.exit_code: expected int | None, got str"),
+        ({"t": "exited", "v": 1, "proc_id": "w", "attempt": 0, "pid": 3, "exit_code": None,
+          "signal": 0, "runtime_s": 1.0}, "exited.signal: 0 is out of range"),
+        ({"t": "exited", "v": 1, "proc_id": "w", "attempt": 0, "pid": 3, "exit_code": 0,
+          "signal": None, "runtime_s": float("nan")}, "is not a finite number"),
+        ({"t": "exited", "v": 1, "proc_id": "w", "attempt": 0, "pid": 3, "exit_code": 0,
+          "signal": None, "runtime_s": float("inf")}, "is not a finite number"),
     ],
 )
 def test_bad_fields_are_refused_with_a_path(frame, fragment):
@@ -661,14 +456,8 @@ def test_bad_fields_are_refused_with_a_path(frame, fragment):
 
 
 def test_record_state_and_role_are_enumerated():
-    report = {
-        "proc_id": "w-0",
-        "role": "worker",
-        "rank": 0,
-        "attempt": 0,
-        "pid": 1,
-        "state": "running",
-    }
+    report = {"proc_id": "w-0", "role": "worker", "rank": 0, "attempt": 0, "pid": 1,
+              "state": "running"}
     assert decode(pack(hello_fields(procs=[report]))).procs[0].state == "running"
     refused(hello_fields(procs=[{**report, "state": "dead"}]), "hello.procs[0].state: 'dead'")
     refused(hello_fields(procs=[{**report, "role": "agent"}]), "hello.procs[0].role: 'agent'")
@@ -699,16 +488,8 @@ def test_oversized_frame_is_refused_before_unpacking():
     limit_ok = pack({"t": "bye", "v": 1, "reason": "x" * 100})
     assert decode(limit_ok) == Bye(reason="x" * 100)
     # Valid msgpack, so only the size check can refuse it.
-    huge = pack(
-        {
-            "t": "output",
-            "v": 1,
-            "proc_id": "w",
-            "attempt": 0,
-            "stream": "stdout",
-            "data": b"\0" * MAX_MESSAGE_BYTES,
-        }
-    )
+    huge = pack({"t": "output", "v": 1, "proc_id": "w", "attempt": 0, "stream": "stdout",
+                 "data": b"\0" * MAX_MESSAGE_BYTES})
     refused(huge, f"{len(huge)} bytes is over the {MAX_MESSAGE_BYTES}-byte limit")
 
 
@@ -727,24 +508,20 @@ def test_encode_refuses_what_a_receiver_would_drop():
     with pytest.raises(WireError, match="smaller chunks"):
         encode(Output(proc_id="w", attempt=0, stream="stdout", data=b"\0" * MAX_MESSAGE_BYTES))
     with pytest.raises(WireError, match="not a registered wire message"):
-        encode(ProcReport(proc_id="w", role="worker", rank=0, attempt=0, pid=1, state="running"))  # type: ignore[arg-type]
+        encode(ProcReport(proc_id="w", role="worker", rank=0, attempt=0, pid=1,
+                          state="running"))  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------- fuzzing
 
 scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
-    | st.floats(allow_nan=True)
-    | st.text(max_size=20)
-    | st.binary(max_size=20)
+    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=True) | st.text(max_size=20) | st.binary(max_size=20)
 )
 values = st.recursive(
     scalars,
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=4),
     max_leaves=20,
 )
 
@@ -789,11 +566,8 @@ def test_fuzz_mutated_valid_messages(msg, action, data):
 
 
 @FUZZ
-@given(
-    st.binary(max_size=2000),
-    st.sampled_from(["stdout", "stderr"]),
-    st.integers(min_value=0, max_value=2**31),
-)
+@given(st.binary(max_size=2000), st.sampled_from(["stdout", "stderr"]),
+       st.integers(min_value=0, max_value=2**31))
 def test_fuzz_output_round_trip(data, stream, attempt):
     msg = Output(proc_id="worker-0", attempt=attempt, stream=stream, data=data)
     assert decode(encode(msg)) == msg
@@ -808,16 +582,10 @@ def test_fuzz_output_round_trip(data, stream, attempt):
     st.floats(min_value=0, max_value=1e9, allow_nan=False),
 )
 def test_fuzz_spawn_and_exited_round_trip(argv, env, exit_code, runtime):
-    spawn = Spawn(proc_id="server-1", role="server", rank=1, attempt=0, argv=argv, env=env, cwd="/")
-    exited = Exited(
-        proc_id="server-1",
-        attempt=0,
-        pid=2,
-        exit_code=exit_code,
-        signal=None,
-        runtime_s=runtime,
-        stderr_tail=argv,
-    )
+    spawn = Spawn(proc_id="server-1", role="server", rank=1, attempt=0, argv=argv, env=env,
+                  cwd="/")
+    exited = Exited(proc_id="server-1", attempt=0, pid=2, exit_code=exit_code, signal=None,
+                    runtime_s=runtime, stderr_tail=argv)
     for msg in (spawn, exited):
         assert decode(encode(msg)) == msg
         assert from_dict(type(msg), json.loads(json.dumps(to_dict(msg)))) == msg
