@@ -104,22 +104,15 @@ async def send(dealer: Dealer, msg: Message) -> bool:
     body = _plain(msg)
     assert isinstance(body, dict)
     body.update(t=msg.TYPE, v=PROTOCOL_VERSION)
-    try:
-        await dealer._open().send(
-            msgpack.packb(body, use_bin_type=True), flags=zmq.DONTWAIT
-        )
-    except zmq.Again:
-        return False
-    return True
+    return await dealer.send_frame(msgpack.packb(body, use_bin_type=True))
 
 
 async def recv(dealer: Dealer) -> Message | None:
     """``Dealer.recv``, decoding a big frame once for every worker that gets it: in a
     real job each worker decodes its copy on its own core."""
-    frames = await dealer._open().recv_multipart()
-    if len(frames) != 1:
+    payload = await dealer.recv_frame()
+    if payload is None:
         return None
-    payload = frames[0]
     if len(payload) < 1024:
         return decode(payload)
     msg = _DECODED.get(payload)

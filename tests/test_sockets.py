@@ -291,7 +291,7 @@ def test_recv_many_takes_what_is_queued_without_waiting_for_more(keys):
                 dealer = Dealer(ctx, router.endpoint, keys.peer(), b"worker:0@0")
                 for seq in range(5):
                     await dealer.send(Ping(seq=seq))
-                dealer._open().send(b"not msgpack")  # dropped by the codec
+                await dealer.send_frame(b"not msgpack")  # dropped by the codec
                 await dealer.send(Ping(seq=5))
                 first = [await router.recv()]
                 await asyncio.sleep(0.3)  # the rest is queued by now

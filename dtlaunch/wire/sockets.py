@@ -500,13 +500,17 @@ class Dealer:
         Raises:
             WireError: ``msg`` cannot be encoded (a bug in the caller).
         """
+        return await self.send_frame(encode(msg))
+
+    async def send_frame(self, data: bytes) -> bool:
+        """Queue one frame encoded already (``send`` encodes it; a load simulator
+        may pack its own); False (and counted) when the queue is full."""
         sock = self._open()
-        data = encode(msg)
         try:
             sock.send(data, flags=zmq.DONTWAIT)
         except zmq.Again:
             self.send_failures += 1
-            logger.debug("dealer %r: queue full, %s not sent", self.identity, msg.TYPE)
+            logger.debug("dealer %r: queue full, %d bytes not sent", self.identity, len(data))
             return False
         finally:
             self._ready.wake()
@@ -515,6 +519,21 @@ class Dealer:
     # A timeout parameter, not asyncio.timeout: "nothing arrived" is a normal result here.
     async def recv(self, timeout: float | None = None) -> Message | None:  # noqa: ASYNC109
         """The next valid message, or None after ``timeout`` seconds; bad frames are dropped."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            frame = await self.recv_frame(left)
+            if frame is None:
+                return None
+            try:
+                return decode(frame)
+            except WireError as exc:
+                self._drop(str(exc), len(frame))
+
+    async def recv_frame(self, timeout: float | None = None) -> bytes | None:  # noqa: ASYNC109
+        """The next one-frame message, not decoded (``recv`` decodes it), or None
+        after ``timeout`` seconds; messages of several frames are dropped."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
@@ -533,10 +552,7 @@ class Dealer:
             if len(frames) != 1:
                 self._drop(f"{len(frames)} frames, expected 1", sum(len(f) for f in frames))
                 continue
-            try:
-                return decode(frames[0])
-            except WireError as exc:
-                self._drop(str(exc), len(frames[0]))
+            return frames[0]
 
     def close(self, linger_ms: int = DEALER_CLOSE_LINGER_MS) -> None:
         """Close the socket, waiting up to ``linger_ms`` to flush queued messages."""
