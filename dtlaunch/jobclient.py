@@ -1,4 +1,4 @@
-"""Talk to a running supervisor from outside: ``dtlaunch stop`` and ``dtlaunch status``.
+"""Talk to a running supervisor from outside: ``dtlaunch stop``, ``scale`` and ``status``.
 
 Uses the run directory's CURVE client key, so only someone who can read the run
 directory (mode 0700 keys) can control the job.
@@ -16,7 +16,7 @@ from typing import Any
 
 import zmq.asyncio
 
-from dtlaunch.errors import DtlaunchError, RunDirError
+from dtlaunch.errors import ConfigError, DtlaunchError, RunDirError
 from dtlaunch.supervisor.rundir import RunDir
 from dtlaunch.supervisor.status.tracker import STATUS_PREFIX
 from dtlaunch.ui.status_model import snapshot_from_run_dir
@@ -25,6 +25,8 @@ from dtlaunch.wire.keys import load_run_keys
 from dtlaunch.wire.messages import (
     Ack,
     Hello,
+    Message,
+    ScaleJob,
     StatusReply,
     StatusRequest,
     StatusSnapshot,
@@ -33,7 +35,7 @@ from dtlaunch.wire.messages import (
 )
 from dtlaunch.wire.sockets import Dealer
 
-__all__ = ["StatusSource", "request_stop"]
+__all__ = ["StatusSource", "request_scale", "request_stop"]
 
 # After --timeout without an answer the event log is folded, and an answer that
 # still comes meanwhile wins: a busy supervisor answers in seconds, while folding
@@ -47,6 +49,26 @@ async def request_stop(run_dir: Path, *, timeout: float) -> str:  # noqa: ASYNC1
     Raises:
         RunDirError: not a run directory, the job already ended, or no answer.
     """
+    answer = await _control_request(run_dir, StopJob(reason="dtlaunch stop"), timeout=timeout)
+    return f"stop requested: {answer.detail}"
+
+
+async def request_scale(run_dir: Path, *, workers: int, timeout: float) -> str:  # noqa: ASYNC109
+    """Ask the supervisor of ``run_dir`` to run ``workers`` workers; returns its answer.
+
+    Raises:
+        RunDirError: not a run directory, the job already ended, or no answer.
+        ConfigError: the supervisor refused (its reason and the fix).
+    """
+    request = ScaleJob(workers=workers, reason="dtlaunch scale")
+    answer = await _control_request(run_dir, request, timeout=timeout)
+    if not answer.ok:
+        raise ConfigError(f"scale refused: {answer.detail}")
+    return f"scaling: {answer.detail}"
+
+
+async def _control_request(run_dir: Path, request: Message, *, timeout: float) -> Ack:  # noqa: ASYNC109
+    """Say Hello as a control client, send ``request``, return the supervisor's Ack."""
     run = RunDir.open(run_dir)
     if run.summary_path.exists():
         raise RunDirError(f"the job in {run_dir} has already ended (see summary.json)")
@@ -71,13 +93,16 @@ async def request_stop(run_dir: Path, *, timeout: float) -> str:  # noqa: ASYNC1
                     f"no supervisor answers at {info['endpoint']} (pid {info['pid']}): the job "
                     "has ended or its supervisor died"
                 )
-            await dealer.send(StopJob(reason="dtlaunch stop"))
+            await dealer.send(request)
             while True:
                 answer = await dealer.recv(timeout=timeout)
                 if answer is None:
-                    raise RunDirError("the supervisor did not acknowledge the stop request")
+                    raise RunDirError(
+                        f"the supervisor did not answer the {request.TYPE} request "
+                        f"within {timeout:g} s"
+                    )
                 if isinstance(answer, Ack):
-                    return f"stop requested: {answer.detail}"
+                    return answer
     finally:
         ctx.destroy(linger=0)
 

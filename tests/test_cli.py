@@ -282,7 +282,7 @@ def test_help_lists_the_commands_in_their_order():
     group = typer.main.get_command(app)
     assert isinstance(group, typer.core.TyperGroup)
     names = group.list_commands(typer.Context(group))
-    assert names == ["run", "check", "stop", "replay", "status", "logs", "wal"]
+    assert names == ["run", "check", "stop", "scale", "replay", "status", "logs", "wal"]
 
 
 def test_run_options_are_the_run_commands_options():

@@ -66,6 +66,7 @@ from dtlaunch.wire.messages import (
     StatusSnapshot,
     StepReport,
     StepReports,
+    ScaleJob,
     StopJob,
     Welcome,
 )
@@ -113,6 +114,7 @@ SAMPLES = [
            requested=True),
     Bye(reason="orphan timeout"),
     StopJob(),
+    ScaleJob(workers=3),
     Ping(seq=0),
     Welcome(run_id="r-1", heartbeat_interval=0.5),
     Rehello(),

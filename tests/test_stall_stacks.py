@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from dtlaunch.agent import stacks as agent_stacks
-from dtlaunch.supervisor.stacks import StackRequests, innermost_frames
+from dtlaunch.supervisor.control.stacks import StackRequests, innermost_frames
 from dtlaunch.wire.messages import DumpStacks, Stacks
 
 # "ready" comes from inside the frame: printed before the call, a SIGSTOP right

@@ -7,7 +7,7 @@ out, handed to the layers below. No job logic lives here.
 - ``jobfile``   ``dtlaunch run --config job.toml`` and ``--print-config``: the job
                 file as the command's defaults, and where each value came from
 - ``hosts``     ``dtlaunch check``: the pre-flight of every host (``dtlaunch.preflight``)
-- ``control``   ``dtlaunch stop`` (``dtlaunch.jobclient``) and ``dtlaunch wal repair``
+- ``control``   ``dtlaunch stop`` and ``scale`` (``dtlaunch.jobclient``), ``dtlaunch wal repair``
 - ``replay``    ``dtlaunch replay``: timeline, ``--follow``, ``--plot``, ``--policy`` what-if
 - ``status``    ``dtlaunch status``: the live view
 - ``logs``      ``dtlaunch logs``: the processes' logs with the console's prefixes,
@@ -28,6 +28,7 @@ __all__ = ["app", "main"]
 app.command(context_settings=run.CONTEXT_SETTINGS)(run.run)
 app.command()(hosts.check)
 app.command()(control.stop)
+app.command()(control.scale)
 app.command()(replay.replay)
 app.command()(status.status)
 app.command()(logs.logs)

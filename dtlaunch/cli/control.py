@@ -1,5 +1,5 @@
-"""Commands that act on a run directory: ``dtlaunch stop`` (through the running
-supervisor, ``dtlaunch.jobclient``) and ``dtlaunch wal repair``."""
+"""Commands that act on a run directory: ``dtlaunch stop`` and ``dtlaunch scale``
+(through the running supervisor, ``dtlaunch.jobclient``) and ``dtlaunch wal repair``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import typer
 from dtlaunch.cli.app import fail, setup_logging
 from dtlaunch.errors import DtlaunchError
 
-__all__ = ["stop", "wal_app", "wal_repair"]
+__all__ = ["scale", "stop", "wal_app", "wal_repair"]
 
 
 def stop(
@@ -25,6 +25,35 @@ def stop(
 
     try:
         detail = asyncio.run(request_stop(run_dir, timeout=timeout))
+    except DtlaunchError as err:
+        raise fail(err, code=1) from None
+    print(f"dtlaunch: {detail}")
+
+
+def scale(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory of the job to scale.")],
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            help="Workers to run from now on: new ranks start on free slots (spare hosts "
+            "first), the highest ranks stop and their data goes back to the queue.",
+        ),
+    ],
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the supervisor.")] = 10.0,
+) -> None:
+    """Change a running job's number of workers (parameter-server jobs).
+
+    The job goes on: new workers fetch data shards as they start and the
+    servers' steps wait for them from their first step; removed workers stop and
+    their unfinished shards are read again by the others. A resumed supervisor
+    keeps the new count.
+    """
+    setup_logging(False)
+    from dtlaunch.jobclient import request_scale
+
+    try:
+        detail = asyncio.run(request_scale(run_dir, workers=workers, timeout=timeout))
     except DtlaunchError as err:
         raise fail(err, code=1) from None
     print(f"dtlaunch: {detail}")

@@ -586,6 +586,7 @@ class PsServer(Migrations):
                 incarnation=self.incarnation,
                 redirected=self._moved.redirected,
                 now_s=time.monotonic(),
+                assigned=sorted(store.assigned),
             ),
         )
 

@@ -220,7 +220,12 @@ class ParamStore:
 
         A worker that left (``leave``) is not taken back: its loop ended, and a
         membership sent before its leave arrived must not make steps wait for it.
+        A worker new to the membership is a new process (``dtlaunch scale`` added
+        its rank, perhaps again): whatever its rank's last process said is forgotten.
         """
+        added = set(workers) - self.assigned
+        self.left -= added
+        self.idle -= added
         self.assigned = set(workers)
         self._joining = {w: s for w, s in self._joining.items() if w in self.assigned}
         self.members = self.assigned - self.left - self.idle - set(self._joining)

@@ -10,6 +10,7 @@ never go here: the CURVE keys are files, and the agent adds their folder as
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dtlaunch.config import JobSpec
@@ -49,11 +50,19 @@ def process_argv(
 
 
 def process_env(
-    ctx: LaunchContext, slot: ProcSlot, master_addr: str, master_port: int
+    ctx: LaunchContext,
+    slot: ProcSlot,
+    master_addr: str,
+    master_port: int,
+    *,
+    workers: Sequence[int] | None = None,
 ) -> dict[str, str]:
+    """``workers``: the job's worker ranks now (a ``dtlaunch scale`` changes them;
+    None: the spec's ``0..workers-1``)."""
     spec = ctx.spec
     a = slot.assignment
-    role_world = spec.workers if a.role == "worker" else spec.servers
+    ranks = list(range(spec.workers)) if workers is None else list(workers)
+    role_world = len(ranks) if a.role == "worker" else spec.servers
     if spec.framework == "tf" and spec.mode == "ps" and a.role == "worker":
         # Only the chief runs the script (and reads the data): it is the world of
         # torchrun's variables and of the SDK's batches.
@@ -110,7 +119,7 @@ def process_env(
         env.update(
             {
                 "DMLC_ROLE": a.role,
-                "DMLC_NUM_WORKER": str(spec.workers),
+                "DMLC_NUM_WORKER": str(len(ranks)),
                 "DMLC_NUM_SERVER": str(spec.servers),
                 # PS mode has no torch.distributed store, so its port is free for ps-lite.
                 "DMLC_PS_ROOT_URI": master_addr,
@@ -119,7 +128,7 @@ def process_env(
         )
         env["DMLC_WORKER_ID" if a.role == "worker" else "DMLC_SERVER_ID"] = str(a.rank)
     if builtin_ps(spec):
-        env.update(ps_env(ctx, slot))
+        env.update(ps_env(ctx, slot, ranks))
     if spec.framework == "tf":
         cluster = {kind: list(addresses) for kind, addresses in slot.tf_cluster}
         env["TF_CONFIG"] = tf_config(cluster, a.role, a.rank, ps_mode=spec.mode == "ps")
@@ -166,7 +175,7 @@ def builtin_ps(spec: JobSpec) -> bool:
     )
 
 
-def ps_env(ctx: LaunchContext, slot: ProcSlot) -> dict[str, str]:
+def ps_env(ctx: LaunchContext, slot: ProcSlot, workers: Sequence[int]) -> dict[str, str]:
     """What the built-in PS server and its clients read (``dtlaunch.ps.config``)."""
     spec = ctx.spec
     if slot.role == "worker":
@@ -180,7 +189,7 @@ def ps_env(ctx: LaunchContext, slot: ProcSlot) -> dict[str, str]:
     env = {
         "DTLAUNCH_PS_BIND": f"tcp://*:{slot.listen_port}",
         "DTLAUNCH_PS_MODE": spec.ps_consistency,
-        "DTLAUNCH_PS_WORKERS": ",".join(str(r) for r in range(spec.workers)),
+        "DTLAUNCH_PS_WORKERS": ",".join(str(r) for r in workers),
         "DTLAUNCH_PS_SNAPSHOT": snapshot,
     }
     if spec.ps_snapshot_interval > 0:
@@ -193,14 +202,21 @@ def ps_env(ctx: LaunchContext, slot: ProcSlot) -> dict[str, str]:
     return env
 
 
-def build_spawn(ctx: LaunchContext, slot: ProcSlot, master_addr: str, master_port: int) -> Spawn:
+def build_spawn(
+    ctx: LaunchContext,
+    slot: ProcSlot,
+    master_addr: str,
+    master_port: int,
+    *,
+    workers: Sequence[int] | None = None,
+) -> Spawn:
     return Spawn(
         proc_id=slot.proc_id,
         role=slot.role,
         rank=slot.rank,
         attempt=slot.attempt,
         argv=process_argv(ctx.spec, ctx.python, slot.role, slot.rank, prewarm=slot.prewarm),
-        env=process_env(ctx, slot, master_addr, master_port),
+        env=process_env(ctx, slot, master_addr, master_port, workers=workers),
         cwd=ctx.workdir,
         memory_limit=slot.memory_limit,
         cpu_limit=slot.cpu_limit,

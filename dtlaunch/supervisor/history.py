@@ -30,6 +30,8 @@ class History:
     first_wall: float = 0.0  # Unix time of the run's first event: JCT counts from here
     resumes: int = 0
     rna_gen: int = 0  # the newest RNA group generation any supervisor of the run opened
+    # dtlaunch scale, in order: (workers from then on, {rank it added: host})
+    scales: list[tuple[int, dict[int, str]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,6 +41,8 @@ class ResumePlan:
     history: History  # from the event log
     adopt: set[str]  # hosts whose running agents reconnect instead of being launched
     restart_workers: str = ""  # non-empty: why every worker must restart (a WAL repair)
+    # Ranks a `dtlaunch scale` removed: whatever data they held goes back.
+    released_workers: tuple[int, ...] = ()
 
 
 def load_history(events_path: Path) -> History:
@@ -55,6 +59,9 @@ def load_history(events_path: Path) -> History:
         at = round(offset + event.mono, 3)
         history.elapsed_s = max(history.elapsed_s, at)
         proc_id = f"{event.role}-{event.rank}"
+        if event.kind == "scale":
+            added = {int(r): str(h) for r, h in dict(event.data.get("added", {})).items()}
+            history.scales.append((int(event.data["workers"]), added))
         if event.kind == "rna_group":
             history.rna_gen = max(history.rna_gen, int(event.data.get("gen", 0)))
         if event.kind in ("spawn", "adopted"):

@@ -34,6 +34,7 @@ from dtlaunch.supervisor.jobstate import (
     ProcSlot,
     Timing,
 )
+from dtlaunch.supervisor.jobstate.scaling import rescaled
 from dtlaunch.supervisor.launcher import Launcher, LocalLauncher, SshLauncher
 from dtlaunch.supervisor.output import OutputRouter
 from dtlaunch.supervisor.placement import place
@@ -127,11 +128,14 @@ async def _run_job(
     if builtin_ps(spec) or spec.framework == "tf":
         _check_listen_ports(assignments, spec.framework)
     history: History | None = None
+    released_workers: list[int] = []
     if resume:
         run = RunDir.open(spec.run_dir)
         if run.summary_path.exists():
             raise RunDirError(f"the job in {run.path} has already ended (see summary.json)")
         history = load_history(run.events_path)
+        # Workers a `dtlaunch scale` added or removed are the job's now.
+        assignments, released_workers = rescaled(assignments, history.scales)
         if run.supervisor_started():
             keys = load_run_keys(run.keys)
             bind = str(run.supervisor()["endpoint"])
@@ -197,7 +201,7 @@ async def _run_job(
                 rounds=_round_coordinator(spec, history),
             )
             supervisor = _build_supervisor(
-                spec, hosts, assignments, keys, router, run, services, history
+                spec, hosts, assignments, keys, router, run, services, history, released_workers
             )
             state = supervisor.state
             if metrics is not None:
@@ -331,6 +335,7 @@ def _build_supervisor(
     run: RunDir,
     services: JobServices,
     history: History | None,
+    released_workers: list[int],
 ) -> Supervisor:
     python = spec.python or sys.executable
     workdir = spec.workdir or os.getcwd()
@@ -354,7 +359,8 @@ def _build_supervisor(
     )
 
     def spawn_for(slot: ProcSlot, master_addr: str, master_port: int) -> Spawn:
-        return build_spawn(launch_ctx, slot, master_addr, master_port)
+        # The workers now: a `dtlaunch scale` changes WORLD_SIZE for later spawns.
+        return build_spawn(launch_ctx, slot, master_addr, master_port, workers=state.worker_ranks())
 
     def master_addr_of(label: str, reported: str) -> str:
         if spec.embedded:
@@ -398,6 +404,7 @@ def _build_supervisor(
                 if run.repaired_marker.exists()
                 else ""
             ),
+            released_workers=tuple(released_workers),
         )
         if history is not None
         else None

@@ -17,6 +17,7 @@ from typing import Any
 
 from dtlaunch.errors import DtlaunchError, WalError
 from dtlaunch.supervisor.agents import AgentStarter
+from dtlaunch.supervisor.commands import CONTROL_MESSAGES, ControlCommands
 from dtlaunch.supervisor.control.loop import ActionTargets, ControlLoop, ReportIntake
 from dtlaunch.supervisor.control.stall import Stall, StallWatch
 from dtlaunch.supervisor.history import ResumePlan
@@ -28,7 +29,6 @@ from dtlaunch.supervisor.jobstate import (
     JobState,
     LaunchAgent,
     Phase,
-    ProcState,
     SendToAgent,
     WorkerGone,
     WorkerPeers,
@@ -39,11 +39,10 @@ from dtlaunch.supervisor.psfleet import ServerFleet
 from dtlaunch.supervisor.regroup import JOIN_PREFIX, RegroupDriver
 from dtlaunch.supervisor.rna import RNA_MESSAGES, RoundService
 from dtlaunch.supervisor.services import JobServices
-from dtlaunch.supervisor.stacks import StackRequests, innermost_frames
+from dtlaunch.supervisor.control.stacks import StackRequests, innermost_frames, stuck_processes
 from dtlaunch.supervisor.status import STATUS_PREFIX
 from dtlaunch.version import __version__
 from dtlaunch.wire.messages import (
-    Ack,
     AckShards,
     AgentHeartbeat,
     Attached,
@@ -66,7 +65,6 @@ from dtlaunch.wire.messages import (
     Stacks,
     StatusRequest,
     StepReports,
-    StopJob,
     Welcome,
 )
 from dtlaunch.wire.sockets import Router
@@ -165,6 +163,14 @@ class Supervisor:
             clock=clock,
             tick_s=heartbeat_interval / 2,
         )
+        fleet = self._fleet
+        self._commands = ControlCommands(  # dtlaunch stop, dtlaunch scale
+            state=state,
+            recorder=self._recorder,
+            apply=self._apply,
+            reply=router.send,
+            workers_changed=fleet.workers_changed if fleet is not None else lambda *_: None,
+        )
         self._done = asyncio.Event()
         self._agents: dict[str, AgentProcess] = {}
         self._launch_tasks: set[asyncio.Task[None]] = set()
@@ -204,8 +210,11 @@ class Supervisor:
                         failures=history.failures,
                         adopt=self._resume.adopt,
                         restart_workers=self._resume.restart_workers,
+                        released_workers=self._resume.released_workers,
                     )
                 )
+                if self._fleet is not None and history.scales:
+                    self._fleet.resume_members(self.state.worker_ranks())
             await self._done.wait()
             for task in (receiver, ticker, control, fleet, rounds):
                 if task is not None:
@@ -364,22 +373,7 @@ class Supervisor:
     def _stalled(self, stall: Stall, now: float) -> None:
         """No step and no shard moved for the stall bound: say so, with what each
         process did last, and restart the stuck processes as a retryable failure."""
-        procs = []
-        for slot in self.state.procs.values():
-            if slot.state is not ProcState.RUNNING:
-                continue
-            entry: dict[str, Any] = {
-                "proc": slot.proc_id,
-                "host": slot.host,
-                "pid": slot.pid,
-                "attempt": slot.attempt,
-                "unresponsive": slot.unresponsive,
-            }
-            if slot.role == "worker" and slot.rank in self._intake.last_step:
-                step, at = self._intake.last_step[slot.rank]
-                entry["last_step"] = step
-                entry["last_report_ago_s"] = round(now - at, 1)
-            procs.append(entry)
+        procs, targets = stuck_processes(self.state, self._intake.last_step, now)
         stuck = [p["proc"] for p in procs]
         reason = (
             f"no step and no shard moved for {stall.waited_s:.0f} s "
@@ -394,11 +388,6 @@ class Supervisor:
             procs=procs,
         )
         # Where they are stuck, before they are stopped: py-spy via their agents.
-        targets: dict[str, list[str]] = {}
-        for entry in procs:
-            agent = self.state.agents.get(entry["host"])
-            if agent is not None and agent.state is AgentState.UP:
-                targets.setdefault(entry["host"], []).append(entry["proc"])
         self._spawn_task(self._restart_stalled(stuck, reason, targets), "stall")
 
     async def _restart_stalled(
@@ -455,10 +444,8 @@ class Supervisor:
             await self._router.send(
                 peer, Welcome(run_id=self._run_id, heartbeat_interval=self._interval)
             )
-        elif isinstance(msg, StopJob):
-            self._recorder.emit("command", command="stop", reason=msg.reason)
-            await self._router.send(peer, Ack(ok=True, detail="stopping"))
-            self._apply(self.state.stop(msg.reason, now))
+        elif isinstance(msg, CONTROL_MESSAGES):
+            await self._commands.handle(peer, msg, now)
         elif isinstance(msg, Ping):
             return
         else:
@@ -499,6 +486,8 @@ class Supervisor:
                 peer, Welcome(run_id=self._run_id, heartbeat_interval=self._interval)
             )
             await self._control.worker_greeted(rank, msg.attempt)
+            if self._fleet is not None:
+                self._fleet.worker_greeted(rank)  # a scale's new worker joins the steps
             self._serve(
                 self._dds.worker_hello(rank, msg.attempt, list(msg.leases)), f"hello-{rank}", peer
             )

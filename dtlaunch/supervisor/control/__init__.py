@@ -8,8 +8,10 @@
 - ``loop``        the edge: ``ReportIntake`` (reports into the event log and the
                   Controller) and ``ControlLoop`` (decides every tick, carries out)
 - ``stall``       the stall watchdog: no progress for the stall bound is a stall
+- ``stacks``      the stall's diagnosis: what each running process did last, and
+                  its Python stacks asked of its agent with a bounded wait
 
-Everything but ``loop`` is I/O-free and tested with a fake clock. A policy
+Everything but ``loop`` and ``stacks`` is I/O-free and tested with a fake clock. A policy
 written outside dtlaunch imports its types from ``dtlaunch.policy``.
 """
 

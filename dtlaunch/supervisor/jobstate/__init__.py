@@ -5,7 +5,8 @@ supervisor carries out (:data:`Command`). ``nodes`` holds the vocabulary (states
 commands, records), ``failures`` classifies a process exit, ``machine`` the
 transitions, ``workers`` the workers' identities (``worker:<rank>@<attempt>``)
 and which of them still count, ``limits`` each process's memory and CPU limits
-and the relaunch with more memory after an out-of-memory death.
+and the relaunch with more memory after an out-of-memory death, ``scaling``
+which ranks ``dtlaunch scale`` starts where and which it stops.
 """
 
 from dtlaunch.supervisor.jobstate.limits import LimitRules

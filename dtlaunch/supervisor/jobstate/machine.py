@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from dtlaunch.errors import ConfigError
 from dtlaunch.quantities import format_size
 from dtlaunch.supervisor.jobstate.failures import (
     CRASH_LOOP_RUNTIME_S,
@@ -57,6 +58,7 @@ from dtlaunch.supervisor.jobstate.nodes import (
     Timing,
     WorkerGone,
 )
+from dtlaunch.supervisor.jobstate.scaling import added_assignment, plan_scale
 from dtlaunch.supervisor.jobstate.tftasks import tf_cluster
 from dtlaunch.supervisor.placement import Assignment
 from dtlaunch.wire.messages import Exited, Kill, Message, ProcReport, Shutdown, Spawn
@@ -192,6 +194,12 @@ class JobState:
         # it came back after being declared lost: stopped (fenced) so that no rank
         # runs twice; its slot is not spawned on that host until it has exited.
         self.fenced: dict[str, tuple[str, int]] = {}
+        # proc id -> (host, attempt) of a worker a scale-down removed, until it has
+        # exited: its exit gives its data back; the rank is not restarted.
+        self.removing: dict[str, tuple[str, int]] = {}
+        # proc id -> the last attempt of a removed worker: a scale-up that adds the
+        # rank again starts after it, so no identity of the old process counts.
+        self._removed_attempts: dict[str, int] = {}
         # Spare hosts get an agent too, so a KILL_RESTART onto one starts at once.
         self.agents: dict[str, AgentSlot] = {
             host: AgentSlot(host=host)
@@ -240,10 +248,13 @@ class JobState:
         gpus: dict[str, int] | None = None,
         memory_limits: dict[str, tuple[int, int]] | None = None,
         listen_ports: dict[str, tuple[str, int]] | None = None,
+        released_workers: Sequence[int] = (),
     ) -> list[Command]:
         """A supervisor restarted with --resume: the agents in ``adopt`` (those the
         dead supervisor had started) are expected to reconnect; others are launched.
         ``listen_ports``: proc id -> (host, port) its last spawn listened on, kept.
+        ``released_workers``: ranks a scale-down removed; the data they may hold
+        goes back (one that still runs is fenced when its agent reports it).
 
         Processes keep their last attempt; those no agent reports running are
         restarted (the next spawn bumps the attempt) once all agents are back.
@@ -268,6 +279,7 @@ class JobState:
             if slot.role == "worker":
                 slot.restart_if_found = restart_workers
         out: list[Command] = [EmitEvent(kind="resume", data={"attempts": attempts})]
+        out += [WorkerGone(rank=rank) for rank in released_workers]
         for agent in self.agents.values():
             if agent.host not in adopt:
                 out += self._launch_agent(agent, now)
@@ -669,7 +681,8 @@ class JobState:
                 )
                 out += self._gone(slot)
                 out += self._on_failure(slot, verdict, None, None, [], now)
-        return out + self._fence_stale(host, procs)
+        running = {(p.proc_id, p.attempt) for p in procs}
+        return out + self._removed_lost(host, running) + self._fence_stale(host, procs)
 
     def heard_before_hello(self, host: str, msg: Message) -> None:
         """A message from an agent we do not know yet (it reconnected; we answer
@@ -755,7 +768,10 @@ class JobState:
                 and slot.state in LIVE_PROC_STATES
             )
             stale = (host, report.attempt)
-            if current or self.retiring.get(report.proc_id) == stale:
+            if current or stale in (
+                self.retiring.get(report.proc_id),
+                self.removing.get(report.proc_id),
+            ):
                 continue
             if self.fenced.get(report.proc_id) == stale:
                 continue  # already being stopped
@@ -791,6 +807,7 @@ class JobState:
         self.fenced = {p: held for p, held in self.fenced.items() if held[0] != agent.host}
         data = {"reason": reason, "losses": agent.losses, "cooldown_s": cooldown}
         out: list[Command] = [EmitEvent(kind="agent_lost", host=agent.host, data=data)]
+        out += self._removed_lost(agent.host, None)  # fenced if it still runs
         verdict = ExitVerdict(
             succeeded=False, retryable=True, reason="lost connection", error=reason
         )
@@ -871,6 +888,8 @@ class JobState:
                 data={"exit_code": msg.exit_code, "signal": msg.signal, "fenced": True},
             )
             return [gone, *self._reconcile(now)]
+        if self.removing.get(msg.proc_id) == (host, msg.attempt):
+            return self._removed_exited(host, msg)
         if self.retiring.get(msg.proc_id) == (host, msg.attempt):
             # The replaced process is gone: its shards go back, its rank's
             # replacement may join.
@@ -1259,21 +1278,28 @@ class JobState:
     def _has_room(self, host: str) -> bool:
         """Up and not cooling down after a loss, with a slot (and on a GPU host a
         GPU) that nothing runs or waits on."""
+        return self._free_slots(host) > 0
+
+    def _free_slots(self, host: str) -> int:
+        """How many more workers ``host`` takes now (0 while it is not up or cools
+        down after a loss)."""
         agent = self.agents[host]
         if agent.state is not AgentState.UP or agent.cooldown_until > self.now:
-            return False
+            return 0
         # What runs or waits there, and what is on its way there (a KILL_RESTART
-        # stopping on another host), plus a replaced process that still runs.
+        # stopping on another host), plus a replaced or removed process that still runs.
         used = sum(
             1
             for s in self.procs.values()
             if (s.host == host and s.state in _BUSY_PROC_STATES) or s.next_host == host != s.host
         )
         used += sum(1 for held, _ in self.retiring.values() if held == host)
-        if used >= self.host_slots.get(host, 1):
-            return False
+        used += sum(1 for held, _ in self.removing.values() if held == host)
+        free = self.host_slots.get(host, 1) - used
         gpus = self.host_gpus.get(host, 0)
-        return not gpus or len(self._busy_workers_on(host)) < gpus  # a GPU of its own
+        if gpus:  # a GPU of its own
+            free = min(free, gpus - len(self._busy_workers_on(host)))
+        return max(0, free)
 
     def _record_failure(
         self,
@@ -1469,6 +1495,121 @@ class JobState:
         """rank -> the host each worker runs on (or will run on next), for the
         policies that plan by device (AntDT-DD, bmax= bounds)."""
         return {s.rank: s.next_host or s.host for s in self.procs.values() if s.role == "worker"}
+
+    # ------------------------------------------- scaling the workers (dtlaunch scale)
+
+    def worker_ranks(self) -> list[int]:
+        """The ranks of the job's workers now (0..n-1; a scale changes n)."""
+        return sorted(s.rank for s in self.procs.values() if s.role == "worker")
+
+    def scale_workers(self, count: int, now: float, *, reason: str = "") -> list[Command]:
+        """Run ``count`` workers from now on (``scaling.py`` decides which ranks
+        start where and which stop). New ranks start like any pending worker;
+        removed ones are stopped and not restarted, and their exit gives their
+        data shards back (``WorkerGone``). Recorded as one ``scale`` event, which
+        a resumed supervisor reads to rebuild the same workers.
+
+        Raises:
+            ConfigError: the job cannot change its workers now, or not to ``count``
+                (nothing is changed).
+        """
+        self._check_scalable()
+        ranks = self.worker_ranks()
+        stopping = [int(p.rpartition("-")[2]) for p in self.removing]
+        plan = plan_scale(count, ranks=ranks, room=self._room_for_workers(), stopping=stopping)
+        if plan.count == len(ranks):
+            return []
+        out: list[Command] = [
+            EmitEvent(
+                kind="scale",
+                data={
+                    "workers": plan.count,
+                    "was": len(ranks),
+                    "added": {str(rank): host for rank, host in plan.added.items()},
+                    "removed": plan.removed,
+                    "reason": reason,
+                },
+            )
+        ]
+        for rank in plan.removed:
+            out += self._remove_worker(self.procs.pop(f"worker-{rank}"))
+        workers = [s.assignment for s in self.procs.values()]
+        for host in dict.fromkeys(plan.added.values()):
+            if host not in self.agents:  # a hostfile host that ran nothing yet
+                self.agents[host] = AgentSlot(host=host)
+                out += self._launch_agent(self.agents[host], now)
+        for rank, host in plan.added.items():
+            slot = self._new_worker_slot(added_assignment(rank, host, workers))
+            workers.append(slot.assignment)
+            out.append(self._proc_event("added", slot, attempt=slot.attempt))
+        return out + self._reconcile(now)
+
+    def _check_scalable(self) -> None:
+        if self.phase is not Phase.RUNNING:
+            raise ConfigError(
+                f"the job is {self.phase.value}; workers can be scaled only while it runs"
+            )
+        if self.tf_tasks:
+            raise ConfigError(
+                "a --framework tf job cannot change its workers: every task's TF_CONFIG "
+                "lists the cluster, fixed for the job"
+            )
+        if not self.builtin_ps:
+            raise ConfigError(
+                "only jobs with dtlaunch's parameter servers (--servers M, the built-in "
+                "server) can change their workers while they run; this job's workers "
+                "(a torch.distributed group, or ps-lite's DMLC_NUM_WORKER) are fixed at "
+                "start. Start a job with the workers you want (dtlaunch run --workers N)"
+            )
+
+    def _room_for_workers(self) -> list[tuple[str, int]]:
+        """(host, free slots) where new workers may start: spare hosts first, then
+        the job's other hosts, then hostfile hosts that run nothing yet (an agent
+        is launched there for them)."""
+        order = [*self.spare_hosts, *(h for h in self.agents if h not in self.spare_hosts)]
+        room = [(host, self._free_slots(host)) for host in order]
+        idle = [(h, n) for h, n in self.host_slots.items() if h not in self.agents]
+        gpus = self.host_gpus
+        return room + [(h, min(n, gpus[h]) if gpus.get(h) else n) for h, n in idle]
+
+    def _remove_worker(self, slot: ProcSlot) -> list[Command]:
+        self._removed_attempts[slot.proc_id] = max(slot.attempt, slot.spent_attempts)
+        out: list[Command] = [self._proc_event("removed", slot, attempt=slot.attempt)]
+        if slot.state in LIVE_PROC_STATES:
+            self.removing[slot.proc_id] = (slot.host, slot.attempt)
+            return [*out, self._kill(slot.proc_id, slot.host, slot.attempt)]
+        return [*out, WorkerGone(rank=slot.rank)]  # leases it may hold go back
+
+    def _new_worker_slot(self, assignment: Assignment) -> ProcSlot:
+        slot = ProcSlot(
+            assignment=assignment,
+            host=assignment.host,
+            memory_limit=self.limits.first_memory(assignment.host),
+            cpu_limit=self.limits.first_cpus(assignment.host),
+        )
+        before = self._removed_attempts.get(slot.proc_id)
+        if before is not None:
+            slot.attempt = slot.spent_attempts = before + 1
+        self.procs[slot.proc_id] = slot
+        return slot
+
+    def _removed_exited(self, host: str, msg: Exited) -> list[Command]:
+        """A worker a scale-down removed has ended: its shards go back."""
+        del self.removing[msg.proc_id]
+        rank = int(msg.proc_id.rpartition("-")[2])
+        data = {"exit_code": msg.exit_code, "signal": msg.signal, "removed": True}
+        gone = EmitEvent(kind="exit", host=host, role="worker", rank=rank, data=data)
+        return [gone, WorkerGone(rank=rank, succeeded=msg.exit_code == 0 and not msg.requested)]
+
+    def _removed_lost(self, host: str, running: set[tuple[str, int]] | None) -> list[Command]:
+        """Removed workers on ``host`` that no longer run there (``running``: what
+        its agent reports; None: the host was lost): their exit will never come."""
+        out: list[Command] = []
+        for proc_id, (held, attempt) in list(self.removing.items()):
+            if held == host and (running is None or (proc_id, attempt) not in running):
+                del self.removing[proc_id]
+                out.append(WorkerGone(rank=int(proc_id.rpartition("-")[2])))
+        return out
 
     def free_spare(self, preferred: str | None) -> str | None:
         """Where a KILL_RESTART should go: ``preferred`` if it is a spare host with

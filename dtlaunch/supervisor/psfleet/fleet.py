@@ -106,6 +106,12 @@ class ServerFleet:
         self._targets: dict[int, tuple[str, ...]] = {}  # rank -> the host it moves to
         self._tasks: set[asyncio.Task[None]] = set()
         self._backup: int | None = None  # BACKUP_WORKERS' b, once a policy set it
+        # The workers each server's steps wait for, once `dtlaunch scale` changed
+        # them (None: the ones the servers started with), and the ranks a scale
+        # added that have not said hello yet: a step does not wait for a process
+        # still starting (Python, torch) but joins it once it is there.
+        self._members: set[int] | None = None
+        self._not_yet_greeted: set[int] = set()
         self._placements = placements
         self._reassigner = (
             BlockReassigner(
@@ -155,12 +161,33 @@ class ServerFleet:
                 stats = await self._blocking(self._stats, rank, endpoint)
                 if self._backup is not None and stats.backup != self._backup:
                     await self._blocking(self._set_backup, rank, self._backup)
+                members = self._members
+                if members is not None and set(stats.assigned) != members:
+                    await self._blocking(self._set_members, rank, endpoint, sorted(members))
             except Exception as exc:  # restarting, busy: next time
                 log.debug("server %d: no statistics this time: %s", rank, exc)
                 continue
             updates = self._new_updates(rank, stats)
             if updates:
                 self._intake.server_updates(rank, updates, server_now=stats.now_s)
+
+    def workers_changed(self, before: list[int], after: list[int]) -> None:
+        """A scale changed the workers from ``before`` to ``after``: removed ones
+        leave the membership now, added ones when they say hello."""
+        self._not_yet_greeted = (self._not_yet_greeted | (set(after) - set(before))) & set(after)
+        self._members = set(after) - self._not_yet_greeted
+        self._spawn(self._push_members(), "ps-members")
+
+    def worker_greeted(self, rank: int) -> None:
+        if rank in self._not_yet_greeted and self._members is not None:
+            self._not_yet_greeted.discard(rank)
+            self._members.add(rank)
+            self._spawn(self._push_members(), "ps-members")
+
+    def resume_members(self, ranks: list[int]) -> None:
+        """A resumed supervisor of a scaled job: the servers may hold a membership
+        the dead one had not updated yet; the job's workers are the members."""
+        self._members = set(ranks)
 
     def set_backup(self, count: int) -> None:
         """BACKUP_WORKERS(count) on every server from the next poll on (within an
@@ -354,7 +381,7 @@ class ServerFleet:
                 out.append((slot.rank, endpoint))
         return sorted(out)
 
-    def _stats(self, rank: int, endpoint: str) -> PsStats:
+    def _link(self, rank: int, endpoint: str) -> ServerControl:
         control = self._controls.get(rank)
         if control is None or control.endpoint != endpoint:
             if control is not None:
@@ -362,6 +389,10 @@ class ServerFleet:
             control = self._controls[rank] = ServerControl(
                 endpoint, self._keys, timeout=STATS_TIMEOUT_S, stop=self._stop
             )
+        return control
+
+    def _stats(self, rank: int, endpoint: str) -> PsStats:
+        control = self._link(rank, endpoint)
         incarnation, last = self._seen.get(rank, (0, 0))
         stats = control.stats(since_version=last)
         if last and stats.incarnation != incarnation:
@@ -370,6 +401,22 @@ class ServerFleet:
 
     def _set_backup(self, rank: int, count: int) -> None:
         self._controls[rank].set_backup(count)
+
+    def _set_members(self, rank: int, endpoint: str, workers: list[int]) -> None:
+        self._link(rank, endpoint).membership(workers, backup=self._backup or 0)
+
+    async def _push_members(self) -> None:
+        """The membership to every running server now (a server that misses it,
+        or restarts, gets it at a later poll)."""
+        members = self._members
+        if members is None:
+            return
+        for rank, endpoint in self._running():
+            try:
+                await self._blocking(self._set_members, rank, endpoint, sorted(members))
+            except Exception as exc:  # restarting, busy: the next poll
+                log.info("server %d: membership not set now (%s); next poll", rank, exc)
+        self._recorder.emit("ps_members", workers=sorted(members))
 
     def _new_updates(self, rank: int, stats: PsStats) -> list[PsUpdate]:
         incarnation, last = self._seen.get(rank, (0, 0))

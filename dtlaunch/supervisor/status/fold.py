@@ -6,10 +6,10 @@ so the live view and the after-the-fact view come from the same rules. What it
 keeps is bounded (a few dozen BPT points per node, the last actions), so a
 week-long job costs the supervisor no more memory than a minute-long one.
 
-Step data comes from the ``reports`` events (one per batch of step reports a
-worker sends, about once a second): one sparkline point each. In
-PS mode their per-server exchanges give each server's fitted speed (PSLD's
-``Pred``), and ``ps_placement`` events the bytes each server holds.
+Step data comes from the ``reports`` events (one per batch of step reports a worker
+sends, about once a second): one sparkline point each. In PS mode their per-server
+exchanges give each server's fitted speed (PSLD's ``Pred``), ``ps_placement`` events
+the bytes each server holds.
 """
 
 from __future__ import annotations
@@ -161,19 +161,17 @@ class StatusFold:
                 self.node(role, rank)
 
     def _running(self, event: Event) -> None:
-        track = self._proc(event, "running")
-        if track is not None:
+        if (track := self._proc(event, "running")) is not None:
             track.since = event.mono
 
     def _exit(self, event: Event) -> None:
         data = event.data
-        if data.get("exit_code") == 0:
-            state = "succeeded"
-        elif data.get("requested"):
-            state = "stopped"
+        if data.get("removed"):  # a scale-down's worker: no longer one of the job's
+            self.nodes.pop((event.role, event.rank), None)
+        elif data.get("exit_code") == 0:
+            self._proc(event, "succeeded")
         else:
-            state = "failed"
-        self._proc(event, state)
+            self._proc(event, "stopped" if data.get("requested") else "failed")
 
     def _restart(self, event: Event) -> None:
         track = self._proc(event, "pending")
@@ -581,6 +579,8 @@ _HANDLERS: dict[str, Callable[[StatusFold, Event], object]] = {
     "responsive": lambda fold, e: fold._proc(e, "running"),
     "unresponsive": lambda fold, e: fold._proc(e, "unresponsive"),
     "kill_restart": lambda fold, e: fold._proc(e, "stopping"),
+    "added": lambda fold, e: fold._proc(e, "pending"),
+    "removed": lambda fold, e: fold._proc(e, "stopping"),
     "exit": StatusFold._exit,
     "failure": lambda fold, e: fold._proc(e, "failed"),
     "spawn_failed": lambda fold, e: fold._proc(e, "failed"),

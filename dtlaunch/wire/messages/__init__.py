@@ -3,7 +3,7 @@
 Open the protocol you need; each module"s docstring says who talks to whom:
 
 - ``base``       ``Record`` and ``Message``, ``PROTOCOL_VERSION``, shared constants
-- ``session``    every peer and the supervisor: Hello/Welcome/Rehello, Ping, StopJob/Ack
+- ``session``    every peer and the supervisor: Hello/Welcome/Rehello, Ping, StopJob/ScaleJob/Ack
 - ``agent``      supervisor <-> agent: bootstrap, heartbeats, spawn, exits, output, kill
 - ``dds``        worker <-> the shard queue: data set, fetch, grant, ack, release
 - ``placement``  worker <-> supervisor: the parameter servers" block placement map
@@ -120,6 +120,7 @@ if TYPE_CHECKING:  # what the names below resolve to, for the type checker
         Hello,
         Ping,
         Rehello,
+        ScaleJob,
         StopJob,
         Welcome,
     )
@@ -155,6 +156,7 @@ _PROTOCOLS: dict[str, tuple[str, ...]] = {
         "Hello",
         "Ping",
         "Rehello",
+        "ScaleJob",
         "StopJob",
         "Welcome",
     ),
@@ -370,6 +372,7 @@ __all__ = [
     "RnaRounds",
     "RnaStart",
     "RnaStoreReady",
+    "ScaleJob",
     "ServerComm",
     "ShardGrant",
     "Shutdown",

@@ -324,6 +324,7 @@ class PsStats(Message):
     incarnation: int = 0
     redirected: list[int] = field(default_factory=list)  # workers told where blocks went
     now_s: float = 0.0  # the server's monotonic clock now: ``now_s - ended_s`` is an age
+    assigned: list[int] = field(default_factory=list)  # the membership it was given
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

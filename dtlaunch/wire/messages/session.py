@@ -4,7 +4,8 @@ A peer (agent, worker, server, control or status client) says ``Hello`` first;
 the supervisor answers ``Welcome``, or ``Rehello`` when it does not know the
 peer (e.g. after ``--resume``: the peer says Hello again, with what it holds).
 ``Ping`` goes either way; any message counts as liveness of its sender. A
-control client (``dtlaunch stop``) sends ``StopJob`` and gets an ``Ack``.
+control client sends ``StopJob`` (``dtlaunch stop``) or ``ScaleJob``
+(``dtlaunch scale``) and gets an ``Ack``, whose detail says what was done or why not.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = [
     "Hello",
     "Ping",
     "Rehello",
+    "ScaleJob",
     "StopJob",
     "Welcome",
 ]
@@ -50,6 +52,15 @@ class StopJob(Message):
 
     TYPE: ClassVar[str] = "stop_job"
     reason: str = "dtlaunch stop"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScaleJob(Message):
+    """From ``dtlaunch scale``: run this many workers from now on."""
+
+    TYPE: ClassVar[str] = "scale_job"
+    workers: int
+    reason: str = "dtlaunch scale"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +94,7 @@ class Ack(Message):
 MESSAGES: tuple[type[Message], ...] = (
     Hello,
     StopJob,
+    ScaleJob,
     Ping,
     Welcome,
     Rehello,

@@ -13,10 +13,12 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
+from dtlaunch.supervisor.jobstate import AgentState, JobState, ProcState
 from dtlaunch.wire.messages import DumpStacks, Message, Stacks
 
-__all__ = ["STACKS_TIMEOUT_S", "StackRequests", "innermost_frames"]
+__all__ = ["STACKS_TIMEOUT_S", "StackRequests", "innermost_frames", "stuck_processes"]
 
 log = logging.getLogger(__name__)
 
@@ -95,3 +97,32 @@ def innermost_frames(text: str, count: int = 3) -> list[str]:
             return frames
     first = text.strip().splitlines()
     return first[:1]
+
+
+def stuck_processes(
+    state: JobState, last_step: Mapping[int, tuple[int, float]], now: float
+) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+    """What every running process did last, for the ``stall`` event (``last_step``:
+    a worker's rank -> its last step and when it was reported), and the procs
+    to ask stacks for, by host (those whose agent is up)."""
+    procs: list[dict[str, Any]] = []
+    targets: dict[str, list[str]] = {}
+    for slot in state.procs.values():
+        if slot.state is not ProcState.RUNNING:
+            continue
+        entry: dict[str, Any] = {
+            "proc": slot.proc_id,
+            "host": slot.host,
+            "pid": slot.pid,
+            "attempt": slot.attempt,
+            "unresponsive": slot.unresponsive,
+        }
+        if slot.role == "worker" and slot.rank in last_step:
+            step, at = last_step[slot.rank]
+            entry["last_step"] = step
+            entry["last_report_ago_s"] = round(now - at, 1)
+        procs.append(entry)
+        agent = state.agents.get(slot.host)
+        if agent is not None and agent.state is AgentState.UP:
+            targets.setdefault(slot.host, []).append(slot.proc_id)
+    return procs, targets

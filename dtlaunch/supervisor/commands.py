@@ -1,0 +1,68 @@
+"""What a control client asks of the running job: ``dtlaunch stop`` and ``dtlaunch scale``.
+
+A control client holds the run's client key (only someone who can read the run
+directory has it). Each request is recorded as a ``command`` event and answered
+with an ``Ack`` that says what is done, or why nothing is (a scale the job
+cannot carry out is refused with the reason and the fix, and nothing changes).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from dtlaunch.errors import ConfigError
+from dtlaunch.events import EventRecorder
+from dtlaunch.supervisor.jobstate import Command, JobState
+from dtlaunch.wire.messages import Ack, Message, ScaleJob, StopJob
+
+__all__ = ["CONTROL_MESSAGES", "ControlCommands"]
+
+log = logging.getLogger(__name__)
+
+CONTROL_MESSAGES = (StopJob, ScaleJob)
+
+Reply = Callable[[bytes, Message], Awaitable[None]]
+
+
+class ControlCommands:
+    def __init__(
+        self,
+        *,
+        state: JobState,
+        recorder: EventRecorder,
+        apply: Callable[[list[Command]], None],
+        reply: Reply,
+        workers_changed: Callable[[list[int], list[int]], None],
+    ) -> None:
+        """``workers_changed(before, after)``: told the worker ranks after a scale
+        changed them (the parameter servers' membership follows them)."""
+        self._state = state
+        self._recorder = recorder
+        self._apply = apply
+        self._reply = reply
+        self._workers_changed = workers_changed
+
+    async def handle(self, peer: bytes, msg: StopJob | ScaleJob, now: float) -> None:
+        if isinstance(msg, StopJob):
+            self._recorder.emit("command", command="stop", reason=msg.reason)
+            await self._reply(peer, Ack(ok=True, detail="stopping"))
+            self._apply(self._state.stop(msg.reason, now))
+            return
+        self._recorder.emit("command", command="scale", workers=msg.workers, reason=msg.reason)
+        before = self._state.worker_ranks()
+        try:
+            commands = self._state.scale_workers(msg.workers, now, reason=msg.reason)
+        except ConfigError as err:
+            log.warning("scale to %d workers refused: %s", msg.workers, err)
+            self._recorder.emit("command_refused", command="scale", error=str(err))
+            await self._reply(peer, Ack(ok=False, detail=str(err)))
+            return
+        self._apply(commands)
+        if not commands:
+            detail = f"the job runs {len(before)} worker(s) already"
+        else:
+            detail = f"workers {len(before)} -> {msg.workers}"
+            log.info("scaling: %s (%s)", detail, msg.reason)
+            self._workers_changed(before, self._state.worker_ranks())
+        await self._reply(peer, Ack(ok=True, detail=detail))

@@ -1,0 +1,150 @@
+"""``dtlaunch scale`` on a live parameter-server job over sshd: workers added
+on the spare host join the servers' BSP steps and take data shards; removed
+ones stop and their shards are read by the others; the job ends with every
+record trained, and a supervisor SIGKILLed after a scale resumes with the new
+workers."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.jobs import (
+    REPO,
+    SCRIPTS,
+    dtlaunch_argv,
+    events,
+    hostfile,
+    job_env,
+    started,
+    summary,
+    wait_for_event,
+    wait_until,
+)
+
+pytest.importorskip("torch")
+
+DATASET, SHARD = 6000, 100
+
+
+def scale(run_dir: Path, workers: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        dtlaunch_argv("scale", str(run_dir), "--workers", str(workers), "--timeout", "20"),
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+
+
+def steps_of(run_dir: Path, rank: int) -> int:
+    """Steps with records worker ``rank`` reported (the ``reports`` events)."""
+    return sum(
+        sum(1 for samples in e["samples"] if samples)
+        for e in events(run_dir)
+        if e["kind"] == "reports" and e.get("rank") == rank
+    )
+
+
+def trained_records(out: Path) -> list[int]:
+    records: list[int] = []
+    for ledger in out.glob("*.ledger"):
+        for line in ledger.read_text().splitlines():
+            records += [int(r) for r in line.split()]
+    return records
+
+
+def job_args(sshd, tmp_path: Path, out: Path, run_dir: Path) -> list[str]:
+    a0, a1, a2 = sshd.addresses
+    hosts = hostfile(
+        sshd,
+        tmp_path / "hosts",
+        [f"{a0} slots=2 servers=1", f"{a1} slots=1", f"{a2} slots=2 spare"],
+    )
+    return [
+        "run", "-H", str(hosts), "--workers", "2", "--servers", "1", "--run-dir", str(run_dir),
+        "--dataset-size", str(DATASET), "--shard-size", str(SHARD), "--global-batch", "20",
+        "--output", "0", str(SCRIPTS / "ps_bsp_worker.py"), str(out), "0.02",
+    ]  # fmt: skip
+
+
+@pytest.mark.integration
+def test_scale_up_and_down_while_a_ps_job_trains(sshd, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    run_dir = tmp_path / "run"
+    a2 = sshd.addresses[2]
+    with started(job_args(sshd, tmp_path, out, run_dir), env=sshd.env(), log=tmp_path / "log") as job:
+        wait_until(lambda: steps_of(run_dir, 1) >= 20, timeout=120, what="worker 1 training")
+        # Too many: 2 spare slots free, so at most 4; refused, nothing changes.
+        refused = scale(run_dir, 5)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "no room for 3 more worker(s)" in refused.stderr
+        assert "at most 4 workers" in refused.stderr
+        up = scale(run_dir, 4)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "workers 2 -> 4" in up.stdout
+        wait_until(
+            lambda: steps_of(run_dir, 2) >= 10 and steps_of(run_dir, 3) >= 10,
+            timeout=120,
+            what="the added workers 2 and 3 training",
+        )
+        down = scale(run_dir, 2)
+        assert down.returncode == 0, down.stdout + down.stderr
+        wait_for_event(run_dir, lambda e: e["kind"] == "exit" and e.get("removed") and e["rank"] == 2,
+                       timeout=60, what="worker 2's exit")  # fmt: skip
+        assert job.wait(timeout=240) == 0, job.output()
+    log = events(run_dir)
+    [first, second] = [e for e in log if e["kind"] == "scale"]
+    assert (first["was"], first["workers"], first["added"]) == (2, 4, {"2": a2, "3": a2})
+    assert (second["workers"], second["removed"]) == (2, [3, 2])
+    added = {e["rank"]: e["host"] for e in log if e["kind"] == "spawn" and e["rank"] in (2, 3)}
+    assert added == {2: a2, 3: a2}
+    members = [e["workers"] for e in log if e["kind"] == "ps_members"]
+    assert [0, 1, 2, 3] in members and members[-1] == [0, 1]
+    removed = [e for e in log if e["kind"] == "exit" and e.get("removed")]
+    assert sorted(e["rank"] for e in removed) == [2, 3]
+    assert not [e for e in log if e["kind"] == "restart"]
+    # Every record was trained; only the shards the removed workers were in the
+    # middle of are read again (at most one shard each, plus one prefetched).
+    records = trained_records(out)
+    assert set(records) == set(range(DATASET))
+    assert len(records) - DATASET <= 2 * 2 * SHARD
+    data = summary(run_dir)
+    assert data["status"] == "succeeded" and data["failures"] == []
+    finals = [json.loads((out / f"{r}.json").read_text()) for r in (0, 1)]
+    assert finals[0]["params"] == finals[1]["params"]
+    assert finals[0]["final_loss"] < 1e-4
+
+
+@pytest.mark.integration
+def test_a_supervisor_killed_after_a_scale_resumes_with_the_new_workers(sshd, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    run_dir = tmp_path / "run"
+    args = job_args(sshd, tmp_path, out, run_dir)
+    with started(args, env=sshd.env(), log=tmp_path / "log") as job:
+        wait_until(lambda: steps_of(run_dir, 1) >= 20, timeout=120, what="worker 1 training")
+        up = scale(run_dir, 3)
+        assert up.returncode == 0, up.stdout + up.stderr
+        wait_for_event(run_dir, lambda e: e["kind"] == "spawn" and e["rank"] == 2,
+                       timeout=60, what="worker 2's spawn")  # fmt: skip
+        job.signal(signal.SIGKILL)
+        job.wait(timeout=30)
+    resume = ["run", "--resume", str(run_dir)]
+    with started(resume, env=sshd.env(), log=tmp_path / "resume.log") as job:
+        assert job.wait(timeout=240) == 0, job.output()
+    log = events(run_dir)
+    resumed = next(i for i, e in enumerate(log) if e["kind"] == "resume")
+    after = log[resumed:]
+    # Worker 2 kept running through the crash, or was restarted: either way it
+    # is one of the job's workers after the resume and reports steps.
+    assert any(e["kind"] == "reports" and e.get("rank") == 2 for e in after)
+    assert set(trained_records(out)) == set(range(DATASET))
+    data = summary(run_dir)
+    assert data["status"] == "succeeded", data
