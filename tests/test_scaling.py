@@ -10,7 +10,8 @@ import pytest
 
 from dtlaunch.errors import ConfigError
 from dtlaunch.hostfile import HostSpec
-from dtlaunch.supervisor.jobstate import LaunchAgent, WorkerGone
+from dtlaunch.supervisor.jobstate import AskToLeave, LaunchAgent, WorkerGone
+from dtlaunch.supervisor.jobstate.machine import LEAVE_GRACE_S
 from dtlaunch.supervisor.jobstate.machine import EmitEvent, JobState, ProcState
 from dtlaunch.supervisor.jobstate.scaling import added_assignment, plan_scale, rescaled
 from dtlaunch.supervisor.placement import place
@@ -55,6 +56,13 @@ def running(state: JobState, out: list) -> None:
         out += state.spawned(state.procs[spawn.proc_id].host, spawn.proc_id, spawn.attempt, 9, 0.2)
 
 
+def heard_tick(state: JobState, now: float) -> list:
+    """A tick at ``now`` with every agent heard just before (none goes silent)."""
+    for agent in state.agents.values():
+        agent.last_seen = now
+    return state.tick(now)
+
+
 def events(out: list, kind: str) -> list[EmitEvent]:
     return [c for c in out if isinstance(c, EmitEvent) and c.kind == kind]
 
@@ -80,20 +88,54 @@ def test_scaling_up_starts_new_ranks_on_spare_hosts_first_then_free_slots():
     assert (a.local_rank, a.group_rank) == (1, 1)  # second on s1, s1 the second worker host
 
 
-def test_scaling_down_stops_the_highest_ranks_and_gives_their_data_back_on_exit():
+def test_scaling_down_asks_the_highest_ranks_to_leave_and_gives_their_data_back_on_exit():
     state = make_state(workers=2)
     up(state)
     running(state, state.scale_workers(4, 1.0))
-    out = state.scale_workers(2, 2.0)
-    kills = sorted((k.proc_id, k.attempt) for k in sent(out, Kill))
-    assert kills == [("worker-2", 0), ("worker-3", 0)]
+    out = state.scale_workers(2, 2.0, reason="smaller")
+    asked = [(c.rank, c.attempt) for c in out if isinstance(c, AskToLeave)]
+    assert asked == [(3, 0), (2, 0)] and sent(out, Kill) == []  # they finish their shard
     assert state.worker_ranks() == [0, 1]
     assert not [c for c in out if isinstance(c, WorkerGone)]  # not before they are gone
-    out = state.exited("s1", exited("worker-3", 0, sig=signal.SIGTERM, requested=True), 3.0)
-    assert [c for c in out if isinstance(c, WorkerGone)] == [WorkerGone(rank=3)]
+    out = state.exited("s1", exited("worker-3", 0, code=0), 3.0)
+    assert [c for c in out if isinstance(c, WorkerGone)] == [WorkerGone(rank=3, succeeded=True)]
     assert sent(out, Spawn) == [] and state.failures == [] and state.restarts == []
-    # Its slot is free again; rank 2 still stops there, so only one more fits on s1.
+    # Its slot is free again; rank 2 still leaves there, so only one more fits on s1.
     assert state._free_slots("s1") == 1
+    assert state.status == ""  # the job goes on
+
+
+def test_a_removed_worker_that_does_not_leave_in_time_or_cannot_be_asked_is_stopped():
+    state = make_state(workers=2)
+    up(state)
+    running(state, state.scale_workers(4, 1.0))
+    state.scale_workers(2, 2.0)
+    assert sent(heard_tick(state, 2.0 + LEAVE_GRACE_S - 1), Kill) == []
+    out = heard_tick(state, 2.0 + LEAVE_GRACE_S)
+    assert sorted((k.proc_id, k.attempt) for k in sent(out, Kill)) == [
+        ("worker-2", 0),
+        ("worker-3", 0),
+    ]
+    assert sorted(e.rank for e in events(out, "leave_stopped")) == [2, 3]
+    assert sent(heard_tick(state, 3.0 + LEAVE_GRACE_S), Kill) == []  # once
+    # No SDK to ask: stopped at once; an attempt that is not the leaving one: nothing.
+    other = make_state(workers=2)
+    up(other)
+    running(other, other.scale_workers(3, 1.0))
+    other.scale_workers(2, 2.0)
+    assert other.leave_unheard(2, 5, "x") == []
+    assert [(k.proc_id, k.attempt) for k in sent(other.leave_unheard(2, 0, "x"), Kill)] == [
+        ("worker-2", 0)
+    ]
+
+
+def test_a_worker_still_starting_when_removed_is_stopped_at_once():
+    state = make_state(workers=2)
+    up(state)
+    state.scale_workers(3, 1.0)  # spawn sent, no Spawned yet
+    out = state.scale_workers(2, 1.5)
+    assert [(k.proc_id, k.attempt) for k in sent(out, Kill)] == [("worker-2", 0)]
+    assert not [c for c in out if isinstance(c, AskToLeave)]
 
 
 def test_a_rank_still_stopping_cannot_start_again_and_a_readded_rank_gets_a_new_attempt():

@@ -175,6 +175,9 @@ class SupervisorClient:
     def release(self, lease_ids: Sequence[int], step: int) -> None:
         self._call(self._link.release, list(lease_ids), step)
 
+    def give_back_queued(self, step: int) -> None:
+        self._call(self._link.give_back_queued, step)
+
     def report(self, reports: list[TimedReport]) -> None:
         # No wake-up of the link thread per step: it sends every report interval.
         self._link.hand_reports(reports)

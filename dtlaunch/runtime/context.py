@@ -21,13 +21,20 @@ import os
 import socket
 from collections.abc import Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from dtlaunch.errors import ConfigError
 from dtlaunch.inject import parse_injections
 from dtlaunch.proctitle import name_this_process
 from dtlaunch.runtime.client import SupervisorClient
-from dtlaunch.runtime.data import BatchStream, LeaseSource, local_batch_size
+from dtlaunch.runtime.data import (
+    DATA_WAIT_AGAIN_S,
+    DATA_WAIT_FIRST_S,
+    BatchStream,
+    DataWaitListener,
+    LeaseSource,
+    local_batch_size,
+)
 from dtlaunch.runtime.dataset_args import check_args_agree, dataset_from_args, given_dataset_args
 from dtlaunch.runtime.environ import (
     DEFAULT_INIT_TIMEOUT_S,
@@ -43,7 +50,14 @@ from dtlaunch.runtime.environ import (
 from dtlaunch.runtime.standalone import StandaloneSource
 from dtlaunch.runtime.steps import REPORT_EVERY_S, StepTimer
 from dtlaunch.sharding import DatasetSpec, dataset_info
-from dtlaunch.wire.messages import AdjustBatchSize, AdjustLR, Attached, PsPlacementMap, Regroup
+from dtlaunch.wire.messages import (
+    AdjustBatchSize,
+    AdjustLR,
+    Attached,
+    LeaveJob,
+    PsPlacementMap,
+    Regroup,
+)
 
 if TYPE_CHECKING:  # torch is optional: only attach() and bsp_batches() need it
     from dtlaunch.runtime.elastic import ElasticGroup
@@ -53,30 +67,6 @@ __all__ = ["DataWaitListener", "Job", "current_job", "init"]
 logger = logging.getLogger(__name__)
 
 DEFAULT_CLOSE_TIMEOUT_S = 10.0
-# How long batches() waits for a lease before its listeners hear that it waits for
-# data, and how often they hear it again while it still does.
-DATA_WAIT_FIRST_S = 0.1
-DATA_WAIT_AGAIN_S = 0.5
-
-
-class DataWaitListener(Protocol):
-    """Told when ``Job.batches()`` waits for data and when data comes again.
-
-    ``dtlaunch.ps.Client`` is one: a BSP parameter server must not hold its step
-    for a worker that waits for shards the other workers hold (the end of an
-    epoch or of the data set), so the client steps aside while its worker waits.
-    Both are called from the thread that iterates ``batches()``.
-    """
-
-    def waiting_for_data(self) -> None:
-        """No lease at hand; called again every ``DATA_WAIT_AGAIN_S`` while none comes."""
-        ...
-
-    def data_arrived(self) -> None:
-        """A batch is about to be handed out after a wait (not at the end of data)."""
-        ...
-
-
 # The process's open Job (a training process has one, like torch.distributed's
 # default group), so helpers such as dtlaunch.ps.Client find it without plumbing.
 _current: Job | None = None
@@ -554,6 +544,9 @@ class Job:
         for action in self._source.actions():
             if isinstance(action, AdjustBatchSize | AdjustLR):
                 self._pending_actions.append(action)
+            elif isinstance(action, LeaveJob):  # dtlaunch scale removed this worker
+                logger.warning("leaving the job: %s", action.reason)
+                self._stream.leave()
             elif isinstance(action, Regroup):
                 if self._elastic is not None:
                     self._elastic.hear(action)

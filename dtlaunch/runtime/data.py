@@ -32,8 +32,11 @@ from dtlaunch.sharding import DatasetSpec, shard_records
 from dtlaunch.wire.messages import Lease, Message
 
 __all__ = [
+    "DATA_WAIT_AGAIN_S",
+    "DATA_WAIT_FIRST_S",
     "AckMode",
     "BatchStream",
+    "DataWaitListener",
     "LeaseSource",
     "lease_fits",
     "lease_records",
@@ -61,6 +64,30 @@ NOT_READY = NotReady()
 SHORT_BATCH_WAIT_S = 0.1
 
 
+# How long batches() waits for a lease before its listeners hear that it waits for
+# data, and how often they hear it again while it still does.
+DATA_WAIT_FIRST_S = 0.1
+DATA_WAIT_AGAIN_S = 0.5
+
+
+class DataWaitListener(Protocol):
+    """Told when ``Job.batches()`` waits for data and when data comes again.
+
+    ``dtlaunch.ps.Client`` is one: a BSP parameter server must not hold its step
+    for a worker that waits for shards the other workers hold (the end of an
+    epoch or of the data set), so the client steps aside while its worker waits.
+    Both are called from the thread that iterates ``batches()``.
+    """
+
+    def waiting_for_data(self) -> None:
+        """No lease at hand; called again every ``DATA_WAIT_AGAIN_S`` while none comes."""
+        ...
+
+    def data_arrived(self) -> None:
+        """A batch is about to be handed out after a wait (not at the end of data)."""
+        ...
+
+
 class LeaseSource(Protocol):
     """Where leases come from and where their acks go."""
 
@@ -79,6 +106,11 @@ class LeaseSource(Protocol):
     def release(self, lease_ids: Sequence[int], step: int) -> None:
         """Give these leases back to be read again (their step was dropped); must
         not block."""
+        ...
+
+    def give_back_queued(self, step: int) -> None:
+        """Fetch no more leases, and give back those fetched ahead and not taken
+        yet (the worker leaves the job); must not block."""
         ...
 
     def close(self, timeout: float) -> None:
@@ -152,6 +184,7 @@ class BatchStream:
         # and every lease it read from.
         self._uncovered: deque[tuple[list[int], set[int]]] = deque()
         self._steps = 0
+        self._leaving = False  # no lease after the one being read (LeaveJob)
 
     @property
     def batch_size(self) -> int:
@@ -217,6 +250,13 @@ class BatchStream:
         self._uncovered.append((completed, touched))
         return batch
 
+    def leave(self) -> None:
+        """The worker leaves the job (``dtlaunch scale`` removed it): the batches
+        end with the lease being read, and the leases fetched ahead go back to
+        the queue untouched, so every record is trained once."""
+        self._leaving = True
+        self._source.give_back_queued(self._steps)
+
     def step(self) -> int:
         """One iteration's gradients are applied: ack the leases its batches finished."""
         self._steps += 1
@@ -246,6 +286,9 @@ class BatchStream:
         """Move to the next lease with records; False at the end of data, or when
         ``wait`` is given and no lease came within it."""
         while True:
+            if self._leaving:
+                self._ended = True
+                return False
             polled = self._source.next_lease() if wait is None else self._source.poll_lease(wait)
             if isinstance(polled, NotReady):
                 return False

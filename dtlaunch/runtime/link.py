@@ -65,6 +65,7 @@ from dtlaunch.wire.messages import (
     FetchShards,
     Hello,
     Lease,
+    LeaveJob,
     Message,
     Ping,
     PlacementReady,
@@ -208,6 +209,7 @@ class SupervisorLink:
         self._outbox: list[Message] = []  # notices from the training thread
         self._sticky: list[Message] = []  # notices every new supervisor must hear
         self._close_deadline: float | None = None
+        self._leaving_at: int | None = None  # the step it left the job at (LeaveJob)
 
     # ------------------------------------- called by the training thread, run here
 
@@ -238,14 +240,36 @@ class SupervisorLink:
             self._pending_acks[lease_id] = (step, -math.inf)
         self._wake.set()
 
-    def release(self, lease_ids: list[int], step: int) -> None:
+    def release(self, lease_ids: list[int], step: int, reason: str = "") -> None:
         # Not ours any more: a Hello after a supervisor restart must not claim
         # them (the supervisor then releases them itself if this notice is lost).
         for lease_id in lease_ids:
             self._held.discard(lease_id)
             self._pending_acks.pop(lease_id, None)
-        reason = f"step {step} of worker {self._conn.rank} was dropped (BACKUP_WORKERS)"
+        reason = reason or f"step {step} of worker {self._conn.rank} was dropped (BACKUP_WORKERS)"
         self.queue_send(ReleaseShards(lease_ids=lease_ids, step=step, reason=reason), False)
+
+    def give_back_queued(self, step: int) -> None:
+        """The worker leaves (LeaveJob): no more fetching; the leases queued for
+        the training thread, which reads none of them now, go back, and so does
+        any a grant still brings (``_on_grant``)."""
+        self._leaving_at = step
+        queued: list[int] = []
+        while True:
+            try:
+                item = self._shared.items.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, Lease):
+                queued.append(item.lease_id)
+            else:
+                self._shared.items.put(item)  # End or Failed: keep it for the reader
+                break
+        if queued:
+            self.release(queued, step, self._leave_reason(step))
+
+    def _leave_reason(self, step: int) -> str:
+        return f"worker {self._conn.rank} leaves the job at step {step} (dtlaunch scale)"
 
     def queue_send(self, msg: Message, repeat_on_rehello: bool) -> None:
         self._outbox.append(msg)
@@ -428,6 +452,8 @@ class SupervisorLink:
         spec = self._spec
         if spec is None or self._finished or self._close_deadline is not None:
             return
+        if self._leaving_at is not None:
+            return
         if self._outstanding is not None:
             request_id, sent_at = self._outstanding
             if now - sent_at < self._timeout:
@@ -489,7 +515,7 @@ class SupervisorLink:
             self._outbox.extend(self._sticky)
         elif isinstance(msg, (DatasetReady, PlacementReady)):
             self._on_answer(msg)
-        elif isinstance(msg, (AdjustBatchSize, AdjustLR, Regroup)):
+        elif isinstance(msg, (AdjustBatchSize, AdjustLR, Regroup, LeaveJob)):
             self._shared.actions.put(msg)
         elif isinstance(msg, RegroupGo):
             self._shared.regroup_go.put(msg)
@@ -517,6 +543,11 @@ class SupervisorLink:
             self._seen.add(lease.lease_id)
             if not lease_fits(spec, lease):
                 logger.error("lease %r does not fit the data set %s; ignored", lease, spec)
+                continue
+            if self._leaving_at is not None:  # asked for before the worker left
+                self.release(
+                    [lease.lease_id], self._leaving_at, self._leave_reason(self._leaving_at)
+                )
                 continue
             self._held.add(lease.lease_id)
             self._shared.queued.add(lease.end - lease.start)

@@ -42,6 +42,9 @@ class StandaloneSource:
     def release(self, lease_ids: Sequence[int], step: int) -> None:
         self._again.extend(self._given[i] for i in lease_ids if i in self._given)
 
+    def give_back_queued(self, step: int) -> None:
+        return None  # nothing is fetched ahead
+
     def close(self, timeout: float) -> None:
         return None
 

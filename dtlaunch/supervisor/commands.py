@@ -1,4 +1,5 @@
-"""What a control client asks of the running job: ``dtlaunch stop`` and ``dtlaunch scale``.
+"""What a control client asks of the running job: ``dtlaunch stop`` and ``dtlaunch scale``
+(and asking the workers a scale-down removed to leave).
 
 A control client holds the run's client key (only someone who can read the run
 directory has it). Each request is recorded as a ``command`` event and answered
@@ -13,8 +14,8 @@ from collections.abc import Awaitable, Callable
 
 from dtlaunch.errors import ConfigError
 from dtlaunch.events import EventRecorder
-from dtlaunch.supervisor.jobstate import Command, JobState
-from dtlaunch.wire.messages import Ack, Message, ScaleJob, StopJob
+from dtlaunch.supervisor.jobstate import AskToLeave, Command, JobState, WorkerPeers
+from dtlaunch.wire.messages import Ack, LeaveJob, Message, ScaleJob, StopJob
 
 __all__ = ["CONTROL_MESSAGES", "ControlCommands"]
 
@@ -33,6 +34,7 @@ class ControlCommands:
         recorder: EventRecorder,
         apply: Callable[[list[Command]], None],
         reply: Reply,
+        workers: WorkerPeers,
         workers_changed: Callable[[list[int], list[int]], None],
     ) -> None:
         """``workers_changed(before, after)``: told the worker ranks after a scale
@@ -41,6 +43,7 @@ class ControlCommands:
         self._recorder = recorder
         self._apply = apply
         self._reply = reply
+        self._workers = workers
         self._workers_changed = workers_changed
 
     async def handle(self, peer: bytes, msg: StopJob | ScaleJob, now: float) -> None:
@@ -66,3 +69,13 @@ class ControlCommands:
             log.info("scaling: %s (%s)", detail, msg.reason)
             self._workers_changed(before, self._state.worker_ranks())
         await self._reply(peer, Ack(ok=True, detail=detail))
+
+    async def ask_to_leave(self, command: AskToLeave) -> None:
+        """A worker a scale-down removed ends its batches with the shard it reads
+        (``LeaveJob``); one whose SDK never said hello cannot be asked: stopped."""
+        if self._workers.said_hello(command.rank, command.attempt):
+            peer = self._workers.peer_of(command.rank)
+            await self._reply(peer, LeaveJob(reason=command.reason))
+            return
+        why = "its SDK never said hello, so it cannot be asked to leave"
+        self._apply(self._state.leave_unheard(command.rank, command.attempt, why))

@@ -19,10 +19,12 @@ from dtlaunch.errors import DtlaunchError, WalError
 from dtlaunch.supervisor.agents import AgentStarter
 from dtlaunch.supervisor.commands import CONTROL_MESSAGES, ControlCommands
 from dtlaunch.supervisor.control.loop import ActionTargets, ControlLoop, ReportIntake
+from dtlaunch.supervisor.control.stacks import StackRequests, innermost_frames, stuck_processes
 from dtlaunch.supervisor.control.stall import Stall, StallWatch
 from dtlaunch.supervisor.history import ResumePlan
 from dtlaunch.supervisor.jobstate import (
     AgentState,
+    AskToLeave,
     Command,
     EmitEvent,
     Finish,
@@ -39,7 +41,6 @@ from dtlaunch.supervisor.psfleet import ServerFleet
 from dtlaunch.supervisor.regroup import JOIN_PREFIX, RegroupDriver
 from dtlaunch.supervisor.rna import RNA_MESSAGES, RoundService
 from dtlaunch.supervisor.services import JobServices
-from dtlaunch.supervisor.control.stacks import StackRequests, innermost_frames, stuck_processes
 from dtlaunch.supervisor.status import STATUS_PREFIX
 from dtlaunch.version import __version__
 from dtlaunch.wire.messages import (
@@ -169,6 +170,7 @@ class Supervisor:
             recorder=self._recorder,
             apply=self._apply,
             reply=router.send,
+            workers=self._workers,
             workers_changed=fleet.workers_changed if fleet is not None else lambda *_: None,
         )
         self._done = asyncio.Event()
@@ -270,7 +272,11 @@ class Supervisor:
                     gone = self._rounds.worker_gone(command.rank, succeeded=command.succeeded)
                     self._spawn_task(gone, f"rna-{command.rank}")
                 self._control.worker_gone(command.rank)
+                if self._fleet is not None:
+                    self._fleet.worker_gone(command.rank)
                 self._spawn_task(self._dds.worker_gone(command.rank), f"gone-{command.rank}")
+            elif isinstance(command, AskToLeave):  # a scale-down's worker
+                self._spawn_task(self._commands.ask_to_leave(command), "leave")
             elif isinstance(command, Finish):
                 self._recorder.emit("job_end", status=command.status, reason=self.state.stop_reason)
                 self._done.set()

@@ -13,6 +13,7 @@ from dtlaunch.supervisor.jobstate.limits import LimitRules
 from dtlaunch.supervisor.jobstate.machine import (
     LISTENERS_PER_HOST_MAX,
     AgentState,
+    AskToLeave,
     Command,
     EmitEvent,
     Finish,
@@ -30,6 +31,7 @@ from dtlaunch.supervisor.jobstate.workers import WorkerPeers
 __all__ = [
     "LISTENERS_PER_HOST_MAX",
     "AgentState",
+    "AskToLeave",
     "Command",
     "EmitEvent",
     "Finish",

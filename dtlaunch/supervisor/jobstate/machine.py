@@ -44,6 +44,7 @@ from dtlaunch.supervisor.jobstate.nodes import (
     LIVE_PROC_STATES,
     AgentSlot,
     AgentState,
+    AskToLeave,
     Command,
     EmitEvent,
     FailureRecord,
@@ -64,9 +65,11 @@ from dtlaunch.supervisor.placement import Assignment
 from dtlaunch.wire.messages import Exited, Kill, Message, ProcReport, Shutdown, Spawn
 
 __all__ = [
+    "LEAVE_GRACE_S",
     "LISTENERS_PER_HOST_MAX",
     "MASTER_PORT_SLOTS",
     "AgentState",
+    "AskToLeave",
     "Command",
     "EmitEvent",
     "Finish",
@@ -105,6 +108,9 @@ SpawnBuilder = Callable[[ProcSlot, str, int], Spawn]
 _REACHABLE_AGENT_STATES = (AgentState.UP, AgentState.UNRESPONSIVE, AgentState.LAUNCHING)
 # Processes that hold their host: running or about to be spawned there.
 _BUSY_PROC_STATES = (*LIVE_PROC_STATES, ProcState.PENDING)
+# A worker a scale-down removed finishes the shard it reads, then leaves (every
+# record once); one that has not exited this long after being asked is stopped.
+LEAVE_GRACE_S = 120.0
 
 
 def _limits_of(slot: ProcSlot) -> dict[str, float]:
@@ -200,6 +206,7 @@ class JobState:
         # proc id -> the last attempt of a removed worker: a scale-up that adds the
         # rank again starts after it, so no identity of the old process counts.
         self._removed_attempts: dict[str, int] = {}
+        self._leave_by: dict[str, float] = {}  # removed proc id -> when it is stopped
         # Spare hosts get an agent too, so a KILL_RESTART onto one starts at once.
         self.agents: dict[str, AgentSlot] = {
             host: AgentSlot(host=host)
@@ -310,6 +317,12 @@ class JobState:
             out += self._resource_sample()
         for agent in self.agents.values():
             out += self._check_silence(agent, now)
+        for proc_id, deadline in list(self._leave_by.items()):
+            if now >= deadline:
+                why = f"still running {LEAVE_GRACE_S:.0f} s after it was asked to leave"
+                out += self.leave_unheard(
+                    int(proc_id.rpartition("-")[2]), self.removing[proc_id][1], why
+                )
         if self.phase is Phase.STOPPING and now >= self.stop_deadline:
             out += self._finish()
         return out
@@ -1532,7 +1545,7 @@ class JobState:
             )
         ]
         for rank in plan.removed:
-            out += self._remove_worker(self.procs.pop(f"worker-{rank}"))
+            out += self._remove_worker(self.procs.pop(f"worker-{rank}"), reason, now)
         workers = [s.assignment for s in self.procs.values()]
         for host in dict.fromkeys(plan.added.values()):
             if host not in self.agents:  # a hostfile host that ran nothing yet
@@ -1572,13 +1585,31 @@ class JobState:
         gpus = self.host_gpus
         return room + [(h, min(n, gpus[h]) if gpus.get(h) else n) for h, n in idle]
 
-    def _remove_worker(self, slot: ProcSlot) -> list[Command]:
+    def _remove_worker(self, slot: ProcSlot, reason: str, now: float) -> list[Command]:
+        """A running worker is asked to leave after the shard it reads; one that
+        is starting or stopping has nothing to finish and is stopped."""
         self._removed_attempts[slot.proc_id] = max(slot.attempt, slot.spent_attempts)
         out: list[Command] = [self._proc_event("removed", slot, attempt=slot.attempt)]
-        if slot.state in LIVE_PROC_STATES:
-            self.removing[slot.proc_id] = (slot.host, slot.attempt)
-            return [*out, self._kill(slot.proc_id, slot.host, slot.attempt)]
-        return [*out, WorkerGone(rank=slot.rank)]  # leases it may hold go back
+        if slot.state not in LIVE_PROC_STATES:
+            return [*out, WorkerGone(rank=slot.rank)]  # leases it may hold go back
+        self.removing[slot.proc_id] = (slot.host, slot.attempt)
+        if slot.state is ProcState.RUNNING:
+            self._leave_by[slot.proc_id] = now + LEAVE_GRACE_S
+            why = f"dtlaunch scale removed worker {slot.rank}" + (f" ({reason})" if reason else "")
+            return [*out, AskToLeave(rank=slot.rank, attempt=slot.attempt, reason=why)]
+        return [*out, self._kill(slot.proc_id, slot.host, slot.attempt)]
+
+    def leave_unheard(self, rank: int, attempt: int, why: str) -> list[Command]:
+        """A removed worker that cannot be asked to leave, or did not leave within
+        ``LEAVE_GRACE_S``: stopped now (its unfinished shards are read again)."""
+        proc_id = f"worker-{rank}"
+        if self.removing.get(proc_id, ("", -1))[1] != attempt:
+            return []
+        host, _ = self.removing[proc_id]
+        self._leave_by.pop(proc_id, None)
+        event = EmitEvent(kind="leave_stopped", host=host, role="worker", rank=rank,
+                          data={"attempt": attempt, "reason": why})  # fmt: skip
+        return [event, self._kill(proc_id, host, attempt)]
 
     def _new_worker_slot(self, assignment: Assignment) -> ProcSlot:
         slot = ProcSlot(
@@ -1596,6 +1627,7 @@ class JobState:
     def _removed_exited(self, host: str, msg: Exited) -> list[Command]:
         """A worker a scale-down removed has ended: its shards go back."""
         del self.removing[msg.proc_id]
+        self._leave_by.pop(msg.proc_id, None)
         rank = int(msg.proc_id.rpartition("-")[2])
         data = {"exit_code": msg.exit_code, "signal": msg.signal, "removed": True}
         gone = EmitEvent(kind="exit", host=host, role="worker", rank=rank, data=data)
@@ -1608,6 +1640,7 @@ class JobState:
         for proc_id, (held, attempt) in list(self.removing.items()):
             if held == host and (running is None or (proc_id, attempt) not in running):
                 del self.removing[proc_id]
+                self._leave_by.pop(proc_id, None)
                 out.append(WorkerGone(rank=int(proc_id.rpartition("-")[2])))
         return out
 

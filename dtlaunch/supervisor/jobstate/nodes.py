@@ -78,7 +78,18 @@ class WorkerGone:
     succeeded: bool = False  # it ended with its work done: it is not restarted
 
 
-Command = LaunchAgent | SendToAgent | EmitEvent | Finish | WorkerGone
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AskToLeave:
+    """A running worker a scale-down removed: ask it (``LeaveJob``) to end its
+    batches with the shard it reads; ``JobState.leave_unheard`` when it cannot be
+    asked (its SDK never said hello), which stops it at once."""
+
+    rank: int
+    attempt: int
+    reason: str
+
+
+Command = LaunchAgent | SendToAgent | EmitEvent | Finish | WorkerGone | AskToLeave
 
 
 # ---------------------------------------------------------------- bookkeeping

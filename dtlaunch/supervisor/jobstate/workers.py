@@ -60,7 +60,10 @@ class WorkerPeers:
         rank the node table does not hold would otherwise reach the queue (and the
         WAL) before anything noticed it."""
         who = parse_worker_identity(peer)
-        if who is None or f"worker-{who[0]}" not in self._state.procs:
+        if who is None:
+            return None
+        proc_id = f"worker-{who[0]}"
+        if proc_id not in self._state.procs and proc_id not in self._state.removing:
             return None
         return who
 
@@ -69,10 +72,18 @@ class WorkerPeers:
         heard of yet), or its replaced one that trains on until its prewarmed
         replacement joins; not an attempt given up for another."""
         proc_id = f"worker-{rank}"
+        leaving = self._state.removing.get(proc_id)  # a scale-down's, finishing its shard
+        if leaving is not None and leaving[1] == attempt:
+            return True
+        slot = self._state.procs.get(proc_id)
         retiring = self._state.retiring.get(proc_id)
-        return attempt >= self._state.procs[proc_id].attempt or (
+        return (slot is not None and attempt >= slot.attempt) or (
             retiring is not None and retiring[1] == attempt
         )
+
+    def said_hello(self, rank: int, attempt: int) -> bool:
+        """Whether attempt ``attempt`` of worker ``rank`` is the one that said Hello last."""
+        return self._hello_from.get(rank) == worker_identity(rank, attempt)
 
     def hello(self, rank: int, peer: bytes) -> None:
         self.greeted.add(rank)

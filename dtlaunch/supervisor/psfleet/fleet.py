@@ -172,11 +172,20 @@ class ServerFleet:
                 self._intake.server_updates(rank, updates, server_now=stats.now_s)
 
     def workers_changed(self, before: list[int], after: list[int]) -> None:
-        """A scale changed the workers from ``before`` to ``after``: removed ones
-        leave the membership now, added ones when they say hello."""
+        """A scale changed the workers from ``before`` to ``after``: added ones join
+        the membership when they say hello, removed ones once they are gone (they
+        train the shard they read to its end first; ``worker_gone``)."""
+        members = self._members if self._members is not None else set(before)
         self._not_yet_greeted = (self._not_yet_greeted | (set(after) - set(before))) & set(after)
-        self._members = set(after) - self._not_yet_greeted
+        self._members = (members | set(after)) - self._not_yet_greeted
         self._spawn(self._push_members(), "ps-members")
+
+    def worker_gone(self, rank: int) -> None:
+        """A worker ended; one a scale removed leaves the membership now."""
+        members = self._members
+        if members is not None and rank in members and rank not in self._state.worker_ranks():
+            members.discard(rank)
+            self._spawn(self._push_members(), "ps-members")
 
     def worker_greeted(self, rank: int) -> None:
         if rank in self._not_yet_greeted and self._members is not None:

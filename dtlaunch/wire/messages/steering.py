@@ -5,7 +5,8 @@ travel under the name they were decided with (``AdjustBatchSize``,
 ``AdjustLR``), each carrying the whole plan and the step at which every worker
 applies it. In allreduce mode a group re-forms around its survivors with
 ``Attached``, ``Regroup``, ``RegroupReady`` and ``RegroupGo``
-(``dtlaunch.runtime.elastic``).
+(``dtlaunch.runtime.elastic``). ``LeaveJob`` asks a worker that ``dtlaunch
+scale`` removed to end its batches with the shard it is reading.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ __all__ = [
     "AdjustBatchSize",
     "AdjustLR",
     "Attached",
+    "LeaveJob",
     "RankBatch",
     "RankFactor",
     "Regroup",
@@ -168,6 +170,17 @@ class RegroupGo(Message):
     batch_size: int = 0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaveJob(Message):
+    """To a worker a scale-down removed: read no further shard, give back the
+    ones fetched ahead, and end ``batches()`` once the shard being read is
+    trained and acked; the process then ends as at the end of the data. A worker
+    that has not exited after a grace period is stopped."""
+
+    TYPE: ClassVar[str] = "leave_job"
+    reason: str
+
+
 # This protocol's messages in the registry (``MESSAGE_TYPES``).
 MESSAGES: tuple[type[Message], ...] = (
     StepReports,
@@ -177,4 +190,5 @@ MESSAGES: tuple[type[Message], ...] = (
     Regroup,
     RegroupReady,
     RegroupGo,
+    LeaveJob,
 )

@@ -1,0 +1,133 @@
+"""DLRover's resource-throughput model (§4.1) and its adjust rules (§4.2). Pure.
+
+A PS job's throughput grows with its workers until the parameter servers run out
+of CPU: with ``ŵ`` the CPU cores one worker uses and ``ŝ`` the server cores each
+worker's updates use (measured with few workers: the *sample* phase), a job of
+``C_total`` cores runs at most ``N_w = C_total / (ŵ + ŝ)`` workers (eq. 10),
+leaving ``s_total = C_total - N_w·ŵ`` cores to the servers (eq. 11). The
+*adjust* phase then fixes what the model missed: servers with CPU to spare take
+more workers, at most ``√N_w`` more at a time (§4.2's √K cap, with K the
+workers running: a small job grows by one, a job of 16 by four), and a *hot*
+server needs ``min(ŝ_hot / ŝ_total · ŝ · N_w, C_max)`` cores to keep up.
+
+dtlaunch's servers cannot change their count or CPU while the job runs, so
+``s_total`` is also bounded by the CPU the servers were given
+(:func:`workers_for`), and the model's throughput is the one-worker rate times
+the workers the servers can feed (:func:`predicted_throughput`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dtlaunch.errors import InfeasibleError
+
+__all__ = [
+    "WorkerPlan",
+    "added_workers",
+    "hot_server_cores",
+    "plan_workers",
+    "predicted_throughput",
+    "workers_for",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerPlan:
+    """The *optimize* phase's answer (eq. 10-11), with what bounded it."""
+
+    workers: int  # N_w, within [min_workers, max_workers]
+    model_workers: float  # C_total / (ŵ + ŝ) before rounding and bounds
+    server_cores: float  # s_total = C_total - N_w·ŵ (eq. 11) for the plan's N_w
+    bound: str  # "model" | "servers" | "max_workers" | "min_workers"
+
+
+def plan_workers(
+    *,
+    total_cores: float,
+    worker_cores: float,
+    server_cores_per_worker: float,
+    server_cores_given: float | None = None,
+    min_workers: int = 1,
+    max_workers: int | None = None,
+) -> WorkerPlan:
+    """Eq. 10 (``N_w = C_total / (ŵ + ŝ)``, rounded down) and eq. 11, bounded by
+    ``[min_workers, max_workers]`` and, when the servers' CPU is fixed at
+    ``server_cores_given``, by the workers those cores can serve (``s_given / ŝ``).
+
+    Raises:
+        InfeasibleError: a measurement or bound that is not a finite number > 0
+            (``ŝ`` may be 0: servers that did no measurable work bound nothing).
+    """
+    _positive("total_cores", total_cores)
+    _positive("worker_cores", worker_cores)
+    if not (math.isfinite(server_cores_per_worker) and server_cores_per_worker >= 0):
+        raise InfeasibleError(f"server_cores_per_worker must be >= 0, got {server_cores_per_worker}")
+    if min_workers < 1 or (max_workers is not None and max_workers < min_workers):
+        raise InfeasibleError(f"worker bounds [{min_workers}, {max_workers}] are empty")
+    model = total_cores / (worker_cores + server_cores_per_worker)
+    workers, bound = math.floor(model + 1e-9), "model"
+    if server_cores_given is not None:
+        fed = workers_for(server_cores_given, server_cores_per_worker)
+        if fed is not None and fed < workers:
+            workers, bound = fed, "servers"
+    if max_workers is not None and workers > max_workers:
+        workers, bound = max_workers, "max_workers"
+    if workers < min_workers:
+        workers, bound = min_workers, "min_workers"
+    return WorkerPlan(
+        workers=workers,
+        model_workers=model,
+        server_cores=max(0.0, total_cores - workers * worker_cores),
+        bound=bound,
+    )
+
+
+def workers_for(server_cores: float, server_cores_per_worker: float) -> int | None:
+    """How many workers ``server_cores`` serve at ``ŝ`` cores each (eq. 4's
+    ``N_w·ŝ < s_total``); None when ``ŝ`` is 0 (no bound)."""
+    if server_cores_per_worker <= 0:
+        return None
+    return math.floor(server_cores / server_cores_per_worker + 1e-9)
+
+
+def added_workers(
+    *, workers: int, server_cores_given: float, server_cores_used: float
+) -> int:
+    """§4.2's idle-PS rule: with ``ŝ = ŝ_total / N_w`` measured now, the servers
+    serve ``s_total / ŝ`` workers; add the difference, at most ``√N_w`` (at
+    least one) at a time. 0 when the servers are busy (or did no measurable work)."""
+    if workers < 1 or server_cores_used <= 0:
+        return 0
+    per_worker = server_cores_used / workers
+    fed = workers_for(server_cores_given, per_worker)
+    if fed is None or fed <= workers:
+        return 0
+    return min(fed - workers, max(1, math.floor(math.sqrt(workers))))
+
+
+def hot_server_cores(
+    *, hot_used: float, servers_used: float, one_worker_cores: float, workers: int, max_cores: float
+) -> float:
+    """§4.2's hot-PS rule: the cores the hot server needs for ``workers`` workers,
+    ``min(ŝ_hot / ŝ_total · ŝ · N_w, C_max)``, with ``ŝ`` the servers' cores per
+    worker measured with one worker (``one_worker_cores``)."""
+    if servers_used <= 0:
+        return 0.0
+    return min(hot_used / servers_used * one_worker_cores * workers, max_cores)
+
+
+def predicted_throughput(
+    *, one_worker_rate: float, workers: int, server_cores_given: float, server_cores_per_worker: float
+) -> float:
+    """Eq. 1 under the model's assumptions: each worker adds the rate one worker
+    reached, as long as the servers keep up (``N_w·ŝ ≤ s_total``)."""
+    fed = workers_for(server_cores_given, server_cores_per_worker)
+    effective = workers if fed is None else min(workers, max(fed, 1))
+    return one_worker_rate * effective
+
+
+def _positive(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise InfeasibleError(f"{name} must be a finite number > 0, got {value!r}")

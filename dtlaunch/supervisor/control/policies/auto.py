@@ -1,0 +1,284 @@
+"""``auto``: DLRover's brain for a PS job's workers (§4.2: sample, optimize, adjust).
+
+The job starts with the workers ``--workers`` names (one is DLRover's start).
+
+* **sample**: for ``sample_s`` of training with every worker reporting steps and
+  every process measured by its agent, average the CPU cores a worker uses
+  (``ŵ``), the cores the servers use together (``ŝ_total``, so ``ŝ =
+  ŝ_total / N_w`` a worker) and the job's samples/s.
+* **optimize**: eq. 10-11 (``solvers.dlrover.plan_workers``) with ``C_total``
+  the cores the hostfile declares (``cpus=``; one a slot where it declares
+  none), bounded by the servers' CPU (their limits: the servers cannot be
+  resized while they run), the free slots and ``max_workers``:
+  ``SCALE_WORKERS(N_w)``.
+* **adjust**, at most every ``interval_s``: servers using less than ``idle`` of
+  their CPU take more workers (§4.2's idle-PS rule, at most √N_w more at a
+  time) while the last addition raised the throughput by ``min_gain``; a server
+  using ``hot`` of its CPU or more is moved live to a free spare host
+  (KILL_RESTART of the server, §4.2's hot PS and §5.4's bad host).
+
+Every decision carries its inputs and the model's predicted throughput beside
+the measured one. Needs the built-in parameter servers; the resources come from
+the agents' measurements (``MonitorSnapshot.resources``), so ``replay --policy
+auto`` of a run without them decides nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from dtlaunch.errors import InfeasibleError
+from dtlaunch.solvers.dlrover import (
+    added_workers,
+    hot_server_cores,
+    plan_workers,
+    predicted_throughput,
+)
+from dtlaunch.supervisor.control.actions import Action, KillRestart, NoAction, ScaleWorkers
+from dtlaunch.supervisor.control.monitor import JobResources, MonitorSnapshot
+from dtlaunch.supervisor.control.policies.base import ParamReader, read_windows
+
+__all__ = ["AutoPolicy"]
+
+PHASES = ("sample", "adjust")
+
+
+@dataclass(slots=True)
+class _Sample:
+    """Running sums of the sample phase."""
+
+    since: float | None = None
+    count: int = 0
+    worker_cores: float = 0.0  # sum of per-sample means
+    server_cores: float = 0.0
+    rate: float = 0.0
+    workers: list[int] = field(default_factory=list)
+
+    def add(self, now: float, worker_cores: float, server_cores: float, rate: float, n: int) -> None:
+        if self.since is None:
+            self.since = now
+        self.count += 1
+        self.worker_cores += worker_cores
+        self.server_cores += server_cores
+        self.rate += rate
+        self.workers.append(n)
+
+
+class AutoPolicy:
+    """Size a PS job's workers from measurements; see module doc."""
+
+    name = "auto"
+
+    def __init__(self, params: dict[str, str] | None = None) -> None:
+        reader = ParamReader(self.name, params or {})
+        self.l_trans, self.l_per, self.lam = read_windows(reader)
+        self.sample_s = reader.number("sample_s", 30.0, low=0.0)
+        self.interval_s = reader.number("interval_s", 60.0, low=0.0)
+        self.max_workers = reader.integer("max_workers", 0, low=0)  # 0: slots bound
+        self.min_workers = reader.integer("min_workers", 1, low=1)
+        self.idle = reader.number("idle", 0.9, low=0.0, low_open=True)
+        self.hot = reader.number("hot", 0.9, low=0.0, low_open=True)
+        self.min_gain = reader.number("min_gain", 0.05, low=0.0)
+        reader.finish()
+        self.phase = "sample"
+        self._sample = _Sample()
+        self._one_worker_server_cores: float | None = None  # ŝ with the sampled workers
+        self._last_action_at = -math.inf
+        self._rate_before: float | None = None  # throughput before the last addition
+        self._saturated = False
+
+    # ------------------------------------------------------------------ decide
+
+    def decide(self, snap: MonitorSnapshot) -> list[Action]:
+        res = snap.resources
+        measured = _measured(snap, res)
+        if res is None or measured is None:
+            return [NoAction(reason="auto: waiting for every worker's steps and the agents' CPU "
+                             "measurements", inputs={"phase": self.phase})]  # fmt: skip
+        worker_cores, server_cores, rate = measured
+        n = len(res.workers)
+        inputs = {
+            "phase": self.phase,
+            "workers": n,
+            "worker_cores": round(worker_cores, 3),
+            "server_cores": round(server_cores, 3),
+            "server_cores_given": round(res.server_cores_given, 3),
+            "total_cores": round(res.total_cores, 3),
+            "free_worker_slots": res.free_worker_slots,
+            "measured_rate": round(rate, 3),
+        }
+        if self.phase == "sample":
+            return self._sampling(snap.now, res, worker_cores, server_cores, rate, inputs)
+        if snap.now - self._last_action_at < self.interval_s or snap.restart_pending:
+            return [NoAction(reason="auto: settling after the last change", inputs=inputs)]
+        hot = self._hot_server(snap, res, server_cores, n, inputs)
+        if hot is not None:
+            return [hot]
+        return [self._grow(snap.now, res, server_cores, rate, n, inputs)]
+
+    # ------------------------------------------------------------------ phases
+
+    def _sampling(
+        self,
+        now: float,
+        res: JobResources,
+        worker_cores: float,
+        server_cores: float,
+        rate: float,
+        inputs: dict[str, object],
+    ) -> list[Action]:
+        sample = self._sample
+        sample.add(now, worker_cores, server_cores, rate, len(res.workers))
+        assert sample.since is not None
+        if now - sample.since < self.sample_s or sample.count < 2:
+            left = max(0.0, self.sample_s - (now - sample.since))
+            return [NoAction(reason=f"auto: sampling, {left:.0f} s to go", inputs=inputs)]
+        w_hat = sample.worker_cores / sample.count
+        n_sampled = sum(sample.workers) / len(sample.workers)
+        s_hat = sample.server_cores / sample.count / n_sampled
+        one_rate = sample.rate / sample.count / n_sampled
+        self._one_worker_server_cores = s_hat
+        self.phase = "adjust"
+        inputs = {**inputs, "phase": "optimize", "w_hat": round(w_hat, 3), "s_hat": round(s_hat, 3)}
+        if w_hat <= 0:
+            return [NoAction(reason="auto: the workers used no measurable CPU; nothing to size",
+                             inputs=inputs)]  # fmt: skip
+        current = len(res.workers)
+        ceiling = current + res.free_worker_slots
+        if self.max_workers:
+            ceiling = min(ceiling, self.max_workers)
+        try:
+            plan = plan_workers(
+                total_cores=res.total_cores,
+                worker_cores=w_hat,
+                server_cores_per_worker=s_hat,
+                server_cores_given=res.server_cores_given or None,
+                min_workers=min(self.min_workers, ceiling),
+                max_workers=max(ceiling, 1),
+            )
+        except InfeasibleError as err:
+            return [NoAction(reason=f"auto: no plan ({err})", inputs=inputs)]
+        predicted = predicted_throughput(
+            one_worker_rate=one_rate,
+            workers=plan.workers,
+            server_cores_given=res.server_cores_given or math.inf,
+            server_cores_per_worker=s_hat,
+        )
+        inputs = {
+            **inputs,
+            "model_workers": round(plan.model_workers, 3),
+            "plan_workers": plan.workers,
+            "bound": plan.bound,
+            "server_cores_plan": round(plan.server_cores, 3),
+            "predicted_rate": round(predicted, 3),
+        }
+        if plan.workers == current:
+            return [NoAction(reason=f"auto: {current} workers is the plan ({plan.bound})",
+                             inputs=inputs)]  # fmt: skip
+        self._acted(now, rate if plan.workers > current else None)
+        return [
+            ScaleWorkers(
+                count=plan.workers,
+                reason=(
+                    f"auto: {current} -> {plan.workers} workers: C_total {res.total_cores:g} "
+                    f"cores / (w {w_hat:.2f} + s {s_hat:.2f}) = {plan.model_workers:.1f} "
+                    f"(eq. 10; bound: {plan.bound}); predicted {predicted:.1f} samples/s "
+                    f"against {rate:.1f} measured"
+                ),
+                inputs=inputs,
+            )
+        ]
+
+    def _hot_server(
+        self,
+        snap: MonitorSnapshot,
+        res: JobResources,
+        server_cores: float,
+        workers: int,
+        inputs: dict[str, object],
+    ) -> Action | None:
+        """The busiest server at ``hot`` of its CPU or more, when a spare host can
+        take it (§4.2: a hot PS gets a bigger home)."""
+        if not snap.spare_hosts or snap.spare_capacity < 1:
+            return None
+        busiest = max(res.servers.items(), key=lambda kv: kv[1].cpu_cores, default=None)
+        if busiest is None:
+            return None
+        rank, use = busiest
+        if use.cpu_limit <= 0 or use.cpu_cores < self.hot * use.cpu_limit:
+            return None
+        need = hot_server_cores(
+            hot_used=use.cpu_cores,
+            servers_used=server_cores,
+            one_worker_cores=self._one_worker_server_cores or server_cores / max(workers, 1),
+            workers=workers,
+            max_cores=max(res.host_cores.values(), default=use.cpu_limit),
+        )
+        self._acted(snap.now, None)
+        return KillRestart(
+            role="server",
+            rank=rank,
+            target_host=snap.spare_hosts[0],
+            reason=(
+                f"auto: server {rank} is hot, {use.cpu_cores:.2f} of its {use.cpu_limit:g} "
+                f"cores; it needs {need:.2f} for {workers} workers: moved to a spare host"
+            ),
+            inputs={**inputs, "hot_server": rank, "hot_cores": round(use.cpu_cores, 3),
+                    "hot_limit": use.cpu_limit, "cores_needed": round(need, 3)},  # fmt: skip
+        )
+
+    def _grow(
+        self, now: float, res: JobResources, server_cores: float, rate: float, n: int,
+        inputs: dict[str, object],
+    ) -> Action:  # fmt: skip
+        """§4.2's idle PS: servers with CPU to spare take more workers, while each
+        addition still raises the throughput."""
+        if self._rate_before is not None:
+            if rate < self._rate_before * (1.0 + self.min_gain):
+                self._saturated = True
+            self._rate_before = None
+        given = res.server_cores_given
+        if self._saturated:
+            return NoAction(reason="auto: the last workers added did not raise the throughput "
+                            f"by {self.min_gain:.0%}; holding {n}", inputs=inputs)  # fmt: skip
+        if given <= 0 or server_cores >= self.idle * given:
+            return NoAction(reason=f"auto: the servers are busy ({server_cores:.2f} of "
+                            f"{given:g} cores); holding {n} workers", inputs=inputs)  # fmt: skip
+        more = added_workers(workers=n, server_cores_given=given, server_cores_used=server_cores)
+        room = res.free_worker_slots
+        if self.max_workers:
+            room = min(room, self.max_workers - n)
+        more = min(more, room)
+        if more <= 0:
+            return NoAction(reason="auto: no room for more workers", inputs=inputs)
+        self._acted(now, rate)
+        return ScaleWorkers(
+            count=n + more,
+            reason=(
+                f"auto: the servers use {server_cores:.2f} of {given:g} cores: {n} -> "
+                f"{n + more} workers (idle PS, at most sqrt(N_w) at a time)"
+            ),
+            inputs={**inputs, "added": more},
+        )
+
+    def _acted(self, now: float, rate_before: float | None) -> None:
+        self._last_action_at = now
+        self._rate_before = rate_before
+
+
+def _measured(
+    snap: MonitorSnapshot, res: JobResources | None
+) -> tuple[float, float, float] | None:
+    """(mean worker cores, servers' cores together, job samples/s), or None while
+    a worker has no steps in the short window or no CPU measurement yet."""
+    if res is None or not res.workers or snap.awaiting_first_report:
+        return None
+    if any(rank not in snap.worker_short for rank in res.workers):
+        return None
+    if any(use.cpu_cores < 0 for use in (*res.workers.values(), *res.servers.values())):
+        return None
+    worker_cores = sum(u.cpu_cores for u in res.workers.values()) / len(res.workers)
+    server_cores = sum(u.cpu_cores for u in res.servers.values())
+    rate = sum(snap.worker_short[r].throughput for r in res.workers)
+    return worker_cores, server_cores, rate
