@@ -11,6 +11,7 @@ the decision to the wire (AntDT Table II)::
     AdjustLR(factors, apply_at_step)        ADJUST_LR: rank -> learning-rate factor
     BackupWorkers(count)                    BACKUP_WORKERS: PS steps skip the slowest
     KillRestart(role, rank, target_host)    KILL_RESTART: replace a node
+    ScaleWorkers(count)                     SCALE_WORKERS: run this many workers (PS jobs)
     NoAction(reason)                        NONE: nothing this interval
 
 Every action carries ``reason`` (one sentence for a person) and ``inputs`` (what
@@ -34,11 +35,14 @@ from dtlaunch.supervisor.control.actions import (
     BackupWorkers,
     KillRestart,
     NoAction,
+    ScaleWorkers,
     action_name,
 )
 from dtlaunch.supervisor.control.monitor import (
+    JobResources,
     MonitorSnapshot,
     NodeInfo,
+    ProcessUse,
     WindowStats,
     WorkerDevice,
 )
@@ -49,11 +53,14 @@ __all__ = [
     "AdjustBatchSize",
     "AdjustLR",
     "BackupWorkers",
+    "JobResources",
     "KillRestart",
     "MonitorSnapshot",
     "NoAction",
     "NodeInfo",
     "Policy",
+    "ProcessUse",
+    "ScaleWorkers",
     "WindowStats",
     "WorkerDevice",
     "action_name",

@@ -138,7 +138,8 @@ PolicyOption = Annotated[
         "| backup[:b=1] (PS mode) | dd[:cmin=1,cmax=5] (mixed devices: micro-batch and "
         "gradient accumulation per hostfile class=) | psld[:eps=0.1,threshold=1] (built-in "
         "PS: spread blocks by server speed) | rna[:probes=2,staleness=8] (allreduce without "
-        "a barrier, dtlaunch.rna.Trainer) | module:Class[:k=v].",
+        "a barrier, dtlaunch.rna.Trainer) | auto[:max_workers=N,sample_s=30,interval_s=60] "
+        "(built-in PS: size the workers by measured CPU, DLRover) | module:Class[:k=v].",
     ),
 ]
 ControlIntervalOption = Annotated[

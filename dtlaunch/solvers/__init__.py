@@ -20,6 +20,10 @@ global state (randomness only from a generator the caller passes), so policies,
   time and the power-of-d probe's response quantiles: :func:`staleness_weights`,
   :func:`lr_factor`, :func:`split_groups`, :func:`probe_response_quantile`,
   :func:`probe_median_response`.
+* :mod:`dtlaunch.solvers.dlrover` — DLRover §4.1-4.2: the workers for the
+  declared cores (eq. 10-11), the idle-PS and hot-PS rules:
+  :func:`plan_workers`, :func:`added_workers`, :func:`hot_server_cores`,
+  :func:`predicted_throughput`.
 """
 
 from __future__ import annotations

@@ -63,7 +63,9 @@ def plan_workers(
     _positive("total_cores", total_cores)
     _positive("worker_cores", worker_cores)
     if not (math.isfinite(server_cores_per_worker) and server_cores_per_worker >= 0):
-        raise InfeasibleError(f"server_cores_per_worker must be >= 0, got {server_cores_per_worker}")
+        raise InfeasibleError(
+            f"server_cores_per_worker must be >= 0, got {server_cores_per_worker}"
+        )
     if min_workers < 1 or (max_workers is not None and max_workers < min_workers):
         raise InfeasibleError(f"worker bounds [{min_workers}, {max_workers}] are empty")
     model = total_cores / (worker_cores + server_cores_per_worker)
@@ -92,9 +94,7 @@ def workers_for(server_cores: float, server_cores_per_worker: float) -> int | No
     return math.floor(server_cores / server_cores_per_worker + 1e-9)
 
 
-def added_workers(
-    *, workers: int, server_cores_given: float, server_cores_used: float
-) -> int:
+def added_workers(*, workers: int, server_cores_given: float, server_cores_used: float) -> int:
     """§4.2's idle-PS rule: with ``ŝ = ŝ_total / N_w`` measured now, the servers
     serve ``s_total / ŝ`` workers; add the difference, at most ``√N_w`` (at
     least one) at a time. 0 when the servers are busy (or did no measurable work)."""
@@ -119,7 +119,11 @@ def hot_server_cores(
 
 
 def predicted_throughput(
-    *, one_worker_rate: float, workers: int, server_cores_given: float, server_cores_per_worker: float
+    *,
+    one_worker_rate: float,
+    workers: int,
+    server_cores_given: float,
+    server_cores_per_worker: float,
 ) -> float:
     """Eq. 1 under the model's assumptions: each worker adds the rate one worker
     reached, as long as the servers keep up (``N_w·ŝ ≤ s_total``)."""

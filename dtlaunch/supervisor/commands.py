@@ -53,22 +53,30 @@ class ControlCommands:
             self._apply(self._state.stop(msg.reason, now))
             return
         self._recorder.emit("command", command="scale", workers=msg.workers, reason=msg.reason)
+        before = len(self._state.worker_ranks())
+        refused = self.scale(msg.workers, now, msg.reason)
+        if refused is not None:
+            await self._reply(peer, Ack(ok=False, detail=refused))
+        elif before == msg.workers:
+            await self._reply(peer, Ack(ok=True, detail=f"the job runs {before} worker(s) already"))
+        else:
+            await self._reply(peer, Ack(ok=True, detail=f"workers {before} -> {msg.workers}"))
+
+    def scale(self, count: int, now: float, reason: str) -> str | None:
+        """Run ``count`` workers from now on (``dtlaunch scale``, or SCALE_WORKERS of
+        a policy); returns why not when the job refuses, and then nothing changed."""
         before = self._state.worker_ranks()
         try:
-            commands = self._state.scale_workers(msg.workers, now, reason=msg.reason)
+            commands = self._state.scale_workers(count, now, reason=reason)
         except ConfigError as err:
-            log.warning("scale to %d workers refused: %s", msg.workers, err)
-            self._recorder.emit("command_refused", command="scale", error=str(err))
-            await self._reply(peer, Ack(ok=False, detail=str(err)))
-            return
+            log.warning("scale to %d workers refused: %s", count, err)
+            self._recorder.emit("scale_refused", workers=count, reason=reason, error=str(err))
+            return str(err)
         self._apply(commands)
-        if not commands:
-            detail = f"the job runs {len(before)} worker(s) already"
-        else:
-            detail = f"workers {len(before)} -> {msg.workers}"
-            log.info("scaling: %s (%s)", detail, msg.reason)
+        if commands:
+            log.info("scaling: workers %d -> %d (%s)", len(before), count, reason)
             self._workers_changed(before, self._state.worker_ranks())
-        await self._reply(peer, Ack(ok=True, detail=detail))
+        return None
 
     async def ask_to_leave(self, command: AskToLeave) -> None:
         """A worker a scale-down removed ends its batches with the shard it reads

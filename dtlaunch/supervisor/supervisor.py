@@ -153,17 +153,6 @@ class Supervisor:
             if services.rounds is not None
             else None
         )
-        self._control = ControlLoop(
-            controller,
-            recorder=self._recorder,
-            send_to_worker=self._send_to_worker,
-            targets=ActionTargets(
-                state=state, apply=self._apply, servers=self._fleet, workers=self._regroup
-            ),
-            remaining_steps=self._dds.remaining_steps,
-            clock=clock,
-            tick_s=heartbeat_interval / 2,
-        )
         fleet = self._fleet
         self._commands = ControlCommands(  # dtlaunch stop, dtlaunch scale
             state=state,
@@ -172,6 +161,21 @@ class Supervisor:
             reply=router.send,
             workers=self._workers,
             workers_changed=fleet.workers_changed if fleet is not None else lambda *_: None,
+        )
+        self._control = ControlLoop(
+            controller,
+            recorder=self._recorder,
+            send_to_worker=self._send_to_worker,
+            targets=ActionTargets(
+                state=state,
+                apply=self._apply,
+                servers=self._fleet,
+                workers=self._regroup,
+                scale=self._commands.scale,
+            ),
+            remaining_steps=self._dds.remaining_steps,
+            clock=clock,
+            tick_s=heartbeat_interval / 2,
         )
         self._done = asyncio.Event()
         self._agents: dict[str, AgentProcess] = {}

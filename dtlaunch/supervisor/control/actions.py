@@ -9,6 +9,8 @@ Node actions (``KillRestart``) need no synchronisation; global actions
 (``AdjustBatchSize``, ``AdjustLR``) name the step at which every worker applies
 them, so all apply in the same iteration; ``ReassignBlocks`` moves parameter
 blocks between servers at a step boundary the servers agree on (``psfleet``).
+``ScaleWorkers`` (DLRover's elasticity, ``--policy auto``) changes the number of
+workers as ``dtlaunch scale`` does.
 """
 
 from __future__ import annotations
@@ -79,6 +81,14 @@ class ReassignBlocks(Action):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ScaleWorkers(Action):
+    """Run ``count`` workers from now on (new ranks start, the highest leave)."""
+
+    NAME: ClassVar[str] = "SCALE_WORKERS"
+    count: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NoAction(Action):
     """The dummy action: nothing to do this interval (still logged with its inputs)."""
 
@@ -87,7 +97,7 @@ class NoAction(Action):
 
 def action_name(action: Action) -> str:
     """``"ADJUST_BS" | "KILL_RESTART" | "ADJUST_LR" | "BACKUP_WORKERS" |
-    "REASSIGN_BLOCKS" | "NONE"``.
+    "REASSIGN_BLOCKS" | "SCALE_WORKERS" | "NONE"``.
 
     Raises:
         TypeError: ``action`` is not one of the action classes above.

@@ -18,7 +18,7 @@ from dtlaunch.supervisor.control.actions import (
     ReassignBlocks,
     action_name,
 )
-from dtlaunch.supervisor.control.monitor import PsLayout, WorkerDevice
+from dtlaunch.supervisor.control.monitor import JobResources, PsLayout, WorkerDevice
 from dtlaunch.supervisor.control.policies import monitor_for
 from dtlaunch.supervisor.control.policies.base import Policy
 from dtlaunch.wire.messages import PsUpdate, StepReport
@@ -151,6 +151,7 @@ class Controller:
         free_spare_hosts: list[str] | None = None,
         worker_hosts: Mapping[int, str] | None = None,
         replacing: bool = False,
+        resources: JobResources | None = None,
     ) -> list[Action]:
         """The policy's actions when a decision is due, else nothing.
 
@@ -159,6 +160,7 @@ class Controller:
         ``worker_hosts``: rank -> the host each worker runs on now (None: as last told).
         ``replacing``: a worker's replacement is still joining the group (its
         predecessor may have ended already): the restart has not settled.
+        ``resources``: the processes' measured use and the declared capacity.
         """
         if now < self._next_decision:
             return []
@@ -178,6 +180,7 @@ class Controller:
             devices=self._devices(),
             ps_layout=self.ps_layout,
             reassign_pending=self.reassigning,
+            resources=resources,
         )
         actions = [a for a in self.policy.decide(snap) if not isinstance(a, NoAction)]
         for action in actions:

@@ -35,10 +35,12 @@ from dtlaunch.supervisor.control.actions import (
     BackupWorkers,
     KillRestart,
     ReassignBlocks,
+    ScaleWorkers,
     action_fields,
 )
 from dtlaunch.supervisor.control.controller import Controller
-from dtlaunch.supervisor.jobstate import Command, JobState, Phase
+from dtlaunch.supervisor.control.monitor import JobResources, ProcessUse
+from dtlaunch.supervisor.jobstate import Command, JobState, Phase, ProcSlot, ProcState
 from dtlaunch.wire import messages as wire
 from dtlaunch.wire.messages import Message, PsUpdate, StepReport
 
@@ -46,8 +48,10 @@ __all__ = [
     "ActionTargets",
     "ControlLoop",
     "ReportIntake",
+    "Scaler",
     "ServerMover",
     "WorkerReplacer",
+    "job_resources",
     "to_message",
 ]
 
@@ -87,6 +91,38 @@ class ServerMover(Protocol):
         ...
 
 
+# SCALE_WORKERS(count) at ``now`` for ``reason``: None when done, else why not.
+Scaler = Callable[[int, float, str], str | None]
+
+
+def job_resources(state: JobState) -> JobResources:
+    """The running processes' last measurements (``cpu_percent`` of one CPU from
+    their agents' heartbeats) and the capacity the hostfile declares: ``cpus=``,
+    else one core a slot. A process without its own CPU limit may use its
+    share of its host's cores."""
+    cores = {
+        host: state.limits.host_cpus.get(host) or float(n) for host, n in state.host_slots.items()
+    }
+
+    def use(slot: ProcSlot) -> ProcessUse:
+        share = cores.get(slot.host, 1.0) / max(1, state.host_slots.get(slot.host, 1))
+        return ProcessUse(
+            host=slot.host,
+            cpu_cores=slot.cpu_percent / 100.0 if slot.rss_bytes else -1.0,
+            cpu_limit=slot.cpu_limit or share,
+            rss_bytes=slot.rss_bytes,
+            memory_limit=slot.memory_limit,
+        )
+
+    running = [s for s in state.procs.values() if s.state is ProcState.RUNNING]
+    return JobResources(
+        workers={s.rank: use(s) for s in running if s.role == "worker"},
+        servers={s.rank: use(s) for s in running if s.role == "server"},
+        host_cores=cores,
+        free_worker_slots=state.free_worker_slots(),
+    )
+
+
 class WorkerReplacer(Protocol):
     """What replaces a worker around its survivors (``regroup``)."""
 
@@ -109,11 +145,13 @@ class ActionTargets:
         apply: Callable[[list[Command]], None],
         servers: ServerMover | None = None,
         workers: WorkerReplacer | None = None,
+        scale: Scaler | None = None,
     ) -> None:
         self.state = state
         self.apply = apply  # carries out the node table's commands
         self.servers = servers  # the built-in parameter servers, when the job has them
         self.workers = workers  # allreduce mode: regroups around the survivors
+        self.scale = scale  # SCALE_WORKERS, as dtlaunch scale does it
 
 
 class ReportIntake:
@@ -272,6 +310,7 @@ class ControlLoop:
             free_spare_hosts=self._targets.state.free_spare_hosts(),
             worker_hosts=self._targets.state.worker_hosts(),
             replacing=self._targets.workers is not None and self._targets.workers.replacing(),
+            resources=job_resources(self._targets.state),
         )
         for action in decided:
             self._recorder.emit(
@@ -292,6 +331,14 @@ class ControlLoop:
                     log.warning("BACKUP_WORKERS needs the built-in parameter servers; ignored")
             elif isinstance(action, KillRestart):
                 await self._kill_restart(action, now)
+            elif isinstance(action, ScaleWorkers):
+                refused = (
+                    self._targets.scale(action.count, now, f"{action.NAME} by the policy")
+                    if self._targets.scale is not None
+                    else "this job cannot change its workers"
+                )
+                if refused is not None:
+                    log.warning("SCALE_WORKERS(%d) not carried out: %s", action.count, refused)
             elif isinstance(action, ReassignBlocks):
                 servers = self._targets.servers
                 if servers is None or not servers.reassign(action, now):

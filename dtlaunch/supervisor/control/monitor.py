@@ -74,9 +74,11 @@ __all__ = [
     "MIN_BPT_S",
     "MIN_FIT_SPREAD",
     "REGIME_JUMP",
+    "JobResources",
     "Monitor",
     "MonitorSnapshot",
     "NodeInfo",
+    "ProcessUse",
     "WindowStats",
     "WorkerDevice",
     "fast_reference",
@@ -152,6 +154,37 @@ class WorkerDevice:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessUse:
+    """What a running process used at its agent's last measurement."""
+
+    host: str
+    cpu_cores: float  # its process tree's CPU, in cores (-1: not measured yet)
+    cpu_limit: float  # cores it may use: its limit, else its share of its host's
+    rss_bytes: int
+    memory_limit: int  # 0: none
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobResources:
+    """The job's processes' use and the capacity the hostfile declares (DLRover
+    §4.1's ``C_total``), for ``--policy auto``."""
+
+    workers: dict[int, ProcessUse]  # running workers by rank
+    servers: dict[int, ProcessUse]  # running servers by rank
+    host_cores: dict[str, float]  # every host: its cpus= (or one core a slot)
+    free_worker_slots: int  # where more workers could start now
+
+    @property
+    def total_cores(self) -> float:
+        return sum(self.host_cores.values())
+
+    @property
+    def server_cores_given(self) -> float:
+        """The cores the servers may use together (what bounds their updates)."""
+        return sum(use.cpu_limit for use in self.servers.values())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MonitorSnapshot:
     """Everything a policy may look at, frozen at ``now``.
 
@@ -201,6 +234,9 @@ class MonitorSnapshot:
     server_profile: dict[int, ServerProfile] = dataclasses.field(default_factory=dict)
     ps_layout: PsLayout | None = None
     reassign_pending: bool = False
+    # The processes' CPU and memory and the declared capacity (None: not known,
+    # e.g. a replay of a run without the agents' measurements)
+    resources: JobResources | None = None
 
 
 PROFILE_SAMPLES = 512  # per server: enough for a fit, bounded at any job size
@@ -348,6 +384,7 @@ class Monitor:
         devices: dict[int, WorkerDevice] | None = None,
         ps_layout: PsLayout | None = None,
         reassign_pending: bool = False,
+        resources: JobResources | None = None,
     ) -> MonitorSnapshot:
         """Aggregate the windows ending at ``now`` (see module doc)."""
         short_from, long_from = now - self.l_trans, now - self.l_per
@@ -417,6 +454,7 @@ class Monitor:
             server_profile=self._server_profiles(long_from),
             ps_layout=ps_layout,
             reassign_pending=reassign_pending,
+            resources=resources,
         )
 
     def _server_profiles(self, since: float) -> dict[int, ServerProfile]:

@@ -1575,6 +1575,10 @@ class JobState:
                 "start. Start a job with the workers you want (dtlaunch run --workers N)"
             )
 
+    def free_worker_slots(self) -> int:
+        """How many more workers a scale-up could start now (``_room_for_workers``)."""
+        return sum(free for _, free in self._room_for_workers())
+
     def _room_for_workers(self) -> list[tuple[str, int]]:
         """(host, free slots) where new workers may start: spare hosts first, then
         the job's other hosts, then hostfile hosts that run nothing yet (an agent

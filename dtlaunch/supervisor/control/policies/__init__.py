@@ -2,7 +2,7 @@
 
 ``--policy`` text forms::
 
-    none | lb-bsp | nd | backup | dd | psld | rna  a built-in with its defaults
+    none | lb-bsp | nd | backup | dd | psld | rna | auto  a built-in with its defaults
     nd:lambda=1.5,l_trans=30,l_per=120       a built-in with parameters
     pkg.mod:MyPolicy[:k=v,...]               a user's class, imported from pkg.mod
 
@@ -23,6 +23,7 @@ from typing import Any
 from dtlaunch.errors import ConfigError
 from dtlaunch.supervisor.control.actions import Action
 from dtlaunch.supervisor.control.monitor import Monitor, MonitorSnapshot
+from dtlaunch.supervisor.control.policies.auto import AutoPolicy
 from dtlaunch.supervisor.control.policies.backup import BackupPolicy
 from dtlaunch.supervisor.control.policies.base import (
     DEFAULT_L_PER,
@@ -39,6 +40,7 @@ from dtlaunch.supervisor.control.policies.rna import RnaPolicy
 
 __all__ = [
     "BUILTIN_POLICIES",
+    "AutoPolicy",
     "BackupPolicy",
     "DdPolicy",
     "ExternalPolicy",
@@ -60,6 +62,7 @@ BUILTIN_POLICIES: dict[str, Callable[[dict[str, str]], Policy]] = {
     "dd": DdPolicy,
     "psld": PsldPolicy,
     "rna": RnaPolicy,
+    "auto": AutoPolicy,
 }
 
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")

@@ -3,9 +3,9 @@
 The job starts with the workers ``--workers`` names (one is DLRover's start).
 
 * **sample**: for ``sample_s`` of training with every worker reporting steps and
-  every process measured by its agent, average the CPU cores a worker uses
-  (``ŵ``), the cores the servers use together (``ŝ_total``, so ``ŝ =
-  ŝ_total / N_w`` a worker) and the job's samples/s.
+  every process measured by its agent, take the median of the CPU cores a worker
+  uses (``ŵ``), of the cores the servers use for each worker (``ŝ = ŝ_total /
+  N_w``) and of the samples/s a worker trains.
 * **optimize**: eq. 10-11 (``solvers.dlrover.plan_workers``) with ``C_total``
   the cores the hostfile declares (``cpus=``; one a slot where it declares
   none), bounded by the servers' CPU (their limits: the servers cannot be
@@ -26,6 +26,7 @@ auto`` of a run without them decides nothing.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 
 from dtlaunch.errors import InfeasibleError
@@ -46,23 +47,24 @@ PHASES = ("sample", "adjust")
 
 @dataclass(slots=True)
 class _Sample:
-    """Running sums of the sample phase."""
+    """The sample phase's readings, one per decision: medians decide, so the
+    CPU a process spends starting (imports, the servers' seeding) does not."""
 
     since: float | None = None
     count: int = 0
-    worker_cores: float = 0.0  # sum of per-sample means
-    server_cores: float = 0.0
-    rate: float = 0.0
-    workers: list[int] = field(default_factory=list)
+    worker_cores: list[float] = field(default_factory=list)  # a worker's mean cores
+    server_cores: list[float] = field(default_factory=list)  # per worker
+    rate: list[float] = field(default_factory=list)  # samples/s per worker
 
-    def add(self, now: float, worker_cores: float, server_cores: float, rate: float, n: int) -> None:
+    def add(
+        self, now: float, worker_cores: float, server_cores: float, rate: float, n: int
+    ) -> None:
         if self.since is None:
             self.since = now
         self.count += 1
-        self.worker_cores += worker_cores
-        self.server_cores += server_cores
-        self.rate += rate
-        self.workers.append(n)
+        self.worker_cores.append(worker_cores)
+        self.server_cores.append(server_cores / n)
+        self.rate.append(rate / n)
 
 
 class AutoPolicy:
@@ -94,8 +96,13 @@ class AutoPolicy:
         res = snap.resources
         measured = _measured(snap, res)
         if res is None or measured is None:
-            return [NoAction(reason="auto: waiting for every worker's steps and the agents' CPU "
-                             "measurements", inputs={"phase": self.phase})]  # fmt: skip
+            return [
+                NoAction(
+                    reason="auto: waiting for every worker's steps and the agents' CPU "
+                    "measurements",
+                    inputs={"phase": self.phase},
+                )
+            ]
         worker_cores, server_cores, rate = measured
         n = len(res.workers)
         inputs = {
@@ -134,16 +141,19 @@ class AutoPolicy:
         if now - sample.since < self.sample_s or sample.count < 2:
             left = max(0.0, self.sample_s - (now - sample.since))
             return [NoAction(reason=f"auto: sampling, {left:.0f} s to go", inputs=inputs)]
-        w_hat = sample.worker_cores / sample.count
-        n_sampled = sum(sample.workers) / len(sample.workers)
-        s_hat = sample.server_cores / sample.count / n_sampled
-        one_rate = sample.rate / sample.count / n_sampled
+        w_hat = statistics.median(sample.worker_cores)
+        s_hat = statistics.median(sample.server_cores)
+        one_rate = statistics.median(sample.rate)
         self._one_worker_server_cores = s_hat
         self.phase = "adjust"
         inputs = {**inputs, "phase": "optimize", "w_hat": round(w_hat, 3), "s_hat": round(s_hat, 3)}
         if w_hat <= 0:
-            return [NoAction(reason="auto: the workers used no measurable CPU; nothing to size",
-                             inputs=inputs)]  # fmt: skip
+            return [
+                NoAction(
+                    reason="auto: the workers used no measurable CPU; nothing to size",
+                    inputs=inputs,
+                )
+            ]
         current = len(res.workers)
         ceiling = current + res.free_worker_slots
         if self.max_workers:
@@ -174,8 +184,11 @@ class AutoPolicy:
             "predicted_rate": round(predicted, 3),
         }
         if plan.workers == current:
-            return [NoAction(reason=f"auto: {current} workers is the plan ({plan.bound})",
-                             inputs=inputs)]  # fmt: skip
+            return [
+                NoAction(
+                    reason=f"auto: {current} workers is the plan ({plan.bound})", inputs=inputs
+                )
+            ]
         self._acted(now, rate if plan.workers > current else None)
         return [
             ScaleWorkers(
@@ -224,14 +237,24 @@ class AutoPolicy:
                 f"auto: server {rank} is hot, {use.cpu_cores:.2f} of its {use.cpu_limit:g} "
                 f"cores; it needs {need:.2f} for {workers} workers: moved to a spare host"
             ),
-            inputs={**inputs, "hot_server": rank, "hot_cores": round(use.cpu_cores, 3),
-                    "hot_limit": use.cpu_limit, "cores_needed": round(need, 3)},  # fmt: skip
+            inputs={
+                **inputs,
+                "hot_server": rank,
+                "hot_cores": round(use.cpu_cores, 3),
+                "hot_limit": use.cpu_limit,
+                "cores_needed": round(need, 3),
+            },
         )
 
     def _grow(
-        self, now: float, res: JobResources, server_cores: float, rate: float, n: int,
+        self,
+        now: float,
+        res: JobResources,
+        server_cores: float,
+        rate: float,
+        n: int,
         inputs: dict[str, object],
-    ) -> Action:  # fmt: skip
+    ) -> Action:
         """§4.2's idle PS: servers with CPU to spare take more workers, while each
         addition still raises the throughput."""
         if self._rate_before is not None:
@@ -240,11 +263,17 @@ class AutoPolicy:
             self._rate_before = None
         given = res.server_cores_given
         if self._saturated:
-            return NoAction(reason="auto: the last workers added did not raise the throughput "
-                            f"by {self.min_gain:.0%}; holding {n}", inputs=inputs)  # fmt: skip
+            return NoAction(
+                reason="auto: the last workers added did not raise the throughput "
+                f"by {self.min_gain:.0%}; holding {n}",
+                inputs=inputs,
+            )
         if given <= 0 or server_cores >= self.idle * given:
-            return NoAction(reason=f"auto: the servers are busy ({server_cores:.2f} of "
-                            f"{given:g} cores); holding {n} workers", inputs=inputs)  # fmt: skip
+            return NoAction(
+                reason=f"auto: the servers are busy ({server_cores:.2f} of "
+                f"{given:g} cores); holding {n} workers",
+                inputs=inputs,
+            )
         more = added_workers(workers=n, server_cores_given=given, server_cores_used=server_cores)
         room = res.free_worker_slots
         if self.max_workers:
@@ -267,9 +296,7 @@ class AutoPolicy:
         self._rate_before = rate_before
 
 
-def _measured(
-    snap: MonitorSnapshot, res: JobResources | None
-) -> tuple[float, float, float] | None:
+def _measured(snap: MonitorSnapshot, res: JobResources | None) -> tuple[float, float, float] | None:
     """(mean worker cores, servers' cores together, job samples/s), or None while
     a worker has no steps in the short window or no CPU measurement yet."""
     if res is None or not res.workers or snap.awaiting_first_report:

@@ -1,0 +1,39 @@
+"""A BSP worker of the built-in parameter server whose compute costs CPU: each
+step with records burns BURN_S seconds of one core (a busy loop, as a model's
+forward and backward would), then pulls and pushes a small linear model. Writes
+OUT/<rank>.ledger with the records of every applied step (one step a line).
+usage: ps_cpu_worker.py OUT BURN_S"""
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import dtlaunch
+import dtlaunch.ps
+
+out, burn_s = Path(sys.argv[1]), float(sys.argv[2])
+job = dtlaunch.init()
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+ps = dtlaunch.ps.Client(model, optimizer="sgd", lr=0.05)
+gen = torch.Generator().manual_seed(7)
+features = torch.randn(job.dataset.dataset_size, 8, generator=gen)
+targets = features @ torch.randn(8, 1, generator=gen) + 0.5
+with (out / f"{job.rank}.ledger").open("w") as ledger:
+    for idx in job.batches():
+        ps.pull()
+        model.zero_grad()
+        torch.nn.functional.mse_loss(model(features[idx]), targets[idx]).backward()
+        end = time.perf_counter() + burn_s
+        while time.perf_counter() < end:  # the compute a real model would do
+            pass
+        ps.push(len(idx))
+        if not ps.dropped:
+            ledger.write(" ".join(map(str, idx)) + "\n")
+            ledger.flush()
+        job.step()
+ps.pull()
+ps.close()
+job.close()

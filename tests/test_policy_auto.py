@@ -1,0 +1,156 @@
+"""``--policy auto`` (DLRover §4.2) with a fake clock: sample, optimize by eq.
+10-11, grow while idle servers help, stop when growth stops paying, move a hot
+server; every decision with its inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dtlaunch.errors import ConfigError
+from dtlaunch.supervisor.control.actions import KillRestart, NoAction, ScaleWorkers, action_name
+from dtlaunch.supervisor.control.monitor import JobResources, Monitor, ProcessUse
+from dtlaunch.supervisor.control.policies import AutoPolicy, parse_policy
+from tests.test_policies import run
+
+PARAMS = {"sample_s": "10", "interval_s": "20", "l_trans": "5", "l_per": "10"}
+
+
+def resources(workers, *, worker_cores=0.5, server_cores=0.4, server_limit=2.0,
+              host_cores=None, free=8):  # fmt: skip
+    """``workers`` running workers using ``worker_cores`` each; one server using
+    ``server_cores`` of its ``server_limit``; 8 cores declared in all."""
+    use = lambda cores, limit: ProcessUse(host="h", cpu_cores=cores, cpu_limit=limit,  # noqa: E731
+                                          rss_bytes=1 << 20, memory_limit=0)  # fmt: skip
+    return JobResources(
+        workers={r: use(worker_cores, 1.0) for r in range(workers)},
+        servers={0: use(server_cores, server_limit)},
+        host_cores=host_cores or {"h": 8.0},
+        free_worker_slots=free,
+    )
+
+
+class Feed:
+    """A Monitor fed one step a second by ``workers`` workers up to each decision."""
+
+    def __init__(self, workers=1):
+        self.mon = Monitor(l_trans=5, l_per=10)
+        self.workers = workers
+        self.bpt = 0.1  # every worker's step time
+        self.t = 0.0
+        self.step = 0
+
+    def until(self, now):
+        if now >= self.t:
+            bpts = {r: self.bpt for r in range(self.workers)}
+            self.step = run(self.mon, bpts, start=self.t, end=now, step0=self.step)
+            self.t = float(int(now)) + 1.0
+        return self.mon
+
+
+def decide(pol, feed, now, res, **snap_fields):
+    mon = feed.until(now)
+    snap = dataclasses.replace(mon.snapshot(now), resources=res, **snap_fields)
+    actions = pol.decide(snap)
+    assert len(actions) == 1
+    return actions[0]
+
+
+def test_sample_then_optimize_by_eq_10_with_the_servers_bound():
+    pol = AutoPolicy(PARAMS)
+    mon = Feed(1)
+    # One worker: w = 0.5 cores, the servers 0.4 (s = 0.4); 8 cores declared.
+    first = decide(pol, mon, 5.0, resources(1))
+    assert isinstance(first, NoAction) and "sampling" in first.reason
+    assert isinstance(decide(pol, mon, 10.0, resources(1)), NoAction)
+    plan = decide(pol, mon, 15.1, resources(1))
+    assert isinstance(plan, ScaleWorkers)
+    # eq. 10: 8 / 0.9 = 8.9 -> 8, but the server's 2 cores feed 2 / 0.4 = 5 workers.
+    assert plan.count == 5
+    assert plan.inputs["model_workers"] == pytest.approx(8.889, abs=1e-3)
+    assert plan.inputs["bound"] == "servers"
+    assert plan.inputs["w_hat"] == 0.5 and plan.inputs["s_hat"] == 0.4
+    # one worker's 320 samples/s (32 records / 0.1 s), times the 5 workers fed
+    assert plan.inputs["predicted_rate"] == pytest.approx(1600, rel=0.01)
+    assert pol.phase == "adjust"
+
+
+def test_no_decision_before_every_worker_is_measured():
+    pol = AutoPolicy(PARAMS)
+    mon = Feed(1)
+    assert isinstance(decide(pol, mon, 5.0, None), NoAction)
+    missing = resources(2)  # worker 1 has no steps in the window
+    assert "waiting" in decide(pol, mon, 5.0, missing).reason
+    unmeasured = dataclasses.replace(
+        resources(1), workers={0: ProcessUse(host="h", cpu_cores=-1, cpu_limit=1.0,
+                                             rss_bytes=0, memory_limit=0)}  # fmt: skip
+    )
+    assert "waiting" in decide(pol, mon, 5.0, unmeasured).reason
+    assert pol.phase == "sample"
+
+
+def adjusted(pol, mon, workers):
+    """A policy past its optimize step, running ``workers`` workers."""
+    mon.workers = workers
+    # s = 0.5 a worker: the server's 2 cores feed exactly these workers.
+    decide(pol, mon, 5.0, resources(workers, server_cores=0.5 * workers))
+    plan = decide(pol, mon, 16.0, resources(workers, server_cores=0.5 * workers))
+    assert isinstance(plan, NoAction) and "is the plan" in plan.reason
+    assert pol.phase == "adjust"
+
+
+def test_idle_servers_take_more_workers_until_the_throughput_stops_rising():
+    pol = AutoPolicy({**PARAMS, "max_workers": "12"})
+    mon = Feed()
+    adjusted(pol, mon, 4)
+    # The servers use 0.4 of 2 cores with 4 workers (s = 0.1): 20 fed, +2 (sqrt 4).
+    grow = decide(pol, mon, 20.0, resources(4, server_cores=0.4))
+    assert isinstance(grow, ScaleWorkers) and grow.count == 6
+    assert grow.inputs["added"] == 2
+    # The 6 run no faster than the 4 did (each slower)...
+    mon.workers, mon.bpt = 6, 0.15
+    # ...too soon after the last change: settle; then growth stops, for good.
+    assert "settling" in decide(pol, mon, 30.0, resources(6, server_cores=0.6)).reason
+    hold = decide(pol, mon, 50.0, resources(6, server_cores=0.6))
+    assert isinstance(hold, NoAction) and "did not raise the throughput" in hold.reason
+    assert isinstance(decide(pol, mon, 80.0, resources(6, server_cores=0.6)), NoAction)
+
+
+def test_growth_goes_on_while_it_pays():
+    pol = AutoPolicy(PARAMS)
+    mon = Feed()
+    adjusted(pol, mon, 4)
+    assert decide(pol, mon, 20.0, resources(4, server_cores=0.4)).count == 6
+    mon.workers = 6  # each as fast as before: 1.5x the throughput
+    again = decide(pol, mon, 50.0, resources(6, server_cores=0.6))
+    assert isinstance(again, ScaleWorkers) and again.count == 8
+
+
+def test_busy_servers_hold_and_no_room_holds():
+    pol = AutoPolicy(PARAMS)
+    mon = Feed()
+    adjusted(pol, mon, 4)
+    busy = decide(pol, mon, 40.0, resources(4, server_cores=1.9, server_limit=2.0))
+    assert isinstance(busy, NoAction) and "busy" in busy.reason
+    full = decide(pol, mon, 40.0, resources(4, server_cores=0.4, free=0))
+    assert isinstance(full, NoAction) and "no room" in full.reason
+
+
+def test_a_hot_server_moves_to_a_spare_host():
+    pol = AutoPolicy(PARAMS)
+    mon = Feed()
+    adjusted(pol, mon, 4)
+    mon.mon.set_spare_capacity(1, hosts=["spare1"])
+    hot = decide(pol, mon, 40.0, resources(4, server_cores=1.9, server_limit=2.0))
+    assert isinstance(hot, KillRestart)
+    assert (hot.role, hot.rank, hot.target_host) == ("server", 0, "spare1")
+    assert hot.inputs["hot_cores"] == 1.9 and action_name(hot) == "KILL_RESTART"
+
+
+def test_parameters_are_checked():
+    assert isinstance(parse_policy("auto:max_workers=8,sample_s=5"), AutoPolicy)
+    with pytest.raises(ConfigError, match="max_workers"):
+        parse_policy("auto:max_workers=-1")
+    with pytest.raises(ConfigError, match="nope"):
+        parse_policy("auto:nope=1")

@@ -1,0 +1,83 @@
+"""DLRover §4.1-4.2 by hand: eq. 10-11, the idle-PS and hot-PS rules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dtlaunch.errors import InfeasibleError
+from dtlaunch.solvers.dlrover import (
+    added_workers,
+    hot_server_cores,
+    plan_workers,
+    predicted_throughput,
+    workers_for,
+)
+
+
+def test_eq_10_and_11_give_the_papers_wide_and_deep_plan():
+    # Table 1, W&D sampled with one worker: ŵ = 2.5 cores, ŝ_total = 5.7; C_total = 200.
+    plan = plan_workers(total_cores=200, worker_cores=2.5, server_cores_per_worker=5.7)
+    assert plan.workers == 24  # 200 / 8.2 = 24.39, the paper's N_w = 24
+    assert plan.model_workers == pytest.approx(200 / 8.2)
+    assert plan.server_cores == pytest.approx(200 - 24 * 2.5)  # eq. 11: 140
+    assert plan.bound == "model"
+
+
+def test_bounds_say_which_one_decided():
+    base = {"total_cores": 8.0, "worker_cores": 0.5, "server_cores_per_worker": 0.5}
+    assert plan_workers(**base).workers == 8
+    fed = plan_workers(**base, server_cores_given=2.0)  # the servers feed 4
+    assert (fed.workers, fed.bound) == (4, "servers")
+    capped = plan_workers(**base, max_workers=3)
+    assert (capped.workers, capped.bound) == (3, "max_workers")
+    tiny = plan_workers(total_cores=0.2, worker_cores=0.5, server_cores_per_worker=0.1)
+    assert (tiny.workers, tiny.bound) == (1, "min_workers")
+    # ŝ = 0: the servers did no measurable work; only the workers' cores bound.
+    assert plan_workers(total_cores=4, worker_cores=1, server_cores_per_worker=0).workers == 4
+    # A quotient that lands on a whole number in floating point is not cut by one.
+    assert plan_workers(total_cores=0.9, worker_cores=0.2, server_cores_per_worker=0.1).workers == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"total_cores": 0, "worker_cores": 1, "server_cores_per_worker": 0},
+        {"total_cores": 4, "worker_cores": math.nan, "server_cores_per_worker": 0},
+        {"total_cores": 4, "worker_cores": 1, "server_cores_per_worker": -1},
+        {"total_cores": 4, "worker_cores": 1, "server_cores_per_worker": 0, "max_workers": 0},
+    ],
+)
+def test_impossible_inputs_are_refused(kwargs):
+    with pytest.raises(InfeasibleError):
+        plan_workers(**kwargs)
+
+
+def test_idle_servers_take_more_workers_at_most_sqrt_n_at_a_time():
+    # 2 workers use 0.4 server cores (ŝ = 0.2); the servers have 2 cores: 10 fed.
+    assert added_workers(workers=2, server_cores_given=2.0, server_cores_used=0.4) == 1
+    assert added_workers(workers=16, server_cores_given=40.0, server_cores_used=16.0) == 4
+    assert added_workers(workers=9, server_cores_given=10.0, server_cores_used=9.0) == 1
+    # Busy servers, or servers that did nothing measurable: none.
+    assert added_workers(workers=4, server_cores_given=2.0, server_cores_used=2.0) == 0
+    assert added_workers(workers=4, server_cores_given=2.0, server_cores_used=0.0) == 0
+
+
+def test_a_hot_server_needs_its_share_of_the_update_work_for_all_workers():
+    # The hot one does 3 of 4 used server cores; one worker needed ŝ = 0.5 in all.
+    need = hot_server_cores(
+        hot_used=3.0, servers_used=4.0, one_worker_cores=0.5, workers=8, max_cores=32
+    )
+    assert need == pytest.approx(0.75 * 0.5 * 8)
+    capped = hot_server_cores(
+        hot_used=3.0, servers_used=4.0, one_worker_cores=0.5, workers=800, max_cores=32
+    )
+    assert capped == 32
+
+
+def test_predicted_throughput_stops_growing_where_the_servers_saturate():
+    rate = {"one_worker_rate": 10.0, "server_cores_given": 2.0, "server_cores_per_worker": 0.5}
+    assert predicted_throughput(workers=3, **rate) == 30.0
+    assert predicted_throughput(workers=6, **rate) == 40.0  # 4 workers' worth fed
+    assert workers_for(2.0, 0.0) is None
