@@ -2,7 +2,9 @@
 step with records burns BURN_S seconds of one core (a busy loop, as a model's
 forward and backward would), then pulls and pushes a small linear model. Writes
 OUT/<rank>.ledger with the records of every applied step (one step a line).
-usage: ps_cpu_worker.py OUT BURN_S"""
+EXTRA (default 0) adds a parameter of that many floats, so that the servers'
+updates cost CPU in proportion to the workers' pushes (``benchmarks/auto.py``).
+usage: ps_cpu_worker.py OUT BURN_S [EXTRA]"""
 
 import sys
 import time
@@ -14,9 +16,12 @@ import dtlaunch
 import dtlaunch.ps
 
 out, burn_s = Path(sys.argv[1]), float(sys.argv[2])
+extra_floats = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 job = dtlaunch.init()
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 1)
+if extra_floats:
+    model.extra = torch.nn.Parameter(torch.zeros(extra_floats))
 ps = dtlaunch.ps.Client(model, optimizer="sgd", lr=0.05)
 gen = torch.Generator().manual_seed(7)
 features = torch.randn(job.dataset.dataset_size, 8, generator=gen)
@@ -25,7 +30,10 @@ with (out / f"{job.rank}.ledger").open("w") as ledger:
     for idx in job.batches():
         ps.pull()
         model.zero_grad()
-        torch.nn.functional.mse_loss(model(features[idx]), targets[idx]).backward()
+        loss = torch.nn.functional.mse_loss(model(features[idx]), targets[idx])
+        if extra_floats:
+            loss = loss + 1e-3 * model.extra.square().mean()
+        loss.backward()
         end = time.perf_counter() + burn_s
         while time.perf_counter() < end:  # the compute a real model would do
             pass
