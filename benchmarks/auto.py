@@ -73,6 +73,8 @@ def run_column(
         raise SystemExit(f"{name}: dtlaunch exited {code}\n{output[-3000:]}")
     result = measure(run_dir)
     result.update(name=name, start_workers=workers, policy=policy, wall_s=round(wall, 2))
+    if result["final_workers"] is None:  # no scale: the workers it started with
+        result["final_workers"] = workers
     print(
         f"{name:>9}: JCT {result['jct_s']:7.1f} s, {result['throughput']:7.1f} samples/s, "
         f"CPU {result['cpu_use']:.0%} of the declared cores, workers {result['final_workers']}",
@@ -104,8 +106,13 @@ def measure(run_dir: Path) -> dict[str, Any]:
             rss = max(rss, sum(p[0] for p in procs))
     scales = [e["workers"] for e in events if e["kind"] == "scale"]
     decisions = [
-        {"t": round(e["mono"], 1), "action": e["action"], "count": e.get("count"),
-         "reason": e.get("reason", ""), "inputs": e.get("inputs", {})}  # fmt: skip
+        {
+            "t": round(e["mono"], 1),
+            "action": e["action"],
+            "count": e.get("count"),
+            "reason": e.get("reason", ""),
+            "inputs": e.get("inputs", {}),
+        }
         for e in events
         if e["kind"] == "decision" and e.get("action") not in (None, "NONE")
     ]
@@ -142,8 +149,6 @@ def main() -> None:
             "hand", args.hand, "none", root=root, env=env, records=records
         )
         auto = run_column("auto", 1, AUTO, root=root, env=env, records=records)
-    for n, result in static.items():
-        result["final_workers"] = n
     best_n = max(static, key=lambda n: static[n]["throughput"])
     best = static[best_n]
     reached = time_to(auto, 0.9 * best["throughput"])
@@ -179,7 +184,8 @@ def main() -> None:
 
 def markdown(report: dict[str, Any]) -> str:
     rows = [
-        "| column | workers (start -> end) | JCT s | samples/s | CPU use of declared | peak RSS MB |",
+        "| column | workers (start -> end) | JCT s | samples/s | CPU use of declared "
+        "| peak RSS MB |",
         "|---|---|---:|---:|---:|---:|",
     ]
     columns = [(f"static {n}", r) for n, r in report["static"].items()]
@@ -188,7 +194,7 @@ def markdown(report: dict[str, Any]) -> str:
     columns.append(("auto", report["auto"]))
     for label, r in columns:
         rows.append(
-            f"| {label} | {r['start_workers']} -> {r['final_workers'] or r['start_workers']} | "
+            f"| {label} | {r['start_workers']} -> {r['final_workers']} | "
             f"{r['jct_s']} | {r['throughput']} | {r['cpu_use']:.0%} | {r['peak_rss_mb']} |"
         )
     checks = report["checks"]
@@ -204,12 +210,14 @@ def markdown(report: dict[str, Any]) -> str:
         f"{checks['auto_jct_vs_hand']}",
         f"- auto reached 90 % of the best static throughput after "
         f"{checks['auto_time_to_90pct_s']} s of training",
-        "- targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}"
-                                  for k, v in report["targets"].items()),  # fmt: skip
+        "- targets: "
+        + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in report["targets"].items()),
         "",
         "auto's decisions:",
-        *(f"- {d['t']} s {d['action']} {d['count']}: {d['reason']}"
-          for d in report["auto"]["decisions"]),  # fmt: skip
+        *(
+            f"- {d['t']} s {d['action']} {d['count']}: {d['reason']}"
+            for d in report["auto"]["decisions"]
+        ),
     ]
     return "\n".join(lines) + "\n"
 

@@ -1,9 +1,8 @@
 """The resolved description of one job (``JobSpec``) and its validation.
 
-The CLI hands ``dtlaunch run``'s options over as ``RunOptions``, whose
-``job_spec()`` resolves them into a ``JobSpec``; everything below the CLI reads
-only this. ``job.json`` in the run directory is ``JobSpec.to_json()``, so a resumed
-supervisor rebuilds the same job from it.
+The CLI hands ``dtlaunch run``'s options over as ``RunOptions``, whose ``job_spec()``
+resolves them into a ``JobSpec``; everything below the CLI reads only this. ``job.json``
+in the run directory is ``JobSpec.to_json()``: a resumed supervisor rebuilds the job.
 """
 
 from __future__ import annotations
@@ -295,14 +294,18 @@ class JobSpec:
                 "and rejoins; use --restart-scope process (its default under rna)"
             )
 
-    def _validate_psld(self) -> None:
-        if self.policy.partition(":")[0].strip() != "psld":
+    def _validate_psld(self) -> None:  # psld and auto act through dtlaunch's own servers
+        name = self.policy.partition(":")[0].strip()
+        if name not in ("psld", "auto"):
             return
-        if self.mode != "ps" or self.ps_server != "builtin":
+        if self.mode != "ps" or self.ps_server != "builtin" or self.framework == "tf":
+            what = "moves parameter blocks between" if name == "psld" else "sizes the workers of"
             raise ConfigError(
-                "--policy psld moves parameter blocks between dtlaunch's built-in parameter "
-                "servers; run a PS job with --servers N (and the default --ps-server builtin)"
+                f"--policy {name} {what} dtlaunch's built-in parameter servers; run a PS job "
+                "with --servers N (and the default --ps-server builtin)"
             )
+        if name == "auto":
+            return
         if self.servers < 2:
             raise ConfigError(
                 f"--policy psld spreads the blocks over the servers by their speed; with "

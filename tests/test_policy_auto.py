@@ -5,9 +5,11 @@ server; every decision with its inputs."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
+from dtlaunch.config import JobSpec
 from dtlaunch.errors import ConfigError
 from dtlaunch.supervisor.control.actions import KillRestart, NoAction, ScaleWorkers, action_name
 from dtlaunch.supervisor.control.monitor import JobResources, Monitor, ProcessUse
@@ -82,10 +84,8 @@ def test_no_decision_before_every_worker_is_measured():
     assert isinstance(decide(pol, mon, 5.0, None), NoAction)
     missing = resources(2)  # worker 1 has no steps in the window
     assert "waiting" in decide(pol, mon, 5.0, missing).reason
-    unmeasured = dataclasses.replace(
-        resources(1), workers={0: ProcessUse(host="h", cpu_cores=-1, cpu_limit=1.0,
-                                             rss_bytes=0, memory_limit=0)}  # fmt: skip
-    )
+    never = ProcessUse(host="h", cpu_cores=-1, cpu_limit=1.0, rss_bytes=0, memory_limit=0)
+    unmeasured = dataclasses.replace(resources(1), workers={0: never})
     assert "waiting" in decide(pol, mon, 5.0, unmeasured).reason
     assert pol.phase == "sample"
 
@@ -154,3 +154,19 @@ def test_parameters_are_checked():
         parse_policy("auto:max_workers=-1")
     with pytest.raises(ConfigError, match="nope"):
         parse_policy("auto:nope=1")
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"workers": 1, "servers": 0, "mode": "allreduce"},
+        {"workers": 1, "servers": 1, "mode": "ps", "ps_server": "script"},
+    ],
+)
+def test_auto_is_refused_without_the_built_in_servers(spec):
+    job = JobSpec(run_id="r", run_dir=Path("/nonexistent"), script="t.py", policy="auto", **spec)
+    with pytest.raises(ConfigError, match="auto sizes the workers of dtlaunch's built-in"):
+        job.validate()
+    ok = JobSpec(run_id="r", run_dir=Path("/nonexistent"), script="t.py", policy="auto",
+                 workers=1, servers=1, mode="ps")  # fmt: skip
+    assert ok.validate() is ok

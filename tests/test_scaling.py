@@ -11,8 +11,7 @@ import pytest
 from dtlaunch.errors import ConfigError
 from dtlaunch.hostfile import HostSpec
 from dtlaunch.supervisor.jobstate import AskToLeave, LaunchAgent, WorkerGone
-from dtlaunch.supervisor.jobstate.machine import LEAVE_GRACE_S
-from dtlaunch.supervisor.jobstate.machine import EmitEvent, JobState, ProcState
+from dtlaunch.supervisor.jobstate.machine import LEAVE_GRACE_S, EmitEvent, JobState, ProcState
 from dtlaunch.supervisor.jobstate.scaling import added_assignment, plan_scale, rescaled
 from dtlaunch.supervisor.placement import place
 from dtlaunch.wire.messages import Kill, ProcReport, Spawn
@@ -163,7 +162,8 @@ def test_the_job_succeeds_when_the_workers_left_finish():
 def test_refusals_name_the_problem_and_change_nothing():
     state = make_state()
     up(state)
-    with pytest.raises(ConfigError, match="no room for 5 more worker.*s1: 2, h1: 2.*at most 6 workers"):
+    room = r"no room for 5 more worker.*s1: 2, h1: 2.*at most 6 workers"
+    with pytest.raises(ConfigError, match=room):
         state.scale_workers(7, 1.0)  # 4 free: s1 x2, h1 x2 (h0 is full)
     with pytest.raises(ConfigError, match=">= 1"):
         state.scale_workers(0, 1.0)
@@ -187,7 +187,9 @@ def test_a_removed_worker_whose_host_is_lost_gives_its_data_back_and_is_fenced_l
     out = state._agent_lost(state.agents["s1"], "silent", 3.0)
     assert WorkerGone(rank=2) in out and state.removing == {}
     # The host comes back still running it: it is stopped, not adopted.
-    report = ProcReport(proc_id="worker-2", role="worker", rank=2, attempt=0, pid=9, state="running")
+    report = ProcReport(
+        proc_id="worker-2", role="worker", rank=2, attempt=0, pid=9, state="running"
+    )
     out = state.agent_hello("s1", 40.0, free_ports=PORTS, host_addr="", procs=[report])
     assert [(k.proc_id, k.attempt) for k in sent(out, Kill)] == [("worker-2", 0)]
 
@@ -202,7 +204,7 @@ def test_a_reconnecting_agent_that_no_longer_runs_a_removed_worker_ends_its_remo
 
 
 def test_plan_refuses_ranks_that_are_not_contiguous_and_counts_free_slots():
-    with pytest.raises(ConfigError, match="0..n-1"):
+    with pytest.raises(ConfigError, match=r"0\.\.n-1"):
         plan_scale(2, ranks=[0, 2], room=[])
     plan = plan_scale(4, ranks=[0, 1], room=[("a", 0), ("b", 1), ("c", 5)])
     assert plan.added == {2: "b", 3: "c"} and plan.removed == []
