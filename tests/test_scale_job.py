@@ -26,7 +26,7 @@ from tests.jobs import (
 
 pytest.importorskip("torch")
 
-DATASET, SHARD = 24000, 200
+DATASET, SHARD = 16000, 200
 
 
 def scale(run_dir: Path, workers: int) -> subprocess.CompletedProcess[str]:
