@@ -30,9 +30,11 @@ from dtlaunch.wire.messages import (
     FetchShards,
     Hello,
     Lease,
+    LeaveJob,
     Ping,
     RegisterDataset,
     Rehello,
+    ReleaseShards,
     ShardGrant,
     Welcome,
 )
@@ -148,7 +150,12 @@ class FakeSupervisor:
         ack_done_delay=0.0,
         ignore_first_fetch=False,
         grant_twice=False,
+        leave_after_acks=None,
+        grants_max=None,
     ):
+        """``leave_after_acks``: send LeaveJob after that many acks (dtlaunch scale
+        removed the worker); ``grants_max``: grant no more leases than that (the
+        worker then waits for data)."""
         self.keys = keys
         self.ignore_first_fetch = ignore_first_fetch
         self.grant_twice = grant_twice
@@ -156,6 +163,9 @@ class FakeSupervisor:
         self.ack_done_sent = []  # monotonic times
         self.dds = FakeDds(spec)
         self.rehello_after_acks = rehello_after_acks
+        self.leave_after_acks = leave_after_acks
+        self.grants_max = grants_max
+        self.releases = []  # (monotonic time, ReleaseShards)
         self.endpoint = "tcp://127.0.0.1:0"
         self.known = set()
         self.log = []  # (monotonic time, message)
@@ -219,7 +229,10 @@ class FakeSupervisor:
                 if self.ignore_first_fetch:
                     self.ignore_first_fetch = False
                     continue  # lost on the way: the worker must ask again
-                leases, finished = self.dds.fetch(rank, msg.count)
+                if self.grants_max is not None and len(self.grants) >= self.grants_max:
+                    leases, finished = [], False
+                else:
+                    leases, finished = self.dds.fetch(rank, msg.count)
                 self.grants.extend((now, lease) for lease in leases)
                 retry = 0.0 if leases or finished else 0.1
                 grant = ShardGrant(
@@ -238,6 +251,10 @@ class FakeSupervisor:
                 self.ack_count.set()
                 if self.acks_seen == self.rehello_after_acks:
                     await router.send(peer, Rehello())
+                if self.acks_seen == self.leave_after_acks:
+                    await router.send(peer, LeaveJob(reason="dtlaunch scale removed worker 0"))
+            elif isinstance(msg, ReleaseShards):
+                self.releases.append((now, msg))
 
     def _register(self, info):
         wanted = DatasetSpec(**{k: getattr(info, k) for k in asdict(info)})

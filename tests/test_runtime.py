@@ -18,6 +18,7 @@ import pytest
 
 import dtlaunch
 from dtlaunch.errors import ConfigError
+from dtlaunch.runtime.data import lease_records
 from dtlaunch.sharding import DatasetSpec, epoch_order, shard_records
 from dtlaunch.wire.messages import (
     FetchShards,
@@ -111,6 +112,42 @@ def test_records_batches_acks_and_prefetch(tmp_path, keys):
     (hello, _, _), *_ = fake.hellos
     assert (hello.role, hello.rank, hello.attempt, hello.leases) == ("worker", 1, 0, [])
     assert hello.run_id == RUN_ID and hello.version == dtlaunch.__version__
+
+
+@pytest.mark.integration
+def test_a_worker_asked_to_leave_finishes_its_shard_and_gives_back_the_ones_fetched_ahead(
+    tmp_path, keys
+):
+    spec = DatasetSpec(dataset_size=200, shard_size=10, epochs=1, global_batch=4)
+    cfg = {"init": {"prefetch": 3}, "step_sleep": 0.01}
+    fake, run = run_job(tmp_path, keys, spec, cfg, leave_after_acks=2)
+    assert_succeeded(run)  # its batches ended; the script ended as at the end of data
+    acked = {lid for _, a in fake.acks for lid in a.lease_ids}
+    released = {lid for _, r in fake.releases for lid in r.lease_ids}
+    granted = {lease.lease_id for _, lease in fake.grants}
+    assert released and not acked & released and acked | released == granted
+    assert all("leaves the job" in r.reason for _, r in fake.releases)
+    # It trained exactly the records of the leases it acked: the one it was
+    # reading when asked it finished, the ones fetched ahead it never opened.
+    trained = sorted(r for batch in run.values("batch") for r in batch)
+    leases = {lease.lease_id: lease for _, lease in fake.grants}
+    assert trained == sorted(r for lid in acked for r in lease_records(spec, leases[lid]))
+    assert len(granted) < spec.num_shards
+
+
+@pytest.mark.integration
+def test_a_worker_waiting_for_data_when_asked_to_leave_ends_at_once(tmp_path, keys):
+    spec = DatasetSpec(dataset_size=200, shard_size=10, epochs=1, global_batch=5)
+    cfg = {"init": {"prefetch": 1}}
+    # One lease, then nothing: the worker trains it, acks it and waits for data.
+    started = time.monotonic()
+    fake, run = run_job(tmp_path, keys, spec, cfg, leave_after_acks=1, grants_max=1)
+    assert_succeeded(run)
+    assert len(fake.grants) == 1
+    assert sorted(r for b in run.values("batch") for r in b) == sorted(
+        lease_records(spec, fake.grants[0][1])
+    )
+    assert time.monotonic() - started < 20  # not held until a grace period ran out
 
 
 @pytest.mark.integration

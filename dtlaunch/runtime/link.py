@@ -209,7 +209,10 @@ class SupervisorLink:
         self._outbox: list[Message] = []  # notices from the training thread
         self._sticky: list[Message] = []  # notices every new supervisor must hear
         self._close_deadline: float | None = None
-        self._leaving_at: int | None = None  # the step it left the job at (LeaveJob)
+        # LeaveJob heard: no more fetching, and the step the reader left at (0 until
+        # its next step() says; the shards' ReleaseShards carry it).
+        self._leaving = False
+        self._leaving_at = 0
 
     # ------------------------------------- called by the training thread, run here
 
@@ -253,7 +256,7 @@ class SupervisorLink:
         """The worker leaves (LeaveJob): no more fetching; the leases queued for
         the training thread, which reads none of them now, go back, and so does
         any a grant still brings (``_on_grant``)."""
-        self._leaving_at = step
+        self._leaving, self._leaving_at = True, step
         queued: list[int] = []
         while True:
             try:
@@ -452,7 +455,7 @@ class SupervisorLink:
         spec = self._spec
         if spec is None or self._finished or self._close_deadline is not None:
             return
-        if self._leaving_at is not None:
+        if self._leaving:
             return
         if self._outstanding is not None:
             request_id, sent_at = self._outstanding
@@ -515,8 +518,16 @@ class SupervisorLink:
             self._outbox.extend(self._sticky)
         elif isinstance(msg, (DatasetReady, PlacementReady)):
             self._on_answer(msg)
-        elif isinstance(msg, (AdjustBatchSize, AdjustLR, Regroup, LeaveJob)):
+        elif isinstance(msg, (AdjustBatchSize, AdjustLR, Regroup)):
             self._shared.actions.put(msg)
+        elif isinstance(msg, LeaveJob):
+            # The reader leaves at its next step (Job._take_actions); one blocked
+            # waiting for data has no next step: the End after the leases queued
+            # so far ends its batches (it reads none of them: give_back_queued).
+            self._shared.actions.put(msg)
+            if not self._leaving:
+                self._leaving = True
+                self._shared.items.put(End())
         elif isinstance(msg, RegroupGo):
             self._shared.regroup_go.put(msg)
         elif isinstance(msg, (RnaProbe, RnaStart, RnaGroup, RnaOpenStore, RnaLeft)):
@@ -544,7 +555,7 @@ class SupervisorLink:
             if not lease_fits(spec, lease):
                 logger.error("lease %r does not fit the data set %s; ignored", lease, spec)
                 continue
-            if self._leaving_at is not None:  # asked for before the worker left
+            if self._leaving:  # asked for before the worker left
                 self.release(
                     [lease.lease_id], self._leaving_at, self._leave_reason(self._leaving_at)
                 )
