@@ -113,6 +113,11 @@ _BUSY_PROC_STATES = (*LIVE_PROC_STATES, ProcState.PENDING)
 LEAVE_GRACE_S = 120.0
 
 
+def _worker_rank(proc_id: str) -> int:
+    """The rank in a worker's proc id (``worker-<rank>``)."""
+    return int(proc_id.rpartition("-")[2])
+
+
 def _limits_of(slot: ProcSlot) -> dict[str, float]:
     """The limit fields of a spawn event: only those that are set."""
     limits: dict[str, float] = {}
@@ -320,9 +325,7 @@ class JobState:
         for proc_id, deadline in list(self._leave_by.items()):
             if now >= deadline:
                 why = f"still running {LEAVE_GRACE_S:.0f} s after it was asked to leave"
-                out += self.leave_unheard(
-                    int(proc_id.rpartition("-")[2]), self.removing[proc_id][1], why
-                )
+                out += self.leave_unheard(_worker_rank(proc_id), self.removing[proc_id][1], why)
         if self.phase is Phase.STOPPING and now >= self.stop_deadline:
             out += self._finish()
         return out
@@ -1528,7 +1531,7 @@ class JobState:
         """
         self._check_scalable()
         ranks = self.worker_ranks()
-        stopping = [int(p.rpartition("-")[2]) for p in self.removing]
+        stopping = [_worker_rank(p) for p in self.removing]
         plan = plan_scale(count, ranks=ranks, room=self._room_for_workers(), stopping=stopping)
         if plan.count == len(ranks):
             return []
@@ -1630,9 +1633,7 @@ class JobState:
 
     def _removed_exited(self, host: str, msg: Exited) -> list[Command]:
         """A worker a scale-down removed has ended: its shards go back."""
-        del self.removing[msg.proc_id]
-        self._leave_by.pop(msg.proc_id, None)
-        rank = int(msg.proc_id.rpartition("-")[2])
+        rank = self._end_removal(msg.proc_id)
         data = {"exit_code": msg.exit_code, "signal": msg.signal, "removed": True}
         gone = EmitEvent(kind="exit", host=host, role="worker", rank=rank, data=data)
         return [gone, WorkerGone(rank=rank, succeeded=msg.exit_code == 0 and not msg.requested)]
@@ -1643,10 +1644,14 @@ class JobState:
         out: list[Command] = []
         for proc_id, (held, attempt) in list(self.removing.items()):
             if held == host and (running is None or (proc_id, attempt) not in running):
-                del self.removing[proc_id]
-                self._leave_by.pop(proc_id, None)
-                out.append(WorkerGone(rank=int(proc_id.rpartition("-")[2])))
+                out.append(WorkerGone(rank=self._end_removal(proc_id)))
         return out
+
+    def _end_removal(self, proc_id: str) -> int:
+        """Forget a removed worker that is gone; returns its rank."""
+        del self.removing[proc_id]
+        self._leave_by.pop(proc_id, None)
+        return _worker_rank(proc_id)
 
     def free_spare(self, preferred: str | None) -> str | None:
         """Where a KILL_RESTART should go: ``preferred`` if it is a spare host with
