@@ -23,7 +23,7 @@ def init(
     *,
     prefetch: int = 2,
 ) -> Job:
-    """Connect a training script to its job; see ``dtlaunch.runtime.context.init``.
+    """Connect a training script to its job; see ``dtlaunch.runtime.start.init``.
 
     Imported lazily so that ``import dtlaunch`` (the CLI, the agent) does not load
     the runtime SDK.

@@ -37,17 +37,20 @@ def scale(
         typer.Option(
             "--workers",
             help="Workers to run from now on: new ranks start on free slots (spare hosts "
-            "first), the highest ranks stop and their data goes back to the queue.",
+            "first); the highest ranks leave after the data shard they read.",
         ),
     ],
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the supervisor.")] = 10.0,
 ) -> None:
-    """Change a running job's number of workers (parameter-server jobs).
+    """Change a running job's number of workers; the job goes on.
 
-    The job goes on: new workers fetch data shards as they start and the
-    servers' steps wait for them from their first step; removed workers stop and
-    their unfinished shards are read again by the others. A resumed supervisor
-    keeps the new count.
+    Parameter-server jobs (dtlaunch's servers): new workers fetch data shards as
+    they start and the servers' steps wait for them from their hello on; removed
+    workers finish the shard they read and end. Allreduce jobs (scripts that call
+    job.attach() and loop with job.bsp_batches()): new ranks start and warm up,
+    then at a step all workers agree on the removed ranks leave, the group
+    re-forms with the new size and the global batch is split over it again.
+    Every record is still trained once. A resumed supervisor keeps the new count.
     """
     setup_logging(False)
     from dtlaunch.jobclient import request_scale

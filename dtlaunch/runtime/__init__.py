@@ -1,7 +1,8 @@
 """The SDK inside training processes: ``dtlaunch.init()`` and the ``Job`` it returns.
 
-* ``context`` — ``init`` and ``Job``: identity, batches (and AntDT-DD's
-  micro-batches in ``bsp_batches``), ``step``, ``close``.
+* ``start`` — ``init``: the supervisor connection (or standalone data) and the ``Job``.
+* ``context`` — ``Job``: identity, batches (and AntDT-DD's micro-batches in
+  ``bsp_batches``, where an allreduce group re-forms), ``step``, ``close``.
 * ``environ`` — the variables ``dtlaunch run`` sets for the process, read and checked.
 * ``dataset_args`` — the data set a script passes to ``init``: checked, compared.
 * ``data`` — leases cut into batches; which leases a ``step()`` acks.
@@ -13,6 +14,7 @@
 
 from __future__ import annotations
 
-from dtlaunch.runtime.context import Job, init
+from dtlaunch.runtime.context import Job
+from dtlaunch.runtime.start import init
 
 __all__ = ["Job", "init"]

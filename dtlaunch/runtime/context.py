@@ -1,4 +1,4 @@
-"""``dtlaunch.init()`` and the ``Job`` a training script drives.
+"""The ``Job`` a training script drives (``dtlaunch.init()`` in ``start`` returns it).
 
 ::
 
@@ -16,6 +16,7 @@ data set, for debugging with plain ``python train.py``.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import socket
@@ -23,9 +24,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from dtlaunch.errors import ConfigError
 from dtlaunch.inject import parse_injections
-from dtlaunch.proctitle import name_this_process
 from dtlaunch.runtime.client import SupervisorClient
 from dtlaunch.runtime.data import (
     DATA_WAIT_AGAIN_S,
@@ -35,21 +34,15 @@ from dtlaunch.runtime.data import (
     LeaseSource,
     local_batch_size,
 )
-from dtlaunch.runtime.dataset_args import check_args_agree, dataset_from_args, given_dataset_args
 from dtlaunch.runtime.environ import (
     DEFAULT_INIT_TIMEOUT_S,
     ENV_INIT_TIMEOUT,
-    ENV_REPORT_INTERVAL,
     ENV_RNA,
     ENV_ROLE,
-    ENV_SUPERVISOR,
-    connection_from_env,
     env_float,
-    env_int,
 )
-from dtlaunch.runtime.standalone import StandaloneSource
-from dtlaunch.runtime.steps import REPORT_EVERY_S, StepTimer
-from dtlaunch.sharding import DatasetSpec, dataset_info
+from dtlaunch.runtime.steps import StepTimer
+from dtlaunch.sharding import DatasetSpec
 from dtlaunch.wire.messages import (
     AdjustBatchSize,
     AdjustLR,
@@ -62,7 +55,7 @@ from dtlaunch.wire.messages import (
 if TYPE_CHECKING:  # torch is optional: only attach() and bsp_batches() need it
     from dtlaunch.runtime.elastic import ElasticGroup
 
-__all__ = ["DataWaitListener", "Job", "current_job", "init"]
+__all__ = ["DataWaitListener", "Job", "current_job"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,92 +68,6 @@ _current: Job | None = None
 def current_job() -> Job | None:
     """The Job returned by the last ``dtlaunch.init()`` in this process, until closed."""
     return _current
-
-
-def init(
-    dataset_size: int | None = None,
-    shard_size: int | None = None,
-    epochs: int | None = None,
-    global_batch: int | None = None,
-    seed: int | None = None,
-    *,
-    prefetch: int = 2,
-) -> Job:
-    """Connect to the job's data sharding service and return the ``Job``.
-
-    With ``dataset_size`` and ``shard_size`` the data set is registered (the
-    other values default to ``DatasetSpec``'s); without any, the job's data set
-    (from ``dtlaunch run --dataset-size ...``) is used; with only some, they are
-    checked against the job's. ``prefetch`` shards are kept ready ahead of use.
-
-    Raises:
-        ConfigError: bad values, a data set that disagrees with the job's, no
-            data set anywhere, a bad environment, or no supervisor answering.
-        KeyFileError: the run's key files are missing or unsafe.
-    """
-    given = given_dataset_args(
-        dataset_size=dataset_size,
-        shard_size=shard_size,
-        epochs=epochs,
-        global_batch=global_batch,
-        seed=seed,
-    )
-    if type(prefetch) is not int or prefetch < 0:
-        raise ConfigError(f"prefetch must be an int of 0 or more (shards), got {prefetch!r}")
-    endpoint = os.environ.get(ENV_SUPERVISOR)
-    restart_count = env_int(os.environ, "TORCHELASTIC_RESTART_COUNT", default=0)
-    if endpoint is None:
-        spec = dataset_from_args(given)
-        if spec is None:
-            raise ConfigError(
-                f"no supervisor ({ENV_SUPERVISOR} is not set), so dtlaunch.init() runs "
-                "standalone and needs the data set: pass dataset_size= and shard_size= "
-                "(and epochs=, global_batch=, seed= as needed)"
-            )
-        if os.environ.get("WORLD_SIZE", "1") != "1":
-            logger.warning("standalone mode reads the whole data set as rank 0 of 1")
-        source = StandaloneSource(spec)
-        return Job(rank=0, world_size=1, restart_count=restart_count, dataset=spec, source=source)
-    if not endpoint:
-        raise ConfigError(f"{ENV_SUPERVISOR} is set but empty; it must be tcp://HOST:PORT")
-    conn = connection_from_env(os.environ, endpoint, restart_count)
-    name_this_process(
-        os.environ.get(ENV_ROLE, "worker"),
-        conn.run_id,
-        f"{conn.rank}@{restart_count}",
-        keep_command=True,
-    )
-    world_size = env_int(os.environ, "WORLD_SIZE", default=None)
-    if world_size < 1 or not 0 <= conn.rank < world_size:
-        raise ConfigError(
-            f"rank {conn.rank} does not fit WORLD_SIZE={world_size}; "
-            "run the script with dtlaunch run, which sets both"
-        )
-    wanted = dataset_from_args(given)
-    timeout = env_float(os.environ, ENV_INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT_S)
-    client = SupervisorClient(
-        conn,
-        prefetch=prefetch,
-        report_every_s=env_float(os.environ, ENV_REPORT_INTERVAL, REPORT_EVERY_S),
-    )
-    try:
-        spec = client.negotiate(dataset_info(wanted) if wanted else None, timeout)
-        if wanted is None:
-            check_args_agree(spec, given)
-        elif spec != wanted:  # the supervisor's run options win
-            logger.warning("using the job's data set %s instead of %s", spec, wanted)
-        job = Job(
-            rank=conn.rank,
-            world_size=world_size,
-            restart_count=restart_count,
-            dataset=spec,
-            source=client,
-        )
-        client.start_fetching()
-        return job
-    except BaseException:
-        client.close(0.0)
-        raise
 
 
 class Job:
@@ -360,12 +267,14 @@ class Job:
             if alone:
                 done, gen = batch is None, self._heard_gen()
             else:
-                done, gen = agree(batch is None, self._heard_gen())
+                done, gen = agree(self._out_of_data(batch), self._heard_gen())
             while self._elastic is not None and gen > self._elastic.gen:
                 self._source.flush_reports()  # a leaving worker's last steps too
                 counters = {"step": self.step_count, "global_batch": self._global_batch}
                 self._elastic.regroup(gen, counters)
-                done, gen = agree(batch is None, self._heard_gen())
+                if self._elastic.world_size != self._world_size:
+                    self._resized(self._elastic.world_size)
+                done, gen = agree(self._out_of_data(batch), self._heard_gen())
             if done:
                 return  # every shard is DONE: everyone stops at this same step
             if self._accumulation > 1 and self._stream.mode == "one_per_step":
@@ -381,6 +290,25 @@ class Job:
                     break
                 micro.append(more)
             yield from self._micro_batches(micro)
+
+    def _out_of_data(self, batch: list[int] | None) -> bool:
+        """The data set is done here. A worker a resize removed that has read its
+        last shard is not: it takes empty steps until the group re-forms."""
+        return batch is None and not self._stream.leaving
+
+    def _resized(self, world_size: int) -> None:
+        """The group re-formed with another number of workers (``dtlaunch scale``):
+        the global batch is split again, equally (a policy's plan for the old
+        group no longer holds, so one pass per step until it plans again)."""
+        logger.info("the group now has %d workers (was %d)", world_size, self._world_size)
+        self._world_size = world_size
+        self._accumulation = 1
+        self._stream.set_batch_size(self._equal_share())
+
+    def _equal_share(self) -> int:
+        """This rank's share of the global batch in force (``local_batch_size``)."""
+        spec = dataclasses.replace(self._dataset, global_batch=self._global_batch)
+        return local_batch_size(spec, self._rank, self._world_size)
 
     def _micro_batches(self, micro: list[list[int]]) -> Iterator[list[int]]:
         """One step's micro-batches, each with its share of the step's records."""
@@ -437,16 +365,39 @@ class Job:
             counters = group.join(join)
             self._stream.continue_at(int(counters["step"]))
             self._global_batch = int(counters["global_batch"])
-            if join.batch_size > 0:
-                self._stream.set_batch_size(join.batch_size)
+            # A replacement keeps its predecessor's share of a policy's plan; a
+            # worker a resize added gets its equal share of the global batch.
+            share = join.batch_size if join.batch_size > 0 else self._equal_share()
+            self._stream.set_batch_size(share)
         self._elastic = group
         for msg in self._regroups:
-            group.hear(msg)
+            self._hear_regroup(msg)
         self._regroups = []
         self._source.send(Attached(), repeat_on_rehello=True)
 
     def _heard_gen(self) -> int:
-        return self._elastic.heard_gen if self._elastic is not None else 0
+        """The newest regroup this worker is ready for (the group acts at the first
+        step where every worker is). A worker a resize removes is ready once the
+        shard it reads is trained and acked, so none of its records is lost or
+        read twice."""
+        group = self._elastic
+        if group is None:
+            return 0
+        if group.removed and not self._stream.drained:
+            return group.gen
+        return group.heard_gen
+
+    def _hear_regroup(self, msg: Regroup) -> None:
+        assert self._elastic is not None
+        self._elastic.hear(msg)
+        if self._elastic.removed:
+            logger.warning(
+                "dtlaunch scale: the group shrinks to %d workers; rank %d leaves after "
+                "the shard it reads",
+                msg.world_size,
+                self._rank,
+            )
+            self._stream.leave()
 
     def allreduce_gradients(self, model: Any, samples: int | None = None) -> None:
         """Average ``model``'s gradients over the workers, each weighted by its
@@ -549,7 +500,7 @@ class Job:
                 self._stream.leave()
             elif isinstance(action, Regroup):
                 if self._elastic is not None:
-                    self._elastic.hear(action)
+                    self._hear_regroup(action)
                 else:
                     self._regroups.append(action)
 

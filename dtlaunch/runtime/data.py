@@ -254,8 +254,21 @@ class BatchStream:
         """The worker leaves the job (``dtlaunch scale`` removed it): the batches
         end with the lease being read, and the leases fetched ahead go back to
         the queue untouched, so every record is trained once."""
+        if self._leaving:
+            return
         self._leaving = True
         self._source.give_back_queued(self._steps)
+
+    @property
+    def leaving(self) -> bool:
+        """``leave()`` was called: the batches end with the lease being read."""
+        return self._leaving
+
+    @property
+    def drained(self) -> bool:
+        """A leaving worker has read its last lease and every batch it took is
+        covered by a step (its leases are acked): it may go without losing data."""
+        return self._leaving and self._ended and not self._uncovered
 
     def step(self) -> int:
         """One iteration's gradients are applied: ack the leases its batches finished."""

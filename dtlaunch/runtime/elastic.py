@@ -21,6 +21,16 @@ only the straggler goes:
 5. ``store_rank`` broadcasts the attached model and optimizer state, the step
    count and the global batch; the newcomer receives them in ``job.attach()``.
 
+A resize (``dtlaunch scale --workers N``) is the same protocol with
+``Regroup(world_size=N, leaving_rank=-1)``: the supervisor sends it once the new
+ranks, started under ``dtlaunch.runtime.prewarm``, are warm. A rank from ``N``
+up stops reading shards and holds the agreement back (it reports the old
+generation) until the shard it reads is trained and acked, taking empty steps
+meanwhile; then it leaves as a replaced worker does. Rank 0 hosts the store,
+the survivors re-form with ``N`` workers, the newcomers join through their
+wrapper with ``DTLAUNCH_JOIN``, and every worker's batch becomes its equal
+share of the global batch.
+
 Requirements on the script (checked where possible): the model and optimizer
 are registered with ``job.attach()`` right after the process group is created and
 before any other collective, gradients are averaged with
@@ -127,6 +137,18 @@ class ElasticGroup:
     def heard_gen(self) -> int:
         return self._heard.gen if self._heard is not None else self.gen
 
+    @property
+    def world_size(self) -> int:
+        """The size of the group this worker belongs to (a resize changes it)."""
+        return self._world_size
+
+    @property
+    def removed(self) -> bool:
+        """The regroup heard (not carried out yet) is a resize without this rank:
+        the worker finishes the shard it reads, then leaves at the agreed step."""
+        msg = self._heard
+        return msg is not None and msg.world_size > 0 and self._rank >= msg.world_size
+
     def attach(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         self._model = model
         self._optimizer = optimizer
@@ -164,8 +186,11 @@ class ElasticGroup:
         if msg is None or msg.gen != gen:
             raise RuntimeError(f"regroup generation {gen} agreed but never heard here")
         self._heard = None
-        if self._rank == msg.leaving_rank:
+        if self._rank == msg.leaving_rank or (msg.world_size and self._rank >= msg.world_size):
             self._leave(msg)
+        before = self._world_size
+        if msg.world_size:
+            self._world_size = msg.world_size
         timeout = _timeout()
         backend = dist.get_backend()
         started = time.monotonic()
@@ -181,8 +206,11 @@ class ElasticGroup:
                 wait_for_workers=False,
             )
             self._store = store
+            # Sent again to a supervisor resumed meanwhile, which else could not
+            # tell the others where to meet.
             self._link.send(
-                RegroupReady(gen=gen, step=int(counters["step"]), store_port=store.port)
+                RegroupReady(gen=gen, step=int(counters["step"]), store_port=store.port),
+                repeat_on_rehello=True,
             )
             self._link.wait_regroup_go(gen, timeout)
         else:
@@ -203,19 +231,29 @@ class ElasticGroup:
         )
         self.gen = gen
         shared = self._share_state(msg.store_rank, counters)
+        change = (
+            f"{before} -> {self._world_size} workers"
+            if msg.world_size
+            else f"rank {msg.leaving_rank} replaced"
+        )
         logger.info(
-            "rank %d re-formed the group (generation %d, rank %d replaced) in %.2fs",
+            "rank %d re-formed the group (generation %d, %s) in %.2fs",
             self._rank,
             gen,
-            msg.leaving_rank,
+            change,
             time.monotonic() - started,
         )
         return shared
 
     def _leave(self, msg: Regroup) -> None:
-        """This worker is being replaced: finish its acks, then wait for the kill."""
+        """This worker is replaced, or a scale-down removed it: finish its acks,
+        then wait for the kill (the script's code after its loop would call
+        collectives of a group that has gone on without it)."""
         logger.info(
-            "rank %d is replaced (generation %d); waiting to be stopped", self._rank, msg.gen
+            "rank %d %s (generation %d); waiting to be stopped",
+            self._rank,
+            "leaves the job" if msg.world_size else "is replaced",
+            msg.gen,
         )
         self._link.close(10.0)
         deadline = time.monotonic() + _timeout()

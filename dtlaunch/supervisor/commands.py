@@ -5,16 +5,21 @@ A control client holds the run's client key (only someone who can read the run
 directory has it). Each request is recorded as a ``command`` event and answered
 with an ``Ack`` that says what is done, or why nothing is (a scale the job
 cannot carry out is refused with the reason and the fix, and nothing changes).
+
+In a parameter-server job the node table's scale is all there is; an allreduce
+job's group also re-forms with the new size (``regroup.RegroupDriver.resize``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from dtlaunch.errors import ConfigError
 from dtlaunch.events import EventRecorder
 from dtlaunch.supervisor.jobstate import AskToLeave, Command, JobState, WorkerPeers
+from dtlaunch.supervisor.regroup import RegroupDriver
 from dtlaunch.wire.messages import Ack, LeaveJob, Message, ScaleJob, StopJob
 
 __all__ = ["CONTROL_MESSAGES", "ControlCommands"]
@@ -36,15 +41,23 @@ class ControlCommands:
         reply: Reply,
         workers: WorkerPeers,
         workers_changed: Callable[[list[int], list[int]], None],
+        group: RegroupDriver | None = None,
+        global_batch: Callable[[], int] = lambda: 0,
+        spawn: Callable[[Coroutine[Any, Any, None], str], object] | None = None,
     ) -> None:
         """``workers_changed(before, after)``: told the worker ranks after a scale
-        changed them (the parameter servers' membership follows them)."""
+        changed them (the parameter servers' membership follows them).
+        ``group``: an allreduce job's regroups, which a scale resizes (run as a
+        task by ``spawn``); ``global_batch``: the data set's, which bounds it."""
         self._state = state
         self._recorder = recorder
         self._apply = apply
         self._reply = reply
         self._workers = workers
         self._workers_changed = workers_changed
+        self._group = group
+        self._global_batch = global_batch
+        self._spawn = spawn
 
     async def handle(self, peer: bytes, msg: StopJob | ScaleJob, now: float) -> None:
         if isinstance(msg, StopJob):
@@ -66,16 +79,27 @@ class ControlCommands:
         """Run ``count`` workers from now on (``dtlaunch scale``, or SCALE_WORKERS of
         a policy); returns why not when the job refuses, and then nothing changed."""
         before = self._state.worker_ranks()
+        group = self._group
         try:
-            commands = self._state.scale_workers(count, now, reason=reason)
+            if group is not None and count != len(before):
+                refusal = group.resize_refusal(count, global_batch=self._global_batch())
+                if refusal is not None:
+                    raise ConfigError(refusal)
+            commands = self._state.scale_workers(
+                count, now, reason=reason, regroup=group is not None
+            )
         except ConfigError as err:
             log.warning("scale to %d workers refused: %s", count, err)
             self._recorder.emit("scale_refused", workers=count, reason=reason, error=str(err))
             return str(err)
         self._apply(commands)
         if commands:
+            after = self._state.worker_ranks()
             log.info("scaling: workers %d -> %d (%s)", len(before), count, reason)
-            self._workers_changed(before, self._state.worker_ranks())
+            if group is not None and self._spawn is not None:
+                joining = [rank for rank in after if rank not in before]
+                self._spawn(group.resize(count, joining=joining, reason=reason), "resize")
+            self._workers_changed(before, after)
         return None
 
     async def ask_to_leave(self, command: AskToLeave) -> None:

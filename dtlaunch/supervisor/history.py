@@ -9,9 +9,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dtlaunch.events import read_events
 from dtlaunch.supervisor.jobstate.nodes import FailureRecord, RestartRecord
+
+
+@dataclass(slots=True, kw_only=True)
+class OpenResize:
+    """An allreduce group's resize (``dtlaunch scale``) that had begun and not
+    ended when the supervisor stopped: a resumed one carries it on."""
+
+    gen: int
+    workers: int  # the size it resizes to
+    was: int  # the size of the group until it is done
+    joining: list[int]
+    leaving: list[int]
+    announced: bool = False  # the workers were sent the Regroup
+    store: tuple[str, int] | None = None  # where the survivors' store listens, once up
 
 
 @dataclass(slots=True, kw_only=True)
@@ -32,6 +47,8 @@ class History:
     rna_gen: int = 0  # the newest RNA group generation any supervisor of the run opened
     # dtlaunch scale, in order: (workers from then on, {rank it added: host})
     scales: list[tuple[int, dict[int, str]]] = field(default_factory=list)
+    regroup_gen: int = 0  # the newest allreduce regroup generation of the run
+    open_resize: OpenResize | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +60,9 @@ class ResumePlan:
     restart_workers: str = ""  # non-empty: why every worker must restart (a WAL repair)
     # Ranks a `dtlaunch scale` removed: whatever data they held goes back.
     released_workers: tuple[int, ...] = ()
+    # Ranks an open resize removes that still finish their shard: rank -> (host,
+    # attempt); they keep their data and leave as the resize goes on.
+    leaving: dict[int, tuple[str, int]] = field(default_factory=dict)
 
 
 def load_history(events_path: Path) -> History:
@@ -62,6 +82,8 @@ def load_history(events_path: Path) -> History:
         if event.kind == "scale":
             added = {int(r): str(h) for r, h in dict(event.data.get("added", {})).items()}
             history.scales.append((int(event.data["workers"]), added))
+        if event.kind == "regroup":
+            _regroup(history, event.data)
         if event.kind == "rna_group":
             history.rna_gen = max(history.rna_gen, int(event.data.get("gen", 0)))
         if event.kind in ("spawn", "adopted"):
@@ -109,3 +131,29 @@ def load_history(events_path: Path) -> History:
                 )
             )
     return history
+
+
+def _regroup(history: History, data: dict[str, Any]) -> None:
+    """Follow the allreduce regroups: their generations, and a resize still open."""
+    gen, phase = int(data.get("gen", 0)), data.get("phase")
+    history.regroup_gen = max(history.regroup_gen, gen)
+    if phase in ("prewarm", "begin") and "joining" in data:  # a resize begins
+        history.open_resize = OpenResize(
+            gen=gen,
+            workers=int(data["workers"]),
+            was=int(data["was"]),
+            joining=[int(r) for r in data["joining"]],
+            leaving=[int(r) for r in data.get("leaving", [])],
+            announced=phase == "begin",
+        )
+        return
+    resize = history.open_resize
+    if resize is None or gen != resize.gen:
+        return
+    if phase == "begin":
+        resize.announced = True
+    elif phase == "store":
+        addr, _, port = str(data.get("store", "")).rpartition(":")
+        resize.store = (addr, int(port)) if port.isdigit() else None
+    elif phase in ("done", "abandoned", "cancelled"):
+        history.open_resize = None

@@ -191,11 +191,7 @@ async def _run_job(
                 dds=dds,
                 status=status,
                 controller=_controller(spec, hosts),
-                regroup=(
-                    RegroupCoordinator(world_size=spec.workers, timeout_s=REGROUP_TIMEOUT_S)
-                    if spec.mode == "allreduce"
-                    else None
-                ),
+                regroup=_regroup_coordinator(spec, assignments, history, time.monotonic()),
                 placements=PlacementKeeper(run.path, recorder) if spec.mode == "ps" else None,
                 ps_keys=keys.peer(),
                 rounds=_round_coordinator(spec, history),
@@ -280,6 +276,47 @@ def _controller(spec: JobSpec, hosts: list[HostSpec]) -> Controller | None:
         spare_hosts=spare,
         host_devices={h.label: host_device(h) for h in hosts},
     )
+
+
+def _regroup_coordinator(
+    spec: JobSpec, assignments: list[Any], history: History | None, now: float
+) -> RegroupCoordinator | None:
+    """An allreduce job's regroups. A resumed one has the workers its scales
+    left, numbers its regroups after the run's last, and carries on a resize
+    that had begun (the newcomers and the store host say so again)."""
+    if spec.mode != "allreduce":
+        return None
+    workers = sum(1 for a in assignments if a.role == "worker")
+    resize = history.open_resize if history is not None else None
+    coord = RegroupCoordinator(
+        world_size=resize.was if resize is not None else workers,
+        timeout_s=REGROUP_TIMEOUT_S,
+        gen=history.regroup_gen if history is not None else 0,
+    )
+    if resize is not None:
+        log.info("carrying on the resize of the group to %d workers", resize.workers)
+        coord.restore_resize(
+            gen=resize.gen,
+            count=resize.workers,
+            joining=resize.joining,
+            announced=resize.announced,
+            store=resize.store,
+            now=now,
+        )
+    return coord
+
+
+def _still_leaving(history: History) -> dict[int, tuple[str, int]]:
+    """rank -> (host, attempt) of the ranks an open resize removes that have
+    not been stopped yet (its store was not up): they finish their shard."""
+    resize = history.open_resize
+    if resize is None or resize.store is not None:
+        return {}
+    return {
+        rank: (history.hosts.get(f"worker-{rank}", ""), history.attempts.get(f"worker-{rank}", 0))
+        for rank in resize.leaving
+        if f"worker-{rank}" in history.hosts
+    }
 
 
 def _round_coordinator(spec: JobSpec, history: History | None) -> RoundCoordinator | None:
@@ -404,7 +441,8 @@ def _build_supervisor(
                 if run.repaired_marker.exists()
                 else ""
             ),
-            released_workers=tuple(released_workers),
+            released_workers=tuple(r for r in released_workers if r not in _still_leaving(history)),
+            leaving=_still_leaving(history),
         )
         if history is not None
         else None

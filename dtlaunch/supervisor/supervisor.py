@@ -118,11 +118,8 @@ class Supervisor:
                 clock=clock,
                 worker_peer=self._workers.peer_of,
                 measured=controller.restart_measured if controller is not None else None,
-                planned_batch=(
-                    (lambda rank: controller.batch_plan.get(rank, 0))
-                    if controller is not None
-                    else (lambda rank: 0)
-                ),
+                planned_batch=lambda rank: controller.batch_plan.get(rank, 0) if controller else 0,
+                welcome=Welcome(run_id=run_id, heartbeat_interval=heartbeat_interval),
             )
             if services.regroup is not None
             else None
@@ -153,14 +150,16 @@ class Supervisor:
             if services.rounds is not None
             else None
         )
-        fleet = self._fleet
         self._commands = ControlCommands(  # dtlaunch stop, dtlaunch scale
             state=state,
             recorder=self._recorder,
             apply=self._apply,
             reply=router.send,
             workers=self._workers,
-            workers_changed=fleet.workers_changed if fleet is not None else lambda *_: None,
+            workers_changed=self._fleet.workers_changed if self._fleet else lambda *_: None,
+            group=self._regroup if self._rounds is None else None,  # rna: groups of its own
+            global_batch=lambda: self._dds.spec.global_batch if self._dds.spec else 0,
+            spawn=self._spawn_task,
         )
         self._control = ControlLoop(
             controller,
@@ -217,6 +216,7 @@ class Supervisor:
                         adopt=self._resume.adopt,
                         restart_workers=self._resume.restart_workers,
                         released_workers=self._resume.released_workers,
+                        leaving=self._resume.leaving,
                     )
                 )
                 if self._fleet is not None and history.scales:
@@ -446,7 +446,8 @@ class Supervisor:
         elif peer.startswith(WORKER_PREFIX):
             await self._from_worker(peer, msg)
         elif peer.startswith(JOIN_PREFIX):
-            await self._from_joiner(peer, msg)
+            if self._regroup is not None:  # a prewarmed newcomer waiting to join
+                await self._regroup.from_joiner(peer, msg)
         elif isinstance(msg, Hello):
             if msg.run_id != self._run_id:
                 log.warning("hello from %r for another run %s; ignored", peer, msg.run_id)
@@ -460,18 +461,6 @@ class Supervisor:
             return
         else:
             log.debug("unexpected %s from %r", type(msg).__name__, peer)
-
-    async def _from_joiner(self, peer: bytes, msg: Message) -> None:
-        """A prewarmed replacement waiting to join (``dtlaunch.runtime.prewarm``)."""
-        if not isinstance(msg, Hello) or self._regroup is None:
-            return  # pings keep it alive; nothing else is expected from it
-        if msg.run_id != self._run_id or msg.rank < 0:
-            log.warning("join hello from %r for run %s ignored", peer, msg.run_id)
-            return
-        await self._router.send(
-            peer, Welcome(run_id=self._run_id, heartbeat_interval=self._interval)
-        )
-        await self._regroup.joiner_hello(msg.rank)
 
     async def _from_worker(self, peer: bytes, msg: Message) -> None:
         """Data-sharding requests; each runs as its own task so that many share
@@ -496,6 +485,8 @@ class Supervisor:
                 peer, Welcome(run_id=self._run_id, heartbeat_interval=self._interval)
             )
             await self._control.worker_greeted(rank, msg.attempt)
+            if self._regroup is not None:
+                await self._regroup.worker_greeted(rank)  # a resize under way
             if self._fleet is not None:
                 self._fleet.worker_greeted(rank)  # a scale's new worker joins the steps
             self._serve(

@@ -63,7 +63,8 @@ _INT_MIN: dict[str, int] = {
     "apply_at_step": 0,
     # elastic regroup
     "gen": 1,
-    "leaving_rank": 0,
+    "leaving_rank": -1,  # -1: a resize, where no one rank is replaced
+    "world_size": 0,
     "store_rank": 0,
     "store_port": 1,
     "master_port": 1,

@@ -1,9 +1,11 @@
 """A BSP allreduce worker that can be replaced without restarting its peers: it
 attaches its model and optimizer, so a newcomer gets them from a survivor.
 
-Writes LEDGER/<rank>-<pid>.txt (trained records, one batch a line) and, at the
-end, LEDGER/<rank>.json: pid, first and last step, host, and the final
-parameters (all ranks must agree). usage: elastic_worker.py LEDGER STEP_S"""
+A linear regression to a noisy linear target (the loss ends near the noise,
+0.01, and how near depends on the training). Writes LEDGER/<rank>-<pid>.txt
+(trained records, one batch a line) and, at the end, LEDGER/<rank>.json: pid,
+first and last step, host, the final parameters (all ranks must agree) and the
+final loss over the whole data set. usage: elastic_worker.py LEDGER STEP_S"""
 
 import json
 import os
@@ -29,11 +31,13 @@ dist.init_process_group("gloo")
 job.attach(model, optimizer)
 first_step = job.step_count
 features = torch.randn(job.dataset.dataset_size, 4, generator=torch.Generator().manual_seed(1))
+noise = torch.randn(job.dataset.dataset_size, 1, generator=torch.Generator().manual_seed(2))
+targets = features @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.7 + 0.1 * noise
 with (ledger / f"{job.rank}-{os.getpid()}.txt").open("w") as out:
     for batch in job.bsp_batches():
         optimizer.zero_grad()
         if batch:
-            model(features[batch]).pow(2).mean().backward()
+            (model(features[batch]) - targets[batch]).pow(2).mean().backward()
         time.sleep(step_s * len(batch) / max(1, job.dataset.global_batch // job.world_size))
         job.allreduce_gradients(model, samples=len(batch))
         optimizer.step()
@@ -46,6 +50,7 @@ final = {
     "first_step": first_step,
     "last_step": job.step_count,
     "params": [p.detach().reshape(-1).tolist() for p in model.parameters()],
+    "final_loss": float((model(features) - targets).pow(2).mean()),
 }
 (ledger / f"{job.rank}.json").write_text(json.dumps(final))
 job.close()

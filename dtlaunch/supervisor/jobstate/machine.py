@@ -261,12 +261,15 @@ class JobState:
         memory_limits: dict[str, tuple[int, int]] | None = None,
         listen_ports: dict[str, tuple[str, int]] | None = None,
         released_workers: Sequence[int] = (),
+        leaving: Mapping[int, tuple[str, int]] | None = None,
     ) -> list[Command]:
         """A supervisor restarted with --resume: the agents in ``adopt`` (those the
         dead supervisor had started) are expected to reconnect; others are launched.
         ``listen_ports``: proc id -> (host, port) its last spawn listened on, kept.
         ``released_workers``: ranks a scale-down removed; the data they may hold
         goes back (one that still runs is fenced when its agent reports it).
+        ``leaving``: rank -> (host, attempt) of removed workers that still finish
+        their shard (an allreduce resize under way): removed as before the stop.
 
         Processes keep their last attempt; those no agent reports running are
         restarted (the next spawn bumps the attempt) once all agents are back.
@@ -292,6 +295,9 @@ class JobState:
                 slot.restart_if_found = restart_workers
         out: list[Command] = [EmitEvent(kind="resume", data={"attempts": attempts})]
         out += [WorkerGone(rank=rank) for rank in released_workers]
+        for rank, held in (leaving or {}).items():
+            self.removing[f"worker-{rank}"] = held
+            self._leave_by[f"worker-{rank}"] = now + LEAVE_GRACE_S
         for agent in self.agents.values():
             if agent.host not in adopt:
                 out += self._launch_agent(agent, now)
@@ -1518,18 +1524,24 @@ class JobState:
         """The ranks of the job's workers now (0..n-1; a scale changes n)."""
         return sorted(s.rank for s in self.procs.values() if s.role == "worker")
 
-    def scale_workers(self, count: int, now: float, *, reason: str = "") -> list[Command]:
+    def scale_workers(
+        self, count: int, now: float, *, reason: str = "", regroup: bool = False
+    ) -> list[Command]:
         """Run ``count`` workers from now on (``scaling.py`` decides which ranks
         start where and which stop). New ranks start like any pending worker;
         removed ones are stopped and not restarted, and their exit gives their
         data shards back (``WorkerGone``). Recorded as one ``scale`` event, which
         a resumed supervisor reads to rebuild the same workers.
 
+        ``regroup``: an allreduce group re-forms with the new size (the caller's
+        ``Regroup`` tells the removed ranks to leave, and the new ranks start
+        prewarmed, to join the group at its agreed step).
+
         Raises:
             ConfigError: the job cannot change its workers now, or not to ``count``
                 (nothing is changed).
         """
-        self._check_scalable()
+        self._check_scalable(regroup)
         ranks = self.worker_ranks()
         stopping = [_worker_rank(p) for p in self.removing]
         plan = plan_scale(count, ranks=ranks, room=self._room_for_workers(), stopping=stopping)
@@ -1548,7 +1560,8 @@ class JobState:
             )
         ]
         for rank in plan.removed:
-            out += self._remove_worker(self.procs.pop(f"worker-{rank}"), reason, now)
+            slot = self.procs.pop(f"worker-{rank}")
+            out += self._remove_worker(slot, reason, now, ask=not regroup)
         workers = [s.assignment for s in self.procs.values()]
         for host in dict.fromkeys(plan.added.values()):
             if host not in self.agents:  # a hostfile host that ran nothing yet
@@ -1556,11 +1569,12 @@ class JobState:
                 out += self._launch_agent(self.agents[host], now)
         for rank, host in plan.added.items():
             slot = self._new_worker_slot(added_assignment(rank, host, workers))
+            slot.prewarm = regroup
             workers.append(slot.assignment)
             out.append(self._proc_event("added", slot, attempt=slot.attempt))
         return out + self._reconcile(now)
 
-    def _check_scalable(self) -> None:
+    def _check_scalable(self, regroup: bool) -> None:
         if self.phase is not Phase.RUNNING:
             raise ConfigError(
                 f"the job is {self.phase.value}; workers can be scaled only while it runs"
@@ -1570,12 +1584,13 @@ class JobState:
                 "a --framework tf job cannot change its workers: every task's TF_CONFIG "
                 "lists the cluster, fixed for the job"
             )
-        if not self.builtin_ps:
+        if not self.builtin_ps and not regroup:
             raise ConfigError(
                 "only jobs with dtlaunch's parameter servers (--servers M, the built-in "
-                "server) can change their workers while they run; this job's workers "
-                "(a torch.distributed group, or ps-lite's DMLC_NUM_WORKER) are fixed at "
-                "start. Start a job with the workers you want (dtlaunch run --workers N)"
+                "server) and allreduce jobs (but not --policy rna, whose rounds keep "
+                "their own group) can change their workers while they run; this job's "
+                "workers are fixed at start. Start a job with the workers you want "
+                "(dtlaunch run --workers N)"
             )
 
     def free_worker_slots(self) -> int:
@@ -1592,9 +1607,13 @@ class JobState:
         gpus = self.host_gpus
         return room + [(h, min(n, gpus[h]) if gpus.get(h) else n) for h, n in idle]
 
-    def _remove_worker(self, slot: ProcSlot, reason: str, now: float) -> list[Command]:
-        """A running worker is asked to leave after the shard it reads; one that
-        is starting or stopping has nothing to finish and is stopped."""
+    def _remove_worker(
+        self, slot: ProcSlot, reason: str, now: float, *, ask: bool = True
+    ) -> list[Command]:
+        """A running worker is asked to leave after the shard it reads (``ask``;
+        else the caller's regroup tells it); one that is starting or stopping has
+        nothing to finish and is stopped. Either way one that has not gone after
+        ``LEAVE_GRACE_S`` is stopped."""
         self._removed_attempts[slot.proc_id] = max(slot.attempt, slot.spent_attempts)
         out: list[Command] = [self._proc_event("removed", slot, attempt=slot.attempt)]
         if slot.state not in LIVE_PROC_STATES:
@@ -1602,6 +1621,8 @@ class JobState:
         self.removing[slot.proc_id] = (slot.host, slot.attempt)
         if slot.state is ProcState.RUNNING:
             self._leave_by[slot.proc_id] = now + LEAVE_GRACE_S
+            if not ask:
+                return out
             why = f"dtlaunch scale removed worker {slot.rank}" + (f" ({reason})" if reason else "")
             return [*out, AskToLeave(rank=slot.rank, attempt=slot.attempt, reason=why)]
         return [*out, self._kill(slot.proc_id, slot.host, slot.attempt)]

@@ -4,6 +4,11 @@ I/O-free bookkeeping for the protocol described in ``dtlaunch.runtime.elastic``:
 which workers can hand their state to a newcomer (they called ``job.attach``),
 the one regroup in flight, and how long it may take before the supervisor falls
 back to restarting the group. The supervisor sends and receives the messages.
+
+A regroup either replaces one rank (KILL_RESTART) or resizes the group
+(``dtlaunch scale``): ranks from the new size up leave, new ranks join. The
+group's size changes when the resize is done: when every newcomer has attached
+(received the state), or, with none, when the survivors' store is up.
 """
 
 from __future__ import annotations
@@ -29,6 +34,22 @@ class PendingRegroup:
     prewarmed: bool = False
     announced: bool = True
     announced_at: float = 0.0  # from here the group pauses for the hand-over
+    # A resize: the group's size after it (0: a KILL_RESTART of leaving_rank),
+    # the new ranks (prewarmed), the ranks that leave, and of the new ranks
+    # those that are warm (said hello) and those that received the state.
+    world_size: int = 0
+    joining: frozenset[int] = frozenset()
+    leaving: frozenset[int] = frozenset()
+    warm: frozenset[int] = frozenset()
+    joined: frozenset[int] = frozenset()
+
+    def message(self) -> Regroup:
+        return Regroup(
+            gen=self.gen,
+            leaving_rank=self.leaving_rank,
+            store_rank=self.store_rank,
+            world_size=self.world_size,
+        )
 
     def join_env(self) -> dict[str, str]:
         """What the newcomer's SDK reads (``dtlaunch.runtime.elastic.ENV_JOIN``)."""
@@ -38,10 +59,12 @@ class PendingRegroup:
 class RegroupCoordinator:
     """Tracks attached workers and at most one regroup at a time."""
 
-    def __init__(self, *, world_size: int, timeout_s: float) -> None:
+    def __init__(self, *, world_size: int, timeout_s: float, gen: int = 0) -> None:
+        """``gen``: the newest generation of the run so far (a resumed supervisor's
+        regroups must be newer than any its workers have heard of)."""
         self.world_size = world_size
         self.timeout_s = timeout_s
-        self.gen = 0
+        self.gen = gen
         self.pending: PendingRegroup | None = None
         self.store_port = 0  # of the pending regroup, once its store listens
         self.store_addr = ""
@@ -50,10 +73,17 @@ class RegroupCoordinator:
     def attached(self, rank: int) -> PendingRegroup | None:
         """A worker called ``job.attach()``; returns the regroup this completes
         (the newcomer attaches once it has joined), if any."""
-        if 0 <= rank < self.world_size:
-            self._attached.add(rank)
         done = self.pending
-        if done is not None and rank == done.leaving_rank and self.store_port:
+        size = max(self.world_size, done.world_size if done is not None else 0)
+        if 0 <= rank < size:
+            self._attached.add(rank)
+        if done is None or not self.store_port:
+            return None
+        if done.world_size and rank in done.joining:
+            done = replace(done, joined=done.joined | {rank})
+            self.pending = done
+            return self._complete(done) if done.joined == done.joining else None
+        if rank == done.leaving_rank:
             self.pending = None
             self.store_port = 0
             return done
@@ -71,6 +101,87 @@ class RegroupCoordinator:
             and 0 <= rank < self.world_size
             and len(self._attached) == self.world_size
         )
+
+    def resize_refusal(self, count: int, *, global_batch: int) -> str | None:
+        """Why the group cannot be resized to ``count`` workers now (None: it can)."""
+        if self.pending is not None:
+            what = "a resize" if self.pending.world_size else "a worker's replacement"
+            return (
+                f"{what} (regroup generation {self.pending.gen}) is under way; "
+                "ask again when it is done (dtlaunch status shows it)"
+            )
+        missing = sorted(set(range(self.world_size)) - self._attached)
+        if missing:
+            return (
+                f"worker(s) {missing} have not called job.attach(model, optimizer), so "
+                "a new worker could not receive the model: call it right after creating "
+                "them, and loop with job.bsp_batches() (see dtlaunch.runtime.elastic)"
+            )
+        if 0 < global_batch < count:
+            return (
+                f"the global batch {global_batch} cannot be split over {count} workers "
+                "(each needs at least one record per step); scale to at most "
+                f"{global_batch} workers"
+            )
+        return None
+
+    def begin_resize(
+        self, count: int, *, joining: list[int], reason: str, now: float
+    ) -> Regroup | None:
+        """Resize the group to ``count`` workers: ranks ``count`` and up leave (after
+        the shard each reads), ``joining`` start prewarmed. Returns the Regroup for
+        the current workers now, or None when it waits for the newcomers to be
+        warm (``announce``)."""
+        self.gen += 1
+        self.pending = PendingRegroup(
+            gen=self.gen,
+            leaving_rank=-1,
+            store_rank=0,  # rank 0 stays in every resize (a group has one worker at least)
+            target_host=None,
+            reason=reason,
+            started=now,
+            batch_size=0,
+            prewarmed=bool(joining),
+            announced=not joining,
+            announced_at=now,
+            world_size=count,
+            joining=frozenset(joining),
+            leaving=frozenset(range(count, self.world_size)),
+        )
+        self.store_port = 0
+        self.store_addr = ""
+        return None if joining else self.pending.message()
+
+    def restore_resize(
+        self,
+        *,
+        gen: int,
+        count: int,
+        joining: list[int],
+        announced: bool,
+        store: tuple[str, int] | None,
+        now: float,
+    ) -> None:
+        """A resumed supervisor takes over the resize its predecessor had begun
+        (generation ``gen``, to ``count`` workers from ``self.world_size``): the
+        newcomers say hello again, the workers hear the Regroup again when they
+        do (``greeted``), and the store host's answer comes again; the timeout
+        counts from now."""
+        newest = self.gen
+        self.begin_resize(count, joining=joining, reason="dtlaunch scale (resumed)", now=now)
+        self.gen = max(newest, gen)  # no generation is skipped
+        assert self.pending is not None
+        self.pending = replace(self.pending, gen=gen, announced=announced)
+        if store is not None:
+            self.store_addr, self.store_port = store
+
+    def greeted(self, rank: int) -> Regroup | None:
+        """A worker said hello (to a resumed supervisor, or again): the resize under
+        way, announced, that it must hear (again: it ignores one it has heard)."""
+        pending = self.pending
+        if pending is None or not pending.world_size or not pending.announced:
+            return None
+        return pending.message() if 0 <= rank < self.world_size else None
 
     def begin(
         self,
@@ -107,10 +218,19 @@ class RegroupCoordinator:
     def announce(self, rank: int, now: float) -> Regroup | None:
         """The prewarmed replacement of ``rank`` is ready: the Regroup to send now."""
         pending = self.pending
-        if pending is None or pending.announced or rank != pending.leaving_rank:
+        if pending is None or pending.announced:
+            return None
+        if pending.world_size:  # a resize goes out once every newcomer is warm
+            if rank not in pending.joining:
+                return None
+            pending = replace(pending, warm=pending.warm | {rank})
+            self.pending = pending
+            if pending.warm != pending.joining:
+                return None
+        elif rank != pending.leaving_rank:
             return None
         self.pending = replace(pending, announced=True, announced_at=now)
-        return Regroup(gen=pending.gen, leaving_rank=rank, store_rank=pending.store_rank)
+        return self.pending.message()
 
     def ready(self, rank: int, msg: RegroupReady, addr: str) -> PendingRegroup | None:
         """The store host's answer (it listens at ``addr``); the pending regroup
@@ -123,6 +243,32 @@ class RegroupCoordinator:
         self.store_port = msg.store_port
         self.store_addr = addr
         return pending
+
+    def resize_go(self) -> RegroupGo | None:
+        """Where a resize's newcomers meet the survivors, once the store is up."""
+        pending = self.pending
+        if pending is None or not pending.world_size or not self.store_port:
+            return None
+        return RegroupGo(
+            gen=pending.gen,
+            master_addr=self.store_addr,
+            master_port=self.store_port,
+            source_rank=pending.store_rank,
+        )
+
+    def complete_shrink(self) -> PendingRegroup | None:
+        """A resize without newcomers is done once the survivors' store is up."""
+        pending = self.pending
+        if pending is None or not pending.world_size or pending.joining or not self.store_port:
+            return None
+        return self._complete(pending)
+
+    def _complete(self, done: PendingRegroup) -> PendingRegroup:
+        self.world_size = done.world_size
+        self._attached -= done.leaving
+        self.pending = None
+        self.store_port = 0
+        return done
 
     def join_go(self, rank: int) -> RegroupGo | None:
         """Where the prewarmed replacement of ``rank`` meets the survivors, once its
@@ -147,9 +293,20 @@ class RegroupCoordinator:
         pending = self.pending
         if pending is None or self.store_port or now - pending.started < self.timeout_s:
             return None
+        if pending.world_size:  # the fallback restarts the group with the new size
+            return self._complete(pending)
         self.pending = None
         self.store_port = 0
         return pending
+
+    def abandon_resize(self, rank: int) -> PendingRegroup | None:
+        """Worker ``rank`` ended while a resize was under way (not as one of the
+        ranks it removes): the group restarts, with the new size, and the resize
+        is over. Returns it, or None when no resize is under way."""
+        pending = self.pending
+        if pending is None or not pending.world_size or rank in pending.leaving:
+            return None
+        return self._complete(pending)
 
     def cancel(self, rank: int) -> PendingRegroup | None:
         """Drop the pending regroup of ``rank`` (the group ended before it re-formed)."""
@@ -161,6 +318,10 @@ class RegroupCoordinator:
         return pending
 
     def survivors(self) -> list[int]:
+        """The workers of the group now that stay in the pending regroup."""
         pending = self.pending
-        leaving = pending.leaving_rank if pending is not None else -1
-        return [r for r in range(self.world_size) if r != leaving]
+        if pending is None:
+            return list(range(self.world_size))
+        if pending.world_size:
+            return list(range(min(self.world_size, pending.world_size)))
+        return [r for r in range(self.world_size) if r != pending.leaving_rank]

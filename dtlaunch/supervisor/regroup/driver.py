@@ -15,19 +15,30 @@ Two ways to replace worker ``r``:
 
 A group that does not get its store up within the coordinator's timeout falls
 back to a plain restart (its peers then restart through the group scope).
+
+A **resize** (``dtlaunch scale --workers N`` of an allreduce job) is the same
+protocol with more than one rank moving: the new ranks start prewarmed; once
+all of them are warm the workers get ``Regroup(world_size=N)``; the ranks a
+scale-down removes finish the shard they read (their SDK holds the agreement
+back until it is trained and acked, so every record is trained once); at the
+agreed step rank 0 hosts the store, the survivors and the newcomers meet there,
+and the removed ranks are stopped. If the store is not up in time, the removed
+ranks are stopped anyway: the survivors' next collective fails and the group
+restarts with the new size.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from dtlaunch.events import EventRecorder
 from dtlaunch.supervisor.control.actions import KillRestart
 from dtlaunch.supervisor.jobstate.machine import Command, JobState
 from dtlaunch.supervisor.jobstate.nodes import JoinSpec, ProcState
-from dtlaunch.supervisor.regroup.coordinator import RegroupCoordinator
-from dtlaunch.wire.messages import Message, RegroupGo, RegroupReady
+from dtlaunch.supervisor.regroup.coordinator import PendingRegroup, RegroupCoordinator
+from dtlaunch.wire.messages import Hello, Message, RegroupGo, RegroupReady, Rehello, Welcome
 
 __all__ = ["JOIN_PREFIX", "RegroupDriver"]
 
@@ -49,6 +60,7 @@ class RegroupDriver:
         worker_peer: Callable[[int], bytes],
         measured: Callable[[int, float], None] | None = None,
         planned_batch: Callable[[int], int] = lambda rank: 0,
+        welcome: Welcome | None = None,
     ) -> None:
         self.coordinator = coordinator
         self._state = state
@@ -61,6 +73,8 @@ class RegroupDriver:
         # rank -> its local batch size in the plan in force (0: the nominal size);
         # a replacement starts with its predecessor's share.
         self._planned_batch = planned_batch
+        self._welcome = welcome  # the answer to a waiting newcomer's hello
+        self._joiners_heard: set[bytes] = set()  # newcomers that said hello to us
 
     def replacing(self) -> bool:
         """A regroup is in flight: another KILL_RESTART now would restart the group."""
@@ -104,10 +118,58 @@ class RegroupDriver:
         else:
             await self._to_all_workers(msg)
 
+    def resize_refusal(self, count: int, *, global_batch: int) -> str | None:
+        """Why the group cannot be resized to ``count`` workers now (None: it can)."""
+        return self.coordinator.resize_refusal(count, global_batch=global_batch)
+
+    async def resize(self, count: int, *, joining: list[int], reason: str) -> None:
+        """Re-form the group with ``count`` workers; the node table has already
+        started ``joining`` (prewarmed) and marked the ranks above as removed."""
+        coord = self.coordinator
+        before = coord.world_size
+        msg = coord.begin_resize(count, joining=joining, reason=reason, now=self._clock())
+        self._recorder.emit(
+            "regroup",
+            phase="prewarm" if msg is None else "begin",
+            gen=coord.gen,
+            workers=count,
+            was=before,
+            joining=joining,
+            leaving=list(range(count, before)),
+            store_rank=0,
+        )
+        if msg is not None:
+            await self._to_all_workers(msg)
+
+    async def from_joiner(self, peer: bytes, msg: Message) -> None:
+        """A prewarmed newcomer waiting to join (``dtlaunch.runtime.prewarm``),
+        which talks as ``join:<rank>``. One a resumed supervisor has not heard
+        hello from is asked for it (``Rehello``), so a resize under way goes on."""
+        welcome = self._welcome
+        if isinstance(msg, Hello) and welcome is not None:
+            if msg.run_id != welcome.run_id or msg.rank < 0:
+                log.warning("join hello from %r for run %s ignored", peer, msg.run_id)
+                return
+            self._joiners_heard.add(peer)
+            await self._send(peer, welcome)
+            await self.joiner_hello(msg.rank)
+        elif peer not in self._joiners_heard:
+            await self._send(peer, Rehello())
+
+    async def worker_greeted(self, rank: int) -> None:
+        """A worker said hello: it hears the resize under way (again after a resume)."""
+        msg = self.coordinator.greeted(rank)
+        if msg is not None:
+            await self._send(self._worker_peer(rank), msg)
+
     async def joiner_hello(self, rank: int) -> None:
         """A prewarmed replacement is ready: the group may act now."""
         msg = self.coordinator.announce(rank, self._clock())
         if msg is None:
+            go = self.coordinator.resize_go()  # the store is up already (a resume)
+            pending = self.coordinator.pending
+            if go is not None and pending is not None and rank in pending.joining:
+                await self._send(JOIN_PREFIX + str(rank).encode(), go)
             return
         pending = self.coordinator.pending
         self._recorder.emit(
@@ -140,6 +202,9 @@ class RegroupDriver:
         go = RegroupGo(gen=pending.gen, master_addr=addr, master_port=msg.store_port)
         for survivor in coord.survivors():
             await self._send(self._worker_peer(survivor), go)
+        if pending.world_size:
+            await self._resize_ready(pending.leaving, pending.reason)
+            return
         proc_id = f"worker-{pending.leaving_rank}"
         if pending.prewarmed:
             self._apply(self._state.retire(proc_id))
@@ -156,11 +221,41 @@ class RegroupDriver:
             )
         )
 
+    async def _resize_ready(self, leaving: frozenset[int], reason: str) -> None:
+        """A resize's store is up: the newcomers join, the removed ranks go."""
+        coord = self.coordinator
+        joiner_go = coord.resize_go()
+        pending = coord.pending
+        if joiner_go is not None and pending is not None:
+            for rank in sorted(pending.joining):
+                await self._send(JOIN_PREFIX + str(rank).encode(), joiner_go)
+        self._stop_leavers(leaving, "the group re-formed without it")
+        done = coord.complete_shrink()
+        if done is not None:
+            self._done(done, self._clock())
+
+    def _stop_leavers(self, leaving: frozenset[int], why: str) -> None:
+        for rank in sorted(leaving):
+            held = self._state.removing.get(f"worker-{rank}")
+            if held is not None:
+                self._apply(self._state.leave_unheard(rank, held[1], why))
+
     async def worker_gone(self, rank: int) -> None:
         """A worker process ended; if it was replaced by a waiting one, let that join.
         If it ended the data before the hand-over (the node table then stops its
         replacement), the regroup is over: nobody is left to re-form."""
         self.coordinator.worker_gone(rank)
+        abandoned = self.coordinator.abandon_resize(rank)
+        if abandoned is not None:
+            self._recorder.emit(
+                "regroup",
+                phase="abandoned",
+                gen=abandoned.gen,
+                rank=rank,
+                reason=f"worker {rank} ended during the resize",
+            )
+            self._stop_leavers(abandoned.leaving, f"worker {rank} ended during the resize")
+            return
         slot = self._state.procs.get(f"worker-{rank}")
         # stopped as done, or done already (a replacement that never started)
         if slot is not None and (slot.finished_by_predecessor or slot.state is ProcState.SUCCEEDED):
@@ -181,17 +276,21 @@ class RegroupDriver:
     def attached(self, rank: int) -> None:
         done = self.coordinator.attached(rank)
         if done is not None:
-            now = self._clock()
-            self._recorder.emit(
-                "regroup",
-                phase="done",
-                gen=done.gen,
-                rank=rank,
-                took_s=round(now - done.started, 3),
-                paused_s=round(now - done.announced_at, 3),
-            )
-            if self._measured is not None:
-                self._measured(rank, now - done.announced_at)
+            self._done(done, self._clock())
+
+    def _done(self, done: PendingRegroup, now: float) -> None:
+        data: dict[str, Any] = {
+            "phase": "done",
+            "gen": done.gen,
+            "rank": done.leaving_rank,
+            "took_s": round(now - done.started, 3),
+            "paused_s": round(now - done.announced_at, 3),
+        }
+        if done.world_size:
+            data["workers"] = done.world_size
+        self._recorder.emit("regroup", **data)
+        if self._measured is not None and not done.world_size:
+            self._measured(done.leaving_rank, now - done.announced_at)
 
     def check_timeout(self, now: float) -> None:
         """A group whose store never came up (not a bsp_batches loop? a replacement
@@ -199,13 +298,24 @@ class RegroupDriver:
         expired = self.coordinator.expired(now)
         if expired is None:
             return
+        self._recorder.emit(
+            "regroup", phase="abandoned", gen=expired.gen, rank=expired.leaving_rank
+        )
+        if expired.world_size:
+            why = (
+                f"the group did not re-form with {expired.world_size} workers within "
+                f"{self.coordinator.timeout_s:.0f}s"
+            )
+            log.warning("%s; restarting it with them", why)
+            # Without the removed ranks the group cannot go on; restarted, it
+            # starts with the new size (the newcomers with it).
+            self._stop_leavers(expired.leaving, why)
+            self._apply(self._state.stalled(["worker-0"], why, now))
+            return
         log.warning(
             "the group did not re-form within %.0fs; restarting worker %d the plain way",
             self.coordinator.timeout_s,
             expired.leaving_rank,
-        )
-        self._recorder.emit(
-            "regroup", phase="abandoned", gen=expired.gen, rank=expired.leaving_rank
         )
         proc_id = f"worker-{expired.leaving_rank}"
         if expired.prewarmed:

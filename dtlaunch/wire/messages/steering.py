@@ -137,12 +137,17 @@ class Attached(Message):
 class Regroup(Message):
     """To every worker: at the next step all of them agree on, ``leaving_rank``
     leaves, the others take down their process group, and ``store_rank`` hosts
-    the store of generation ``gen`` and answers ``RegroupReady``."""
+    the store of generation ``gen`` and answers ``RegroupReady``.
+
+    A resize (``dtlaunch scale``) has ``world_size`` > 0 and ``leaving_rank`` -1:
+    the group re-forms with ``world_size`` workers; ranks from ``world_size`` up
+    leave once the shard they read is trained, and new ranks join (prewarmed)."""
 
     TYPE: ClassVar[str] = "regroup"
     gen: int
     leaving_rank: int
     store_rank: int
+    world_size: int = 0  # 0: the size stays (a KILL_RESTART replaces leaving_rank)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
