@@ -3,8 +3,10 @@ step with records burns BURN_S seconds of one core (a busy loop, as a model's
 forward and backward would), then pulls and pushes a small linear model. Writes
 OUT/<rank>.ledger with the records of every applied step (one step a line).
 EXTRA (default 0) adds a parameter of that many floats, so that the servers'
-updates cost CPU in proportion to the workers' pushes (``benchmarks/auto.py``).
-usage: ps_cpu_worker.py OUT BURN_S [EXTRA]"""
+updates cost CPU in proportion to the workers' pushes (``benchmarks/auto.py``);
+a list such as 1000000,200000 adds one parameter of each size (a skewed model
+whose big tensor makes one server hot, ``benchmarks/auto_hot.py``).
+usage: ps_cpu_worker.py OUT BURN_S [EXTRA[,EXTRA...]]"""
 
 import sys
 import time
@@ -16,12 +18,12 @@ import dtlaunch
 import dtlaunch.ps
 
 out, burn_s = Path(sys.argv[1]), float(sys.argv[2])
-extra_floats = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+extra_sizes = [int(n) for n in sys.argv[3].split(",")] if len(sys.argv) > 3 else []
 job = dtlaunch.init()
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 1)
-if extra_floats:
-    model.extra = torch.nn.Parameter(torch.zeros(extra_floats))
+extras = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(n)) for n in extra_sizes if n)
+model.extras = extras
 ps = dtlaunch.ps.Client(model, optimizer="sgd", lr=0.05)
 gen = torch.Generator().manual_seed(7)
 features = torch.randn(job.dataset.dataset_size, 8, generator=gen)
@@ -31,8 +33,8 @@ with (out / f"{job.rank}.ledger").open("w") as ledger:
         ps.pull()
         model.zero_grad()
         loss = torch.nn.functional.mse_loss(model(features[idx]), targets[idx])
-        if extra_floats:
-            loss = loss + 1e-3 * model.extra.square().mean()
+        for extra in extras:
+            loss = loss + 1e-3 * extra.square().mean()
         loss.backward()
         end = time.perf_counter() + burn_s
         while time.perf_counter() < end:  # the compute a real model would do
