@@ -7,7 +7,7 @@ workers push a tensor of ``BIG`` floats and one of ``SMALL`` (5x fewer), each
 one block, so the placement by bytes gives server 0 the big block and server
 1 the rest, and server 0's updates cost about five times server 1's. Every
 process runs under its host's CPU quota (``cpus / slots``, a cgroup): on the
-servers' host 0.25 core each, so server 0 is hot (at its quota) while server
+servers' host 0.2 core each, so server 0 is hot (at its quota) while server
 1 idles. A spare host declares a whole core for one slot.
 
 Columns, run one after the other in one invocation, the same job and workers:
@@ -52,7 +52,7 @@ AUTO = "auto:sample_s=8,interval_s=10,l_trans=4,l_per=8"
 def hostfile(path: Path) -> Path:
     servers, workers, spare = ADDRESSES
     path.write_text(
-        f"{servers} slots=4 servers=2 cpus=1\n{workers} slots=4 cpus=1\n"
+        f"{servers} slots=5 servers=2 cpus=1\n{workers} slots=4 cpus=1\n"
         f"{spare} slots=1 cpus=1 spare\n"
     )
     return path
@@ -125,8 +125,8 @@ def main() -> None:
         "auto_throughput_vs_none": round(auto["throughput"] / none["throughput"], 3),
     }
     report = {
-        "machine": "2 cores; loopback hosts: the servers' (cpus=1 slots=4: 0.25 core a "
-        "process), the workers' (cpus=1 slots=4), a spare (cpus=1 slots=1)",
+        "machine": "2 cores; loopback hosts: the servers' (cpus=1 slots=5: 0.2 core a "
+        "process), the workers' (cpus=1 slots=4: 0.25), a spare (cpus=1 slots=1)",
         "workload": {
             "burn_s": BURN_S,
             "big_floats": BIG,

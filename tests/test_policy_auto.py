@@ -148,6 +148,27 @@ def test_a_hot_server_moves_to_a_spare_host():
     assert hot.inputs["hot_cores"] == 1.9 and action_name(hot) == "KILL_RESTART"
 
 
+def test_a_server_hot_when_the_sample_ends_moves_before_the_workers_are_planned():
+    """The spare host goes to the hot server, not to a worker the plan would add
+    there; the sample is taken again once the server runs on its new host."""
+    pol = AutoPolicy(PARAMS)
+    mon = Feed(1)
+    mon.mon.set_spare_capacity(1, hosts=["spare1"])
+    hot_now = resources(1, server_cores=1.95, server_limit=2.0)
+    decide(pol, mon, 5.0, hot_now)
+    decide(pol, mon, 10.0, hot_now)
+    moved = decide(pol, mon, 15.1, hot_now)
+    assert isinstance(moved, KillRestart) and moved.role == "server"
+    assert pol.phase == "sample"
+    settling = decide(pol, mon, 16.0, resources(1), restart_pending=True)
+    assert isinstance(settling, NoAction) and "settle" in settling.reason
+    for now in (20.0, 25.0):
+        assert isinstance(decide(pol, mon, now, resources(1)), NoAction)
+    plan = decide(pol, mon, 30.1, resources(1))
+    assert isinstance(plan, ScaleWorkers) and plan.count == 5  # sampled anew
+    assert pol.phase == "adjust"
+
+
 def test_parameters_are_checked():
     assert isinstance(parse_policy("auto:max_workers=8,sample_s=5"), AutoPolicy)
     with pytest.raises(ConfigError, match="max_workers"):

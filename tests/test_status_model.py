@@ -201,7 +201,11 @@ def test_live_tracker_combines_node_table_controller_and_events():
             step = StepReport(step=i, batch_size=10, samples=10, compute_s=compute)
             controller.observe(rank, [step], 1.0 + i * 0.1)
     state.procs["worker-1"].unresponsive = True
+    assert tracker.snapshot(state=state, dds=None, controller=controller, now=4.0).plan == ""
+    # The policy's latest reading, an action or why it holds, is the status's plan.
+    [restart] = controller.decide(4.0, remaining_steps=100)
     snap = tracker.snapshot(state=state, dds=None, controller=controller, now=4.0)
+    assert snap.plan == controller.plan == restart.reason != ""
     assert (snap.source, snap.phase, snap.shards_total) == ("live", "running", 0)
     assert snap.elapsed_s == 4.0
     nodes = {n.rank: n for n in snap.nodes}

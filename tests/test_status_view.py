@@ -112,6 +112,16 @@ def test_ended_job_shows_status_and_no_eta():
     assert "job ended (succeeded)" in text
 
 
+def test_a_live_job_shows_its_policys_plan_under_the_header():
+    plan = "auto: the servers use 0.11 of 0.25 cores: 2 -> 3 workers (idle PS)"
+    live = replace(snapshot(), plan=plan)
+    lines = screen(live, 100, 24)
+    assert any(line.startswith(f"plan {plan}") for line in lines[:4]), lines[:4]
+    assert len(lines) <= 24
+    logged = replace(snapshot(source="events"), plan=plan)
+    assert not any("plan auto" in line for line in screen(logged, 100, 24))
+
+
 def test_no_data_sharding_and_no_reports_render_as_dashes():
     snap = StatusSnapshot(
         run_id="r",

@@ -52,6 +52,8 @@ def render_status(
         header.append(_ps_map_line(snap))
     if snap.rna_rounds_per_s:
         header.append(_rounds_line(snap))
+    if snap.plan and snap.source == "live":
+        header.append(_plan_line(snap))
     if note:
         header.append(Text(note, style="yellow", no_wrap=True, overflow="ellipsis"))
     stragglers = [n for n in snap.nodes if n.straggler]
@@ -136,6 +138,14 @@ def _title(snap: StatusSnapshot) -> Text:
     text.append(snap.mode or "?")
     text.append("  policy ", style="dim")
     text.append(snap.policy or "none")  # last: a long policy text is what gets cut
+    return text
+
+
+def _plan_line(snap: StatusSnapshot) -> Text:
+    """The policy's latest reading: what it did, or why it holds (one line)."""
+    text = Text(no_wrap=True, overflow="ellipsis")
+    text.append("plan ", style="dim")
+    text.append(snap.plan)
     return text
 
 

@@ -49,6 +49,7 @@ class Controller:
         self.monitor = monitor_for(policy)
         self.monitor.set_spare_capacity(len(spare_hosts), hosts=spare_hosts)
         self.counts: Counter[str] = Counter()
+        self.plan = ""  # the reason of the policy's latest decision, an action or not
         # The batch plan in force: rank -> local batch size of the last ADJUST_BS.
         # The one copy: policies see it in their snapshot, a restarted worker or a
         # regroup's newcomer is given its rank's share of it.
@@ -182,7 +183,10 @@ class Controller:
             reassign_pending=self.reassigning,
             resources=resources,
         )
-        actions = [a for a in self.policy.decide(snap) if not isinstance(a, NoAction)]
+        decided = self.policy.decide(snap)
+        if decided:  # what the policy did, else why it held (status shows it)
+            self.plan = decided[-1].reason
+        actions = [a for a in decided if not isinstance(a, NoAction)]
         for action in actions:
             self.counts[action_name(action)] += 1
             if isinstance(action, AdjustBatchSize):

@@ -14,6 +14,7 @@ send, so a status client can watch a job but never steer it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -80,7 +81,7 @@ class StatusTracker:
             stragglers = monitor_stragglers(controller.monitor.snapshot(now), controller.policy.lam)
         else:
             stragglers = self.fold.ratio_stragglers(lambda_of(self.fold.policy), running_only=True)
-        return self.fold.snapshot(
+        snapshot = self.fold.snapshot(
             now=now - self._started,
             source="live",
             stragglers=stragglers,
@@ -89,6 +90,9 @@ class StatusTracker:
             phase=state.phase.value,
             resources=resources,
         )
+        if controller is not None and controller.plan:
+            snapshot = dataclasses.replace(snapshot, plan=controller.plan)
+        return snapshot
 
     def reply(
         self,

@@ -6,7 +6,9 @@ The job starts with the workers ``--workers`` names (one is DLRover's start).
   every process measured by its agent, take the median of the CPU cores a worker
   uses (``ŵ``), of the cores the servers use for each worker (``ŝ = ŝ_total /
   N_w``) and of the samples/s a worker trains.
-* **optimize**: eq. 10-11 (``solvers.dlrover.plan_workers``) with ``C_total``
+* **optimize**: a server at ``hot`` of its CPU or more is moved first (below),
+  and the sample is taken again on its new host; then eq. 10-11
+  (``solvers.dlrover.plan_workers``) with ``C_total``
   the cores the hostfile declares (``cpus=``; one a slot where it declares
   none), bounded by the servers' CPU (their limits: the servers cannot be
   resized while they run), the free slots and ``max_workers``:
@@ -116,7 +118,9 @@ class AutoPolicy:
             "measured_rate": round(rate, 3),
         }
         if self.phase == "sample":
-            return self._sampling(snap.now, res, worker_cores, server_cores, rate, inputs)
+            if snap.restart_pending:  # a server moving: its readings are not the job's
+                return [NoAction(reason="auto: waiting for a move to settle", inputs=inputs)]
+            return self._sampling(snap, res, worker_cores, server_cores, rate, inputs)
         if snap.now - self._last_action_at < self.interval_s or snap.restart_pending:
             return [NoAction(reason="auto: settling after the last change", inputs=inputs)]
         hot = self._hot_server(snap, res, server_cores, n, inputs)
@@ -128,13 +132,14 @@ class AutoPolicy:
 
     def _sampling(
         self,
-        now: float,
+        snap: MonitorSnapshot,
         res: JobResources,
         worker_cores: float,
         server_cores: float,
         rate: float,
         inputs: dict[str, object],
     ) -> list[Action]:
+        now = snap.now
         sample = self._sample
         sample.add(now, worker_cores, server_cores, rate, len(res.workers))
         assert sample.since is not None
@@ -145,6 +150,12 @@ class AutoPolicy:
         s_hat = statistics.median(sample.server_cores)
         one_rate = statistics.median(sample.rate)
         self._one_worker_server_cores = s_hat
+        # A hot server first (§4.2): at its quota it bounds every plan, and the
+        # spare host it needs would otherwise go to the workers the plan adds.
+        hot = self._hot_server(snap, res, server_cores, len(res.workers), inputs)
+        if hot is not None:
+            self._sample = _Sample()  # sample again once it runs on its new host
+            return [hot]
         self.phase = "adjust"
         inputs = {**inputs, "phase": "optimize", "w_hat": round(w_hat, 3), "s_hat": round(s_hat, 3)}
         if w_hat <= 0:
