@@ -350,6 +350,7 @@ def test_nested_records_are_plain_maps():
     assert raw["procs"][0] == {
         "proc_id": "worker-3", "role": "worker", "rank": 3, "attempt": 1, "pid": 4242,
         "state": "running", "rss_bytes": 123_456_789, "cpu_percent": 87.5,
+        "cpu_throttled": 0.0,
     }
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from dtlaunch.agent import limits as limits_mod
-from dtlaunch.agent.limits import Cage, LimitEnforcer, Limits
+from dtlaunch.agent.limits import Cage, LimitEnforcer, Limits, read_throttling
 from dtlaunch.errors import ConfigError, LaunchError
 
 PY = sys.executable
@@ -441,6 +441,32 @@ def test_a_busy_child_gets_its_cgroup_cpu_share(lab):
     assert cpu_s / wall_s < 0.35, (cpu_s, wall_s)  # unconfined: ~1 (~0.5 on a loaded host)
     stat = (cage_dirs(lab.enforcer, "busy")["cpu"] / "cpu.stat").read_text().split()
     assert int(stat[stat.index("nr_throttled") + 1]) > 0
+
+
+def test_the_share_of_throttled_periods_tells_a_child_held_by_its_quota(lab):
+    """What the agent reports as ``cpu_throttled``: a busy child at 0.2 core is
+    stopped by its quota in nearly every period it runs; a sleeping one never."""
+    if not lab.enforcer.support.cpu.startswith("cgroup"):
+        pytest.skip(f"no cpu cgroup the agent can write here: {lab.enforcer.support.detail}")
+    busy, idle = lab.cage("hot", Limits(cpus=0.2)), lab.cage("cool", Limits(cpus=0.2))
+    assert busy.throttled_share() == idle.throttled_share() == 0.0  # the baseline
+    spin = "import time\nw0 = time.monotonic()\nwhile time.monotonic() - w0 < 1.0:\n    pass\n"
+    assert lab.run(busy, spin)[0] == 0
+    assert lab.run(idle, "import time\ntime.sleep(0.5)\n")[0] == 0
+    assert busy.throttled_share() > 0.5
+    assert idle.throttled_share() < 0.2
+    assert busy.throttled_share() == 0.0  # nothing ran since the last reading
+
+
+def test_throttling_counts_are_read_from_v1_and_v2_cpu_stat(tmp_path):
+    v2 = tmp_path / "v2.stat"
+    v2.write_text("usage_usec 9\nnr_periods 40\nnr_throttled 10\nthrottled_usec 77\n")
+    v1 = tmp_path / "v1.stat"
+    v1.write_text("nr_periods 5\nnr_throttled 0\nthrottled_time 0\n")
+    assert read_throttling(v2) == (40, 10) and read_throttling(v1) == (5, 0)
+    (tmp_path / "bare.stat").write_text("usage_usec 9\n")  # no CPU limit ever set
+    assert read_throttling(tmp_path / "bare.stat") is None
+    assert read_throttling(tmp_path / "missing.stat") is None
 
 
 def test_a_limit_the_kernel_refuses_names_the_file_and_leaves_no_cgroup(lab):

@@ -148,6 +148,23 @@ def test_a_hot_server_moves_to_a_spare_host():
     assert hot.inputs["hot_cores"] == 1.9 and action_name(hot) == "KILL_RESTART"
 
 
+def test_a_server_its_quota_throttles_is_hot_though_its_mean_use_is_below_it():
+    """A BSP server works in bursts: the quota slows each update while its mean
+    use stays well under it; the share of throttled CPU periods tells."""
+    pol = AutoPolicy(PARAMS)
+    mon = Feed()
+    adjusted(pol, mon, 4)
+    mon.mon.set_spare_capacity(1, hosts=["spare1"])
+    bursty = resources(4, server_cores=1.2, server_limit=2.0)
+    cool = dataclasses.replace(bursty.servers[0], cpu_throttled=0.1)
+    calm = decide(pol, mon, 40.0, dataclasses.replace(bursty, servers={0: cool}))
+    assert not isinstance(calm, KillRestart)
+    held = dataclasses.replace(bursty.servers[0], cpu_throttled=0.4)
+    moved = decide(pol, mon, 61.0, dataclasses.replace(bursty, servers={0: held}))
+    assert isinstance(moved, KillRestart) and moved.role == "server"
+    assert moved.inputs["hot_throttled"] == 0.4 and "throttled in 40%" in moved.reason
+
+
 def test_a_server_hot_when_the_sample_ends_moves_before_the_workers_are_planned():
     """The spare host goes to the hot server, not to a worker the plan would add
     there; the sample is taken again once the server runs on its new host."""

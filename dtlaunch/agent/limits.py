@@ -71,6 +71,8 @@ class Cage:
         self._rlimit_as = 0
         self._cpu_set = frozenset[int]()
         self._oom_file: Path | None = None
+        self._cpu_stat: Path | None = None  # its CPU cgroup's cpu.stat
+        self._periods_seen: tuple[int, int] | None = None  # (nr_periods, nr_throttled)
         self.left_behind: list[Path] = []  # cgroups remove() could not remove (yet)
         self.dirs: tuple[Path, ...] = ()  # every cgroup made for it, kept after remove()
 
@@ -97,6 +99,20 @@ class Cage:
     def oom_kills(self) -> int | None:
         """How often the OOM killer struck in this child's memory cgroup; None without one."""
         return None if self._oom_file is None else read_oom_kill_count(self._oom_file)
+
+    def throttled_share(self) -> float:
+        """Of the CFS periods in which this child ran since the last call, the
+        share in which its CPU quota stopped it (0.0 without a CPU cgroup, at the
+        first call, or when cpu.stat cannot be read)."""
+        if self._cpu_stat is None:
+            return 0.0
+        counts = read_throttling(self._cpu_stat)
+        if counts is None:
+            return 0.0
+        seen, self._periods_seen = self._periods_seen, counts
+        if seen is None or counts[0] <= seen[0]:
+            return 0.0
+        return min(1.0, max(0, counts[1] - seen[1]) / (counts[0] - seen[0]))
 
     def remove(self) -> None:
         """Remove the cgroups once the child and its group are gone; never raises."""
@@ -226,6 +242,7 @@ class LimitEnforcer:
                     cage._cpu_set = self._pick_cpus(math.ceil(limits.cpus))
                 else:
                     d = _mkcg(self._cpu_parent, leaf, made, fds)
+                    cage._cpu_stat = d / "cpu.stat"
                     if sup.cpu == "cgroup-v2":
                         _set(d / "cpu.max", f"{quota} {CFS_PERIOD_US}", _CPU_FIX)
                     else:
@@ -399,6 +416,20 @@ def _mkcg(parent: Path, leaf: str, made: dict[Path, Path], fds: list[int]) -> Pa
         fix = _PERM_FIX if exc.errno in _PERM_ERRNOS else "kill the processes left in it"
         raise LaunchError(f"cannot create cgroup {d}: {exc.strerror or exc}; {fix}") from exc
     return d
+
+
+def read_throttling(stat: Path) -> tuple[int, int] | None:
+    """(nr_periods, nr_throttled) from a cgroup's ``cpu.stat`` (v1 and v2 name
+    them alike); None when it cannot be read or lacks them."""
+    try:
+        text = stat.read_text()
+    except OSError:
+        return None
+    fields = dict(line.split(None, 1) for line in text.splitlines() if " " in line)
+    try:
+        return int(fields["nr_periods"]), int(fields["nr_throttled"])
+    except (KeyError, ValueError):
+        return None
 
 
 def _set(path: Path, value: str, fix: str) -> None:

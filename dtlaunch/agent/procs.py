@@ -133,6 +133,7 @@ class ChildProcess:
             state=sample.state,
             rss_bytes=sample.rss_bytes,
             cpu_percent=sample.cpu_percent,
+            cpu_throttled=round(self.cage.throttled_share(), 3) if self.cage is not None else 0.0,
         )
 
     def signal_group(self, signum: int) -> bool:

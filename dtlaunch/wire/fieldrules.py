@@ -88,6 +88,7 @@ _INT_MIN: dict[str, int] = {
 _FLOAT_MIN: dict[str, float] = {
     "runtime_s": 0.0,
     "cpu_percent": 0.0,
+    "cpu_throttled": 0.0,
     "grace_s": 0.0,
     "kill_grace": 0.0,
     "orphan_timeout": 0.0,

@@ -112,6 +112,7 @@ def job_resources(state: JobState) -> JobResources:
             cpu_limit=slot.cpu_limit or share,
             rss_bytes=slot.rss_bytes,
             memory_limit=slot.memory_limit,
+            cpu_throttled=slot.cpu_throttled,
         )
 
     running = [s for s in state.procs.values() if s.state is ProcState.RUNNING]

@@ -162,6 +162,7 @@ class ProcessUse:
     cpu_limit: float  # cores it may use: its limit, else its share of its host's
     rss_bytes: int
     memory_limit: int  # 0: none
+    cpu_throttled: float = 0.0  # share of its CPU periods its quota stopped it in
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -476,6 +476,7 @@ class JobState:
             if slot is None or slot.attempt != report.attempt or slot.host != host:
                 continue
             slot.rss_bytes, slot.cpu_percent = report.rss_bytes, report.cpu_percent
+            slot.cpu_throttled = report.cpu_throttled
             stopped = report.state == "stopped"
             if stopped and not slot.unresponsive:
                 slot.unresponsive = True
@@ -1153,6 +1154,7 @@ class JobState:
         slot.unresponsive = False
         slot.progressed = False
         slot.rss_bytes, slot.cpu_percent = 0, 0.0  # the next attempt's come with its reports
+        slot.cpu_throttled = 0.0
         self.restarts.append(
             RestartRecord(
                 role=slot.role,

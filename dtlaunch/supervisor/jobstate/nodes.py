@@ -152,6 +152,7 @@ class ProcSlot:
     # What its process tree used at the last heartbeat (for status).
     rss_bytes: int = 0
     cpu_percent: float = 0.0
+    cpu_throttled: float = 0.0  # share of its CPU periods its quota stopped it in
 
     @property
     def proc_id(self) -> str:

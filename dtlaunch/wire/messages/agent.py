@@ -44,6 +44,10 @@ class ProcReport(Record):
     state: str  # one of PROC_STATES; "stopped" = SIGSTOPped / traced
     rss_bytes: int = 0  # whole process tree
     cpu_percent: float = 0.0  # whole process tree
+    # Share of its CPU-quota periods since the last report in which the quota
+    # stopped it (cgroup cpu.stat; 0 without a cgroup CPU limit). A process
+    # whose bursts hit its quota is slowed though its mean use stays below it.
+    cpu_throttled: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,8 +16,11 @@ The job starts with the workers ``--workers`` names (one is DLRover's start).
 * **adjust**, at most every ``interval_s``: servers using less than ``idle`` of
   their CPU take more workers (§4.2's idle-PS rule, at most √N_w more at a
   time) while the last addition raised the throughput by ``min_gain``; a server
-  using ``hot`` of its CPU or more is moved live to a free spare host
-  (KILL_RESTART of the server, §4.2's hot PS and §5.4's bad host).
+  using ``hot`` of its CPU or more, or throttled by its quota in ``throttled``
+  of its CPU periods or more (its agent reads the cgroup's cpu.stat: a BSP
+  server's bursts hit the quota while its mean use stays below it), is moved
+  live to a free spare host (KILL_RESTART of the server, §4.2's hot PS and
+  §5.4's bad host).
 
 Every decision carries its inputs and the model's predicted throughput beside
 the measured one. Needs the built-in parameter servers; the resources come from
@@ -39,7 +42,7 @@ from dtlaunch.solvers.dlrover import (
     predicted_throughput,
 )
 from dtlaunch.supervisor.control.actions import Action, KillRestart, NoAction, ScaleWorkers
-from dtlaunch.supervisor.control.monitor import JobResources, MonitorSnapshot
+from dtlaunch.supervisor.control.monitor import JobResources, MonitorSnapshot, ProcessUse
 from dtlaunch.supervisor.control.policies.base import ParamReader, read_windows
 
 __all__ = ["AutoPolicy"]
@@ -83,6 +86,7 @@ class AutoPolicy:
         self.min_workers = reader.integer("min_workers", 1, low=1)
         self.idle = reader.number("idle", 0.9, low=0.0, low_open=True)
         self.hot = reader.number("hot", 0.9, low=0.0, low_open=True)
+        self.throttled = reader.number("throttled", 0.25, low=0.0, low_open=True)
         self.min_gain = reader.number("min_gain", 0.05, low=0.0)
         reader.finish()
         self.phase = "sample"
@@ -222,16 +226,21 @@ class AutoPolicy:
         workers: int,
         inputs: dict[str, object],
     ) -> Action | None:
-        """The busiest server at ``hot`` of its CPU or more, when a spare host can
-        take it (§4.2: a hot PS gets a bigger home)."""
+        """The hottest server, when a spare host can take it (§4.2: a hot PS gets a
+        bigger home). Hot: it uses ``hot`` of its CPU or more, or its quota stops
+        it in ``throttled`` of its CPU periods or more (a BSP server works in
+        bursts: its quota slows every update while its mean use stays below it)."""
         if not snap.spare_hosts or snap.spare_capacity < 1:
             return None
-        busiest = max(res.servers.items(), key=lambda kv: kv[1].cpu_cores, default=None)
-        if busiest is None:
+
+        def heat(use: ProcessUse) -> float:  # >= 1: hot
+            used = use.cpu_cores / (self.hot * use.cpu_limit) if use.cpu_limit > 0 else 0.0
+            return max(used, use.cpu_throttled / self.throttled)
+
+        hottest = max(res.servers.items(), key=lambda kv: heat(kv[1]), default=None)
+        if hottest is None or heat(hottest[1]) < 1.0:
             return None
-        rank, use = busiest
-        if use.cpu_limit <= 0 or use.cpu_cores < self.hot * use.cpu_limit:
-            return None
+        rank, use = hottest
         need = hot_server_cores(
             hot_used=use.cpu_cores,
             servers_used=server_cores,
@@ -246,12 +255,14 @@ class AutoPolicy:
             target_host=snap.spare_hosts[0],
             reason=(
                 f"auto: server {rank} is hot, {use.cpu_cores:.2f} of its {use.cpu_limit:g} "
-                f"cores; it needs {need:.2f} for {workers} workers: moved to a spare host"
+                f"cores, throttled in {use.cpu_throttled:.0%} of its CPU periods; it needs "
+                f"{need:.2f} for {workers} workers: moved to a spare host"
             ),
             inputs={
                 **inputs,
                 "hot_server": rank,
                 "hot_cores": round(use.cpu_cores, 3),
+                "hot_throttled": round(use.cpu_throttled, 3),
                 "hot_limit": use.cpu_limit,
                 "cores_needed": round(need, 3),
             },
