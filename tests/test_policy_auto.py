@@ -151,16 +151,23 @@ def test_a_hot_server_moves_to_a_spare_host():
 def test_a_server_its_quota_throttles_is_hot_though_its_mean_use_is_below_it():
     """A BSP server works in bursts: the quota slows each update while its mean
     use stays well under it; the share of throttled CPU periods tells."""
-    pol = AutoPolicy(PARAMS)
-    mon = Feed()
-    adjusted(pol, mon, 4)
+    pol = AutoPolicy({**PARAMS, "max_workers": "4"})  # no growth in between
+    mon = Feed(4)
     mon.mon.set_spare_capacity(1, hosts=["spare1"])
     bursty = resources(4, server_cores=1.2, server_limit=2.0)
     cool = dataclasses.replace(bursty.servers[0], cpu_throttled=0.1)
-    calm = decide(pol, mon, 40.0, dataclasses.replace(bursty, servers={0: cool}))
-    assert not isinstance(calm, KillRestart)
+    for now in (5.0, 16.0):  # sample, then 4 workers is the plan (max_workers)
+        decide(pol, mon, now, dataclasses.replace(bursty, servers={0: cool}))
+    assert pol.phase == "adjust"
+    for now in (40.0, 41.0, 42.0):
+        calm = decide(pol, mon, now, dataclasses.replace(bursty, servers={0: cool}))
+        assert not isinstance(calm, KillRestart)
+    # One heartbeat's share is coarse: the median of the last five readings counts.
     held = dataclasses.replace(bursty.servers[0], cpu_throttled=0.4)
-    moved = decide(pol, mon, 61.0, dataclasses.replace(bursty, servers={0: held}))
+    for now in (43.0, 44.0):
+        calm = decide(pol, mon, now, dataclasses.replace(bursty, servers={0: held}))
+        assert not isinstance(calm, KillRestart)
+    moved = decide(pol, mon, 45.0, dataclasses.replace(bursty, servers={0: held}))
     assert isinstance(moved, KillRestart) and moved.role == "server"
     assert moved.inputs["hot_throttled"] == 0.4 and "throttled in 40%" in moved.reason
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from dtlaunch.errors import InfeasibleError
@@ -48,6 +49,7 @@ from dtlaunch.supervisor.control.policies.base import ParamReader, read_windows
 __all__ = ["AutoPolicy"]
 
 PHASES = ("sample", "adjust")
+HEAT_READINGS = 5  # a server's hotness is the median of this many decisions' readings
 
 
 @dataclass(slots=True)
@@ -95,6 +97,7 @@ class AutoPolicy:
         self._last_action_at = -math.inf
         self._rate_before: float | None = None  # throughput before the last addition
         self._saturated = False
+        self._heat: dict[int, deque[float]] = {}  # server -> its latest readings' heat
 
     # ------------------------------------------------------------------ decide
 
@@ -111,6 +114,8 @@ class AutoPolicy:
             ]
         worker_cores, server_cores, rate = measured
         n = len(res.workers)
+        for rank, use in res.servers.items():
+            self._heat.setdefault(rank, deque(maxlen=HEAT_READINGS)).append(self._heat_of(use))
         inputs = {
             "phase": self.phase,
             "workers": n,
@@ -227,20 +232,19 @@ class AutoPolicy:
         inputs: dict[str, object],
     ) -> Action | None:
         """The hottest server, when a spare host can take it (§4.2: a hot PS gets a
-        bigger home). Hot: it uses ``hot`` of its CPU or more, or its quota stops
-        it in ``throttled`` of its CPU periods or more (a BSP server works in
-        bursts: its quota slows every update while its mean use stays below it)."""
+        bigger home). Hot: over its last readings (``HEAT_READINGS``, a median: one
+        heartbeat's share of throttled periods is coarse) it uses ``hot`` of its
+        CPU or more, or its quota stops it in ``throttled`` of its CPU periods or
+        more (a BSP server works in bursts: its quota slows every update while
+        its mean use stays below it)."""
         if not snap.spare_hosts or snap.spare_capacity < 1:
             return None
-
-        def heat(use: ProcessUse) -> float:  # >= 1: hot
-            used = use.cpu_cores / (self.hot * use.cpu_limit) if use.cpu_limit > 0 else 0.0
-            return max(used, use.cpu_throttled / self.throttled)
-
-        hottest = max(res.servers.items(), key=lambda kv: heat(kv[1]), default=None)
-        if hottest is None or heat(hottest[1]) < 1.0:
+        heat = {rank: statistics.median(self._heat[rank]) for rank in res.servers}
+        rank = max(heat, key=lambda r: heat[r], default=None)
+        if rank is None or heat[rank] < 1.0:
             return None
-        rank, use = hottest
+        use = res.servers[rank]
+        self._heat.pop(rank, None)  # its next readings are the new process's
         need = hot_server_cores(
             hot_used=use.cpu_cores,
             servers_used=server_cores,
@@ -312,6 +316,11 @@ class AutoPolicy:
             ),
             inputs={**inputs, "added": more},
         )
+
+    def _heat_of(self, use: ProcessUse) -> float:
+        """How hot a server is by one reading: 1.0 or more is hot (see ``_hot_server``)."""
+        used = use.cpu_cores / (self.hot * use.cpu_limit) if use.cpu_limit > 0 else 0.0
+        return max(used, use.cpu_throttled / self.throttled)
 
     def _acted(self, now: float, rate_before: float | None) -> None:
         self._last_action_at = now
