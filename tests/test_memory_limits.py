@@ -254,3 +254,21 @@ def test_status_from_the_event_log_shows_the_latest_resource_sample():
         "worker", 0, 180 * M, 256 * M,
     )  # fmt: skip
     assert node.cpu_percent == 95.0
+
+
+def test_a_process_moved_to_another_host_gets_that_hosts_share_of_its_cores():
+    """auto moves a hot server to a spare host so that it gets more CPU: its
+    limit must be the spare's share, not the one it had where it came from."""
+    hosts = [*HOSTS, HostSpec(label="spare", hostname="127.0.0.9", slots=1, spare=True)]
+    rules = LimitRules(
+        host_cpus={"h0": 1.0, "h1": 1.0, "spare": 2.0},
+        host_memory={"h0": 2 * G, "h1": 2 * G, "spare": 8 * G},
+        host_slots={"h0": 4, "h1": 1, "spare": 1},
+    )
+    state = make_state(workers=2, hosts=hosts, spare_hosts=["spare"], limits=rules)
+    up(state)
+    slot = state.procs["worker-0"]
+    assert (slot.cpu_limit, slot.memory_limit) == (0.25, G // 2)
+    [spawn] = sent(state.replace_prewarmed(0, "spare", "slow", 1.0), Spawn)
+    assert spawn.proc_id == "worker-0"
+    assert (spawn.cpu_limit, spawn.memory_limit) == (2.0, 8 * G)

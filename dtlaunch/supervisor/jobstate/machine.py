@@ -281,7 +281,7 @@ class JobState:
             slot.attempt = attempts.get(slot.proc_id, 0)
             moved_to = (hosts or {}).get(slot.proc_id, slot.host)
             if moved_to in self.agents:  # replaced on a spare host before the crash
-                slot.host = moved_to
+                self._place_on(slot, moved_to)  # (the memory limit is the history's)
             slot.gpu = (gpus or {}).get(slot.proc_id, -1)
             # An OOM relaunch's larger limit holds for every later attempt.
             slot.memory_limit, slot.oom_relaunches = (memory_limits or {}).get(
@@ -975,7 +975,8 @@ class JobState:
                     out.append(
                         self._proc_event("moved", slot, old_host=slot.host, new_host=slot.next_host)
                     )
-                    slot.host, slot.next_host = slot.next_host, ""
+                    self._place_on(slot, slot.next_host)
+                    slot.next_host = ""
                 return out + self._reconcile(now)
             slot.state = ProcState.SUCCEEDED if verdict.succeeded else ProcState.STOPPED
             return out + self._maybe_finish(now)
@@ -1290,7 +1291,7 @@ class JobState:
         if target is None:
             return []
         old = slot.host
-        slot.host = target
+        self._place_on(slot, target)
         if old not in self.spare_hosts:
             self.spare_hosts.append(old)
         return [self._proc_event("moved", slot, old_host=old, new_host=target, reason="host lost")]
@@ -1443,7 +1444,7 @@ class JobState:
             self._restart(slot, f"KILL_RESTART: {reason}", now),
             self._proc_event("moved", slot, old_host=slot.host, new_host=target_host),
         ]
-        slot.host = target_host
+        self._place_on(slot, target_host)
         if role == "worker":
             slot.prewarm = True
         else:
@@ -1506,6 +1507,15 @@ class JobState:
             return []
         host, attempt = retiring
         return [self._kill(proc_id, host, attempt)]
+
+    def _place_on(self, slot: ProcSlot, host: str) -> None:
+        """``slot`` runs on ``host`` from its next attempt, with that host's limits:
+        a server moved to a bigger spare host gets its cores (a memory limit an
+        OOM raised is kept when it is the larger)."""
+        slot.host = host
+        slot.cpu_limit = self.limits.first_cpus(host)
+        first = self.limits.first_memory(host)
+        slot.memory_limit = max(first, slot.memory_limit) if slot.oom_relaunches else first
 
     def free_spare_hosts(self) -> list[str]:
         """Spare hosts that are up with a slot free, in hostfile order: where a

@@ -30,6 +30,7 @@ auto`` of a run without them decides nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections import deque
@@ -97,7 +98,8 @@ class AutoPolicy:
         self._last_action_at = -math.inf
         self._rate_before: float | None = None  # throughput before the last addition
         self._saturated = False
-        self._heat: dict[int, deque[float]] = {}  # server -> its latest readings' heat
+        # server -> its latest readings: (cores used, share of periods throttled)
+        self._readings: dict[int, deque[tuple[float, float]]] = {}
 
     # ------------------------------------------------------------------ decide
 
@@ -115,7 +117,8 @@ class AutoPolicy:
         worker_cores, server_cores, rate = measured
         n = len(res.workers)
         for rank, use in res.servers.items():
-            self._heat.setdefault(rank, deque(maxlen=HEAT_READINGS)).append(self._heat_of(use))
+            readings = self._readings.setdefault(rank, deque(maxlen=HEAT_READINGS))
+            readings.append((use.cpu_cores, use.cpu_throttled))
         inputs = {
             "phase": self.phase,
             "workers": n,
@@ -239,12 +242,19 @@ class AutoPolicy:
         its mean use stays below it)."""
         if not snap.spare_hosts or snap.spare_capacity < 1:
             return None
-        heat = {rank: statistics.median(self._heat[rank]) for rank in res.servers}
-        rank = max(heat, key=lambda r: heat[r], default=None)
-        if rank is None or heat[rank] < 1.0:
+        typical = {
+            rank: dataclasses.replace(
+                res.servers[rank],
+                cpu_cores=statistics.median(c for c, _ in self._readings[rank]),
+                cpu_throttled=statistics.median(t for _, t in self._readings[rank]),
+            )
+            for rank in res.servers
+        }
+        rank = max(typical, key=lambda r: self._heat_of(typical[r]), default=None)
+        if rank is None or self._heat_of(typical[rank]) < 1.0:
             return None
-        use = res.servers[rank]
-        self._heat.pop(rank, None)  # its next readings are the new process's
+        use = typical[rank]
+        del self._readings[rank]  # its next readings are the new process's
         need = hot_server_cores(
             hot_used=use.cpu_cores,
             servers_used=server_cores,
@@ -318,7 +328,7 @@ class AutoPolicy:
         )
 
     def _heat_of(self, use: ProcessUse) -> float:
-        """How hot a server is by one reading: 1.0 or more is hot (see ``_hot_server``)."""
+        """How hot a server is: 1.0 or more is hot (see ``_hot_server``)."""
         used = use.cpu_cores / (self.hot * use.cpu_limit) if use.cpu_limit > 0 else 0.0
         return max(used, use.cpu_throttled / self.throttled)
 
