@@ -50,7 +50,6 @@ from dtlaunch.supervisor.control.policies.base import ParamReader, read_windows
 __all__ = ["AutoPolicy"]
 
 PHASES = ("sample", "adjust")
-HEAT_READINGS = 5  # a server's hotness is the median of this many decisions' readings
 
 
 @dataclass(slots=True)
@@ -89,7 +88,7 @@ class AutoPolicy:
         self.min_workers = reader.integer("min_workers", 1, low=1)
         self.idle = reader.number("idle", 0.9, low=0.0, low_open=True)
         self.hot = reader.number("hot", 0.9, low=0.0, low_open=True)
-        self.throttled = reader.number("throttled", 0.25, low=0.0, low_open=True)
+        self.throttled = reader.number("throttled", 0.15, low=0.0, low_open=True)
         self.min_gain = reader.number("min_gain", 0.05, low=0.0)
         reader.finish()
         self.phase = "sample"
@@ -98,8 +97,8 @@ class AutoPolicy:
         self._last_action_at = -math.inf
         self._rate_before: float | None = None  # throughput before the last addition
         self._saturated = False
-        # server -> its latest readings: (cores used, share of periods throttled)
-        self._readings: dict[int, deque[tuple[float, float]]] = {}
+        # server -> its readings: (when, cores used, share of periods throttled)
+        self._readings: dict[int, deque[tuple[float, float, float]]] = {}
 
     # ------------------------------------------------------------------ decide
 
@@ -117,8 +116,10 @@ class AutoPolicy:
         worker_cores, server_cores, rate = measured
         n = len(res.workers)
         for rank, use in res.servers.items():
-            readings = self._readings.setdefault(rank, deque(maxlen=HEAT_READINGS))
-            readings.append((use.cpu_cores, use.cpu_throttled))
+            readings = self._readings.setdefault(rank, deque())
+            readings.append((snap.now, use.cpu_cores, use.cpu_throttled))
+            while readings[0][0] < snap.now - self.l_trans:
+                readings.popleft()
         inputs = {
             "phase": self.phase,
             "workers": n,
@@ -235,21 +236,13 @@ class AutoPolicy:
         inputs: dict[str, object],
     ) -> Action | None:
         """The hottest server, when a spare host can take it (§4.2: a hot PS gets a
-        bigger home). Hot: over its last readings (``HEAT_READINGS``, a median: one
-        heartbeat's share of throttled periods is coarse) it uses ``hot`` of its
-        CPU or more, or its quota stops it in ``throttled`` of its CPU periods or
-        more (a BSP server works in bursts: its quota slows every update while
-        its mean use stays below it)."""
+        bigger home). Hot: over its readings of the last ``l_trans`` seconds
+        (``_typical``) it uses ``hot`` of its CPU or more, or its quota stops it
+        in ``throttled`` of its CPU periods or more (a BSP server works in
+        bursts: its quota slows every update while its mean use stays below it)."""
         if not snap.spare_hosts or snap.spare_capacity < 1:
             return None
-        typical = {
-            rank: dataclasses.replace(
-                res.servers[rank],
-                cpu_cores=statistics.median(c for c, _ in self._readings[rank]),
-                cpu_throttled=statistics.median(t for _, t in self._readings[rank]),
-            )
-            for rank in res.servers
-        }
+        typical = self._typical(res)
         rank = max(typical, key=lambda r: self._heat_of(typical[r]), default=None)
         if rank is None or self._heat_of(typical[rank]) < 1.0:
             return None
@@ -310,6 +303,16 @@ class AutoPolicy:
                 f"{given:g} cores); holding {n} workers",
                 inputs=inputs,
             )
+        # With skewed blocks one server can be busy while the others idle: the
+        # steps wait for it, and more workers would only wait longer.
+        for rank, use in self._typical(res).items():
+            if use.cpu_cores >= self.idle * use.cpu_limit or use.cpu_throttled >= self.throttled:
+                return NoAction(
+                    reason=f"auto: server {rank} is busy ({use.cpu_cores:.2f} of its "
+                    f"{use.cpu_limit:g} cores, throttled in {use.cpu_throttled:.0%} of its CPU "
+                    f"periods); holding {n} workers",
+                    inputs=inputs,
+                )
         more = added_workers(workers=n, server_cores_given=given, server_cores_used=server_cores)
         room = res.free_worker_slots
         if self.max_workers:
@@ -326,6 +329,18 @@ class AutoPolicy:
             ),
             inputs={**inputs, "added": more},
         )
+
+    def _typical(self, res: JobResources) -> dict[int, ProcessUse]:
+        """Each server's use over its readings of the last ``l_trans`` seconds
+        (medians: one heartbeat's share of throttled periods is coarse)."""
+        return {
+            rank: dataclasses.replace(
+                use,
+                cpu_cores=statistics.median(c for _, c, _ in self._readings[rank]),
+                cpu_throttled=statistics.median(t for _, _, t in self._readings[rank]),
+            )
+            for rank, use in res.servers.items()
+        }
 
     def _heat_of(self, use: ProcessUse) -> float:
         """How hot a server is: 1.0 or more is hot (see ``_hot_server``)."""
