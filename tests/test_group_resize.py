@@ -190,6 +190,11 @@ class Harness:
         async def send(peer: bytes, msg: object) -> None:
             self.sent.append((peer, msg))
 
+        self.resizes = 0
+
+        def resized() -> None:
+            self.resizes += 1
+
         self.driver = RegroupDriver(
             self.coord,
             state=self.state,
@@ -198,6 +203,7 @@ class Harness:
             apply=self.applied.extend,
             clock=lambda: 5.0,
             worker_peer=lambda rank: b"worker:%d@0" % rank,
+            resized=resized,
         )
 
 
@@ -216,7 +222,9 @@ def test_the_driver_grows_the_group_through_warm_newcomers():
     assert peers == [b"worker:0@0", b"worker:1@0", JOIN_PREFIX + b"2", JOIN_PREFIX + b"3"]
     assert all(isinstance(msg, RegroupGo) and msg.master_port == 4100 for _, msg in h.sent)
     h.driver.attached(2)
+    assert h.resizes == 0
     h.driver.attached(3)
+    assert h.resizes == 1  # the Controller's batch plan for the old group is void
     phases = [(e.data["phase"], e.data.get("workers")) for e in h.sink.events]
     assert phases == [("prewarm", 4), ("begin", None), ("store", None), ("done", 4)]
 
@@ -359,3 +367,14 @@ def test_a_waiting_newcomer_a_resumed_supervisor_does_not_know_is_asked_for_hell
     asyncio.run(h.driver.from_joiner(peer, dataclasses.replace(hello, run_id="r1")))
     asyncio.run(h.driver.from_joiner(peer, Ping(seq=2)))
     assert h.sent[1:] == [(peer, welcome)]  # welcomed, and its pings are fine now
+
+
+def test_a_resize_voids_the_controllers_batch_plan():
+    from dtlaunch.supervisor.control.controller import Controller
+    from dtlaunch.supervisor.control.policies import parse_policy
+
+    controller = Controller(parse_policy("dd"), interval=1.0, spare_hosts=[])
+    controller.batch_plan.update({0: 12, 1: 8, 2: 10})
+    controller.accumulation_plan.update({0: 2})
+    controller.group_resized()
+    assert controller.batch_plan == {} and controller.accumulation_plan == {}

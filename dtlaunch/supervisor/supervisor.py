@@ -120,6 +120,7 @@ class Supervisor:
                 measured=controller.restart_measured if controller is not None else None,
                 planned_batch=lambda rank: controller.batch_plan.get(rank, 0) if controller else 0,
                 welcome=Welcome(run_id=run_id, heartbeat_interval=heartbeat_interval),
+                resized=controller.group_resized if controller is not None else lambda: None,
             )
             if services.regroup is not None
             else None

@@ -137,6 +137,12 @@ class Controller:
         self._restart_began.pop(rank, None)
         self._replaced.discard(rank)
 
+    def group_resized(self) -> None:
+        """An allreduce group re-formed with another size: every worker trains its
+        equal share of the global batch in one pass, so no earlier plan holds."""
+        self.batch_plan.clear()
+        self.accumulation_plan.clear()
+
     def worker_gone(self, rank: int) -> None:
         """A worker ended: its windows start empty, its restart (if ours) is over."""
         self.monitor.worker_gone(rank)

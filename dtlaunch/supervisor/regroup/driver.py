@@ -61,6 +61,7 @@ class RegroupDriver:
         measured: Callable[[int, float], None] | None = None,
         planned_batch: Callable[[int], int] = lambda rank: 0,
         welcome: Welcome | None = None,
+        resized: Callable[[], None] = lambda: None,
     ) -> None:
         self.coordinator = coordinator
         self._state = state
@@ -74,6 +75,7 @@ class RegroupDriver:
         # a replacement starts with its predecessor's share.
         self._planned_batch = planned_batch
         self._welcome = welcome  # the answer to a waiting newcomer's hello
+        self._resized = resized  # a resize is done: the batch plan in force is void
         self._joiners_heard: set[bytes] = set()  # newcomers that said hello to us
 
     def replacing(self) -> bool:
@@ -255,6 +257,7 @@ class RegroupDriver:
                 reason=f"worker {rank} ended during the resize",
             )
             self._stop_leavers(abandoned.leaving, f"worker {rank} ended during the resize")
+            self._resized()  # the group restarts with the new size
             return
         slot = self._state.procs.get(f"worker-{rank}")
         # stopped as done, or done already (a replacement that never started)
@@ -289,7 +292,9 @@ class RegroupDriver:
         if done.world_size:
             data["workers"] = done.world_size
         self._recorder.emit("regroup", **data)
-        if self._measured is not None and not done.world_size:
+        if done.world_size:
+            self._resized()
+        elif self._measured is not None:
             self._measured(done.leaving_rank, now - done.announced_at)
 
     def check_timeout(self, now: float) -> None:
@@ -311,6 +316,7 @@ class RegroupDriver:
             # starts with the new size (the newcomers with it).
             self._stop_leavers(expired.leaving, why)
             self._apply(self._state.stalled(["worker-0"], why, now))
+            self._resized()
             return
         log.warning(
             "the group did not re-form within %.0fs; restarting worker %d the plain way",
