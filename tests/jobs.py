@@ -187,3 +187,24 @@ def hostfile(sshd: Any, path: Path, lines: list[str] | None = None) -> Path:
     lines = lines or [f"{addr} slots=1" for addr in sshd.addresses]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def scale(run_dir: Path, workers: int) -> subprocess.CompletedProcess[str]:
+    """``dtlaunch scale RUN_DIR --workers N`` from another shell."""
+    return subprocess.run(
+        dtlaunch_argv("scale", str(run_dir), "--workers", str(workers), "--timeout", "20"),
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+
+
+def steps_of(run_dir: Path, rank: int) -> int:
+    """Steps with records worker ``rank`` reported (the ``reports`` events)."""
+    return sum(
+        sum(1 for samples in e["samples"] if samples)
+        for e in events(run_dir)
+        if e["kind"] == "reports" and e.get("rank") == rank
+    )

@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.jobs import (
-    REPO,
     SCRIPTS,
-    dtlaunch_argv,
     events,
     hostfile,
-    job_env,
+    scale,
     started,
+    steps_of,
     summary,
     wait_until,
 )
@@ -31,25 +29,6 @@ torch = pytest.importorskip("torch")
 # 300 steps of 30 records at ~0.04 s: room for the newcomers to import torch
 # (5-8 s under make test) and to train before the scale-down.
 DATASET, SHARD, STEP_S = 9000, 60, "0.04"
-
-
-def scale(run_dir: Path, workers: int) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        dtlaunch_argv("scale", str(run_dir), "--workers", str(workers), "--timeout", "20"),
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-    )
-
-
-def steps_of(run_dir: Path, rank: int) -> int:
-    return sum(
-        sum(1 for samples in e["samples"] if samples)
-        for e in events(run_dir)
-        if e["kind"] == "reports" and e.get("rank") == rank
-    )
 
 
 def resized_to(run_dir: Path, workers: int) -> bool:

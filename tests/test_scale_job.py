@@ -7,19 +7,17 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.jobs import (
-    REPO,
     SCRIPTS,
-    dtlaunch_argv,
     events,
     hostfile,
-    job_env,
+    scale,
     started,
+    steps_of,
     summary,
     wait_until,
 )
@@ -27,26 +25,6 @@ from tests.jobs import (
 pytest.importorskip("torch")
 
 DATASET, SHARD = 16000, 200
-
-
-def scale(run_dir: Path, workers: int) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        dtlaunch_argv("scale", str(run_dir), "--workers", str(workers), "--timeout", "20"),
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-    )
-
-
-def steps_of(run_dir: Path, rank: int) -> int:
-    """Steps with records worker ``rank`` reported (the ``reports`` events)."""
-    return sum(
-        sum(1 for samples in e["samples"] if samples)
-        for e in events(run_dir)
-        if e["kind"] == "reports" and e.get("rank") == rank
-    )
 
 
 def trained_records(out: Path) -> list[int]:
