@@ -148,8 +148,8 @@ class RegroupDriver:
         which talks as ``join:<rank>``. One a resumed supervisor has not heard
         hello from is asked for it (``Rehello``), so a resize under way goes on."""
         welcome = self._welcome
-        if isinstance(msg, Hello) and welcome is not None:
-            if msg.run_id != welcome.run_id or msg.rank < 0:
+        if isinstance(msg, Hello):
+            if welcome is None or msg.run_id != welcome.run_id or msg.rank < 0:
                 log.warning("join hello from %r for run %s ignored", peer, msg.run_id)
                 return
             self._joiners_heard.add(peer)
