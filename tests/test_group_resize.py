@@ -378,3 +378,29 @@ def test_a_resize_voids_the_controllers_batch_plan():
     controller.accumulation_plan.update({0: 2})
     controller.group_resized()
     assert controller.batch_plan == {} and controller.accumulation_plan == {}
+
+
+def test_a_resumed_shrink_keeps_the_ranks_still_finishing_their_shard_as_leaving():
+    """Killed during a shrink before the store was up: the removed ranks still
+    read their shard. The resumed supervisor takes them as leaving (their data
+    stays theirs, their messages count), not as released."""
+    from dtlaunch.supervisor.history import History, OpenResize
+    from dtlaunch.supervisor.job import _still_leaving
+    from dtlaunch.supervisor.jobstate.machine import WorkerGone
+
+    history = History(
+        hosts={"worker-2": "spare", "worker-3": "spare"},
+        attempts={"worker-2": 0, "worker-3": 1},
+        open_resize=OpenResize(gen=4, workers=2, was=4, joining=[], leaving=[2, 3]),
+    )
+    leaving = _still_leaving(history)
+    assert leaving == {2: ("spare", 0), 3: ("spare", 1)}
+    state = _state()
+    out = state.resume(10.0, attempts={}, restarts=[], failures=[], adopt=set(), leaving=leaving)
+    assert not [c for c in out if isinstance(c, WorkerGone)]
+    assert state.removing == {"worker-2": ("spare", 0), "worker-3": ("spare", 1)}
+    # Once the store was up the removed ranks were being stopped: released.
+    history.open_resize = OpenResize(
+        gen=4, workers=2, was=4, joining=[], leaving=[2, 3], store=("h0", 4500)
+    )
+    assert _still_leaving(history) == {}
