@@ -432,6 +432,7 @@ def _build_supervisor(
             host_slots={h.label: h.slots for h in hosts},
         ),
     )
+    leaving = _still_leaving(history) if history is not None else {}
     resume = (
         ResumePlan(
             history=history,
@@ -441,8 +442,8 @@ def _build_supervisor(
                 if run.repaired_marker.exists()
                 else ""
             ),
-            released_workers=tuple(r for r in released_workers if r not in _still_leaving(history)),
-            leaving=_still_leaving(history),
+            released_workers=tuple(r for r in released_workers if r not in leaving),
+            leaving=leaving,
         )
         if history is not None
         else None

@@ -249,12 +249,7 @@ class RegroupCoordinator:
         pending = self.pending
         if pending is None or not pending.world_size or not self.store_port:
             return None
-        return RegroupGo(
-            gen=pending.gen,
-            master_addr=self.store_addr,
-            master_port=self.store_port,
-            source_rank=pending.store_rank,
-        )
+        return self._go(pending)
 
     def complete_shrink(self) -> PendingRegroup | None:
         """A resize without newcomers is done once the survivors' store is up."""
@@ -278,6 +273,11 @@ class RegroupCoordinator:
             return None
         if not self.store_port:
             return None
+        return self._go(pending)
+
+    def _go(self, pending: PendingRegroup) -> RegroupGo:
+        """Where a newcomer of ``pending`` meets the survivors (the store is up),
+        who sends it the state, and its batch (0: its equal share)."""
         return RegroupGo(
             gen=pending.gen,
             master_addr=self.store_addr,

@@ -236,6 +236,12 @@ class RegroupDriver:
         if done is not None:
             self._done(done, self._clock())
 
+    def _resize_given_up(self, pending: PendingRegroup, why: str) -> None:
+        """The group restarts with the resize's size: the removed ranks go now,
+        and every worker starts with its equal share of the batch."""
+        self._stop_leavers(pending.leaving, why)
+        self._resized()
+
     def _stop_leavers(self, leaving: frozenset[int], why: str) -> None:
         for rank in sorted(leaving):
             held = self._state.removing.get(f"worker-{rank}")
@@ -249,15 +255,11 @@ class RegroupDriver:
         self.coordinator.worker_gone(rank)
         abandoned = self.coordinator.abandon_resize(rank)
         if abandoned is not None:
+            why = f"worker {rank} ended during the resize"
             self._recorder.emit(
-                "regroup",
-                phase="abandoned",
-                gen=abandoned.gen,
-                rank=rank,
-                reason=f"worker {rank} ended during the resize",
+                "regroup", phase="abandoned", gen=abandoned.gen, rank=rank, reason=why
             )
-            self._stop_leavers(abandoned.leaving, f"worker {rank} ended during the resize")
-            self._resized()  # the group restarts with the new size
+            self._resize_given_up(abandoned, why)
             return
         slot = self._state.procs.get(f"worker-{rank}")
         # stopped as done, or done already (a replacement that never started)
@@ -314,9 +316,8 @@ class RegroupDriver:
             log.warning("%s; restarting it with them", why)
             # Without the removed ranks the group cannot go on; restarted, it
             # starts with the new size (the newcomers with it).
-            self._stop_leavers(expired.leaving, why)
             self._apply(self._state.stalled(["worker-0"], why, now))
-            self._resized()
+            self._resize_given_up(expired, why)
             return
         log.warning(
             "the group did not re-form within %.0fs; restarting worker %d the plain way",

@@ -306,7 +306,7 @@ class AutoPolicy:
         # With skewed blocks one server can be busy while the others idle: the
         # steps wait for it, and more workers would only wait longer.
         for rank, use in self._typical(res).items():
-            if use.cpu_cores >= self.idle * use.cpu_limit or use.cpu_throttled >= self.throttled:
+            if self._heat_of(use, self.idle) >= 1.0:
                 return NoAction(
                     reason=f"auto: server {rank} is busy ({use.cpu_cores:.2f} of its "
                     f"{use.cpu_limit:g} cores, throttled in {use.cpu_throttled:.0%} of its CPU "
@@ -342,9 +342,12 @@ class AutoPolicy:
             for rank, use in res.servers.items()
         }
 
-    def _heat_of(self, use: ProcessUse) -> float:
-        """How hot a server is: 1.0 or more is hot (see ``_hot_server``)."""
-        used = use.cpu_cores / (self.hot * use.cpu_limit) if use.cpu_limit > 0 else 0.0
+    def _heat_of(self, use: ProcessUse, share: float | None = None) -> float:
+        """How loaded a server is against ``share`` of its CPU (default ``hot``):
+        1.0 or more when it uses that share or more, or its quota throttles it in
+        ``throttled`` of its CPU periods or more (see ``_hot_server``)."""
+        share = self.hot if share is None else share
+        used = use.cpu_cores / (share * use.cpu_limit) if use.cpu_limit > 0 else 0.0
         return max(used, use.cpu_throttled / self.throttled)
 
     def _acted(self, now: float, rate_before: float | None) -> None:
