@@ -53,14 +53,21 @@ async def request_stop(run_dir: Path, *, timeout: float) -> str:  # noqa: ASYNC1
     return f"stop requested: {answer.detail}"
 
 
-async def request_scale(run_dir: Path, *, workers: int, timeout: float) -> str:  # noqa: ASYNC109
-    """Ask the supervisor of ``run_dir`` to run ``workers`` workers; returns its answer.
+async def request_scale(
+    run_dir: Path,
+    *,
+    workers: int,
+    timeout: float,  # noqa: ASYNC109
+    servers: int = 0,
+) -> str:
+    """Ask the supervisor of ``run_dir`` to run ``workers`` workers and ``servers``
+    built-in parameter servers (0: as many as now); returns its answer.
 
     Raises:
         RunDirError: not a run directory, the job already ended, or no answer.
         ConfigError: the supervisor refused (its reason and the fix).
     """
-    request = ScaleJob(workers=workers, reason="dtlaunch scale")
+    request = ScaleJob(workers=workers, servers=servers, reason="dtlaunch scale")
     answer = await _control_request(run_dir, request, timeout=timeout)
     if not answer.ok:
         raise ConfigError(f"scale refused: {answer.detail}")

@@ -189,10 +189,13 @@ def hostfile(sshd: Any, path: Path, lines: list[str] | None = None) -> Path:
     return path
 
 
-def scale(run_dir: Path, workers: int) -> subprocess.CompletedProcess[str]:
-    """``dtlaunch scale RUN_DIR --workers N`` from another shell."""
+def scale(run_dir: Path, workers: int = 0, servers: int = 0) -> subprocess.CompletedProcess[str]:
+    """``dtlaunch scale RUN_DIR --workers N --servers M`` from another shell (0: not
+    asked)."""
+    asked = [*(["--workers", str(workers)] if workers else [])]
+    asked += ["--servers", str(servers)] if servers else []
     return subprocess.run(
-        dtlaunch_argv("scale", str(run_dir), "--workers", str(workers), "--timeout", "20"),
+        dtlaunch_argv("scale", str(run_dir), *asked, "--timeout", "20"),
         env=job_env(),
         capture_output=True,
         text=True,

@@ -53,12 +53,22 @@ def test_the_first_map_is_kept_and_every_worker_gets_it(tmp_path):
     again, sink2 = keeper(tmp_path)
     assert again.register(3, other) == PlacementReady(placement=first)
     assert not [e for e in sink2.events if e.kind == "ps_placement"]
+    # A worker started after a scale of the servers plans for another count: it
+    # follows the job's map too, told where that map's servers listen (once the
+    # supervisor knows them all).
+    elsewhere = to_wire(plan(MODEL, 3, block_bytes=8192))
+    ports = {0: "tcp://127.0.0.2:7000"}
+    again.tell_endpoints(lambda server: ports.get(server, ""))
+    assert again.register(4, elsewhere) == PlacementReady(placement=first, endpoints=[])
+    ports[1] = "tcp://127.0.0.3:7001"
+    assert again.register(4, elsewhere) == PlacementReady(
+        placement=first, endpoints=[ports[0], ports[1]]
+    )
 
 
 @pytest.mark.parametrize(
     ("model", "servers", "block_bytes", "named"),
     [
-        (MODEL, 3, 8192, "3 servers instead of 2"),
         (MODEL, 2, 4096, "blocks instead of"),
         (
             [

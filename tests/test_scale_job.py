@@ -1,7 +1,10 @@
 """``dtlaunch scale`` on a live parameter-server job over sshd, in one job:
 workers added on the spare host join the servers' BSP steps and take data
-shards; the supervisor is SIGKILLed and resumed with the new workers; removed
-ones finish their shard and leave; every record is trained exactly once."""
+shards; a server is added and the supervisor is SIGKILLed right away, and the
+resumed one has the new workers and completes the server's start (it takes
+blocks off the first); then one command removes workers and the server: the
+workers finish their shard and leave, the server gives its blocks back first;
+every record is trained exactly once, and the workers end with one model."""
 
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ def job_args(sshd, tmp_path: Path, out: Path, run_dir: Path) -> list[str]:
     hosts = hostfile(
         sshd,
         tmp_path / "hosts",
-        [f"{a0} slots=2 servers=1", f"{a1} slots=1", f"{a2} slots=2 spare"],
+        [f"{a0} slots=2 servers=1", f"{a1} slots=1", f"{a2} slots=3 spare"],
     )
     return [
         "run", "-H", str(hosts), "--workers", "2", "--servers", "1", "--run-dir", str(run_dir),
@@ -66,11 +69,11 @@ def test_scale_up_kill_the_supervisor_resume_and_scale_down_while_a_ps_job_train
         job_args(sshd, tmp_path, out, run_dir), env=sshd.env(), log=tmp_path / "log"
     ) as job:
         wait_until(lambda: steps_of(run_dir, 1) >= 20, timeout=120, what="worker 1 training")
-        # Too many: 2 spare slots free, so at most 4; refused, nothing changes.
-        refused = scale(run_dir, 5)
+        # Too many: 3 spare slots free, so at most 5; refused, nothing changes.
+        refused = scale(run_dir, 6)
         assert refused.returncode == 1, refused.stdout + refused.stderr
-        assert "no room for 3 more worker(s)" in refused.stderr
-        assert "at most 4 workers" in refused.stderr
+        assert "no room for 4 more worker(s)" in refused.stderr
+        assert "at most 5 workers" in refused.stderr
         up = scale(run_dir, 4)
         assert up.returncode == 0, up.stdout + up.stderr
         assert "workers 2 -> 4" in up.stdout
@@ -79,23 +82,34 @@ def test_scale_up_kill_the_supervisor_resume_and_scale_down_while_a_ps_job_train
             timeout=120,
             what="the added workers 2 and 3 training",
         )
+        grow = scale(run_dir, servers=2)
+        assert grow.returncode == 0 and "servers 1 -> 2" in grow.stdout, grow.stdout + grow.stderr
+        # Killed at once: the new server is starting, the blocks have not moved.
         job.signal(signal.SIGKILL)  # the supervisor; the agents keep the job running
         job.wait(timeout=30)
+    assert not [e for e in events(run_dir) if e["kind"] == "ps_scale" and e["phase"] == "done"]
     resume = ["run", "--resume", str(run_dir)]
     with started(resume, env=sshd.env(), log=tmp_path / "resume.log") as job:
         # The resumed supervisor has the 4 workers back, and has heard from the two
-        # it will remove (a worker it has not heard from cannot be asked to leave).
+        # it will remove (a worker it has not heard from cannot be asked to leave);
+        # it moved blocks onto the new server.
         wait_until(
             lambda: (
                 reports_after(run_dir, "resume", 2) >= 2
                 and reports_after(run_dir, "resume", 3) >= 2
+                and _scaled_to(run_dir) == 2
             ),
             timeout=120,
-            what="workers 2 and 3 reporting to the resumed supervisor",
+            what="workers 2 and 3 reporting to the resumed supervisor, and 2 servers",
         )
-        down = scale(run_dir, 2)
+        wait_until(
+            lambda: reports_after(run_dir, "ps_scale", 3) >= 2,
+            timeout=60,
+            what="the workers training on the 2 servers",
+        )
+        down = scale(run_dir, 2, servers=1)
         assert down.returncode == 0, down.stdout + down.stderr
-        assert "workers 4 -> 2" in down.stdout
+        assert "servers 2 -> 1; workers 4 -> 2" in down.stdout
         assert job.wait(timeout=240) == 0, job.output()
     log = events(run_dir)
     [first, second] = [e for e in log if e["kind"] == "scale"]
@@ -121,3 +135,24 @@ def test_scale_up_kill_the_supervisor_resume_and_scale_down_while_a_ps_job_train
     finals = [json.loads((out / f"{r}.json").read_text()) for r in (0, 1)]
     assert finals[0]["params"] == finals[1]["params"]
     assert finals[0]["final_loss"] < 1e-4
+    # The server: added on the spare host, given blocks by the resumed supervisor
+    # (with the workers' membership), then drained and stopped; one server's map
+    # at the end, which the workers followed.
+    [grown] = [e for e in log if e["kind"] == "scale_servers" and e["servers"] == 2]
+    assert grown["added"] == {"1": a2}
+    done = [e for e in log if e["kind"] == "ps_scale" and e["phase"] == "done"]
+    assert [e["servers"] for e in done] == [2, 1] and all(e["blocks"] > 0 for e in done)
+    drained = [e["servers"] for e in log if e["kind"] == "ps_scale" and e["phase"] == "drained"]
+    assert drained == [[1]]
+    retired = [e for e in log if e["kind"] == "exit" and e["role"] == "server" and e["rank"] == 1]
+    assert [e.get("retired") for e in retired] == [True], retired
+    final_map = [e for e in log if e["kind"] == "ps_placement"][-1]
+    assert final_map["servers"] == 1
+    for f in finals:
+        assert f["placement"] == {"version": final_map["version"], "owner": final_map["owner"]}
+
+
+def _scaled_to(run_dir: Path) -> int:
+    """The servers of the newest map a scale step made (0: none yet)."""
+    done = [e for e in events(run_dir) if e["kind"] == "ps_scale" and e["phase"] == "done"]
+    return int(done[-1]["servers"]) if done else 0

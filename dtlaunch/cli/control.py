@@ -39,24 +39,41 @@ def scale(
             help="Workers to run from now on: new ranks start on free slots (spare hosts "
             "first); the highest ranks leave after the data shard they read.",
         ),
-    ],
+    ] = 0,
+    servers: Annotated[
+        int,
+        typer.Option(
+            "--servers",
+            help="dtlaunch's parameter servers to run from now on: new ones start on free "
+            "slots (spare hosts first) and take blocks from the others; the highest ranks "
+            "hand their blocks over and stop.",
+        ),
+    ] = 0,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the supervisor.")] = 10.0,
 ) -> None:
-    """Change a running job's number of workers; the job goes on.
+    """Change a running job's number of workers or parameter servers; the job goes on.
 
     Parameter-server jobs (dtlaunch's servers): new workers fetch data shards as
     they start and the servers' steps wait for them from their hello on; removed
-    workers finish the shard they read and end. Allreduce jobs (scripts that call
-    job.attach() and loop with job.bsp_batches()): new ranks start and warm up,
-    then at a step all workers agree on the removed ranks leave, the group
-    re-forms with the new size and the global batch is split over it again.
-    Every record is still trained once. A resumed supervisor keeps the new count.
+    workers finish the shard they read and end. New servers take their share of
+    the parameter blocks, with the optimizer state, at a step every server agrees
+    on; removed servers give theirs to the others first. Allreduce jobs (scripts
+    that call job.attach() and loop with job.bsp_batches()): new ranks start and
+    warm up, then at a step all workers agree on the removed ranks leave, the
+    group re-forms with the new size and the global batch is split over it again.
+    Every record is still trained once. A resumed supervisor keeps the new counts.
     """
     setup_logging(False)
+    if workers == 0 and servers == 0:
+        raise fail("say what to scale: --workers N, --servers M, or both", code=2)
+    if workers < 0 or servers < 0:
+        raise fail("--workers and --servers must be whole numbers >= 1", code=2)
     from dtlaunch.jobclient import request_scale
 
     try:
-        detail = asyncio.run(request_scale(run_dir, workers=workers, timeout=timeout))
+        detail = asyncio.run(
+            request_scale(run_dir, workers=workers, servers=servers, timeout=timeout)
+        )
     except DtlaunchError as err:
         raise fail(err, code=1) from None
     print(f"dtlaunch: {detail}")

@@ -144,10 +144,12 @@ class Client(CatchUp):
         block_bytes: int | None = None,
         job: Any = None,
         timeout: float | None = None,
-        placement_source: Callable[[], Placement] | None = None,
+        placement_source: Callable[[], Placement | tuple[Placement, Sequence[str]]]
+        | None = None,
     ) -> None:
         """``placement_source``: the job's current map, asked when a server says
-        blocks were reassigned (default: the job's, under ``dtlaunch run``)."""
+        blocks were reassigned (default: the job's, under ``dtlaunch run``); with
+        the servers' endpoints when they changed too (servers added or removed)."""
         env = os.environ
         self.config = OptimizerConfig(
             name=optimizer,
@@ -173,7 +175,8 @@ class Client(CatchUp):
             placement = plan(specs, len(endpoints), size)
             job = job if job is not None else current_job()
             if job is not None:  # under dtlaunch run: follow the supervisor's map
-                placement = from_wire(job.ps_placement(to_wire(placement)))
+                placement, told = _job_map(job, placement)
+                endpoints = told or endpoints  # a scale may have changed the servers
         self.placement = placement
         check_layout(self.placement, specs, len(endpoints))
         if keys is None:
@@ -529,7 +532,7 @@ class Client(CatchUp):
                 f"{said}, but this worker follows version {self.placement.version}, which "
                 "places them there: the map and the servers disagree"
             )
-        placement = self._job_placement(said)
+        placement, endpoints = self._job_placement(said)
         if placement.version < changed.version:
             raise PsError(
                 f"{said}, but the job's map is at version {placement.version}: the "
@@ -541,16 +544,21 @@ class Client(CatchUp):
             placement.version,
             changed.servers,
         )
-        self.use_placement(placement)
+        self.use_placement(placement, endpoints)
 
-    def _job_placement(self, said: str) -> Placement:
-        """The job's current map (``placement_source``'s, else the supervisor's).
+    def _job_placement(self, said: str) -> tuple[Placement, list[str] | None]:
+        """The job's current map (``placement_source``'s, else the supervisor's)
+        and where its servers listen (None: where they did).
 
         Raises:
             PsError: there is neither.
         """
         if self._placement_source is not None:
-            return self._placement_source()
+            given = self._placement_source()
+            if isinstance(given, Placement):
+                return given, None
+            placement, endpoints = given
+            return placement, list(endpoints)
         job = self._job if self._job is not None else current_job()
         if job is None:
             raise PsError(
@@ -558,7 +566,7 @@ class Client(CatchUp):
                 "under dtlaunch run, or give Client(placement_source=...)"
             )
         # Registering the map in use answers with the job's: the owners are not compared.
-        return from_wire(job.ps_placement(to_wire(self.placement)))
+        return _job_map(job, self.placement)
 
     def _record_comm(
         self, seconds: float, timings: list[ServerTiming], *, wait_s: float = 0.0
@@ -569,3 +577,11 @@ class Client(CatchUp):
             job.record_wait(wait_s)
             for t in timings:
                 job.record_server_comm(t.server, t.bytes, t.seconds)
+
+
+def _job_map(job: Any, planned: Placement) -> tuple[Placement, list[str] | None]:
+    """The job's map (registering ``planned``) and where its servers listen, as
+    the supervisor answered (None when it did not know them all)."""
+    placement = from_wire(job.ps_placement(to_wire(planned)))
+    endpoints = list(getattr(job, "ps_endpoints", ()))
+    return placement, endpoints if len(endpoints) == placement.servers else None

@@ -15,7 +15,8 @@ between running servers (``moved``' docstring has the protocol) exports with
 ``hold``: refused when the fence is passed already, else the blocks stay here,
 held from the fence on. A seeded target takes an import at its own version
 only: one ahead waits until the target gets there, one behind is refused (the
-blocks would miss the steps the target applied since). ``PsRelease`` drops
+blocks would miss the steps the target applied since); a target that holds no
+block takes it at any version. ``PsRelease`` drops
 blocks (with a placement version: requests for them are answered with it) and
 refuses an import of them still waiting; ``PsHoldEnd`` serves held blocks again
 and refuses an export on hold of them still waiting for its fence: a request of
@@ -164,7 +165,10 @@ class Migrations:
         msg = incoming.message
         assert isinstance(msg, PsImport)
         store = self.store
-        if store.seeded and msg.version != store.version:
+        # A server that holds no block has no steps a block could miss: it takes
+        # the import at the blocks' version (a server added by a scale-out whose
+        # first try was rolled back, one every block was moved off).
+        if store.seeded and store.params and msg.version != store.version:
             if msg.version > store.version:  # a target still finishing the step before
                 if incoming not in self._waiting_imports:
                     self._waiting_imports.append(incoming)

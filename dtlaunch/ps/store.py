@@ -180,6 +180,12 @@ class ParamStore:
         if self.optimizer is not None and self.optimizer != optimizer:
             raise ConfigError(f"migrated blocks use {optimizer}, this server runs {self.optimizer}")
         self.optimizer = optimizer.validate()
+        if not self.params and version != self.version:
+            # Nothing of its own to keep in step with: the blocks' version, and no
+            # open step of the version it leaves.
+            self.version = self.recovered_at = version
+            self._contrib = {}
+            self._last_applied = (-1, frozenset())
         for block_id, (param, state) in blocks.items():
             self.params[block_id] = param
             self.states[block_id] = state

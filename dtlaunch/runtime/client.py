@@ -97,8 +97,11 @@ class SupervisorClient:
         self._negotiated = dataset_spec(answer.dataset).validate()
         return self._negotiated
 
-    def negotiate_placement(self, offer: PsPlacementMap, timeout: float) -> PsPlacementMap:
-        """The job's PS block placement: register ``offer``, get the map to follow.
+    def negotiate_placement(
+        self, offer: PsPlacementMap, timeout: float
+    ) -> tuple[PsPlacementMap, list[str]]:
+        """The job's PS block placement: register ``offer``, get the map to follow
+        and where its servers listen (empty when the supervisor does not know all).
 
         Raises:
             ConfigError: the supervisor refused (another model) or did not answer.
@@ -107,7 +110,7 @@ class SupervisorClient:
         assert isinstance(answer, PlacementReady)
         if answer.error or answer.placement is None:
             raise ConfigError(answer.error or "the supervisor has no placement map")
-        return answer.placement
+        return answer.placement, list(answer.endpoints)
 
     def start_fetching(self) -> None:
         """Begin prefetching shards (after ``negotiate``, once the script accepted them)."""

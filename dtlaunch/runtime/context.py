@@ -102,6 +102,7 @@ class Job:
         self._regroups: list[Regroup] = []  # heard, not yet handed to the elastic group
         self._elastic: ElasticGroup | None = None
         self._lr_factor = 1.0
+        self._ps_endpoints: list[str] = []  # the servers of the last ps_placement
         self._data_listeners: list[DataWaitListener] = []
         self._dropped = False  # mark_dropped(): the coming step() releases, not acks
         self._global_batch = dataset.global_batch
@@ -438,7 +439,7 @@ class Job:
         """The job's parameter-server placement map, which every worker follows:
         ``planned`` (this worker's plan) is registered with the supervisor, which
         keeps the first worker's map (``dtlaunch.ps.Client`` asks). Standalone:
-        ``planned``.
+        ``planned``. Where the map's servers listen is ``ps_endpoints`` then.
 
         Raises:
             ConfigError: the map differs from the job's (another model), or the
@@ -447,7 +448,15 @@ class Job:
         if not isinstance(self._source, SupervisorClient):
             return planned
         timeout = env_float(os.environ, ENV_INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT_S)
-        return self._source.negotiate_placement(planned, timeout)
+        placement, self._ps_endpoints = self._source.negotiate_placement(planned, timeout)
+        return placement
+
+    @property
+    def ps_endpoints(self) -> list[str]:
+        """Where the servers of the map ``ps_placement`` returned last listen, as
+        the supervisor said with it (a ``dtlaunch scale --servers`` changes them);
+        empty standalone or when it did not know them all."""
+        return list(self._ps_endpoints)
 
     def supervisor_client(self) -> SupervisorClient | None:
         """The supervisor connection (for ``dtlaunch.rna.Trainer``); None standalone."""

@@ -15,6 +15,8 @@ global state (randomness only from a generator the caller passes), so policies,
   :func:`superior_servers`, :func:`assign_blocks`.
 * :mod:`dtlaunch.solvers.proportional` — PSLD's strawman, bytes by speed:
   :func:`assign_proportional`.
+* :mod:`dtlaunch.solvers.spread` — the blocks over a changed number of
+  servers (a scale-out or scale-in), moving few bytes: :func:`spread_blocks`.
 * :mod:`dtlaunch.solvers.rna` — RNA §3.2-§4: staleness weights of a worker's
   pending gradients, the learning-rate factor, the recursive grouping by iteration
   time and the power-of-d probe's response quantiles: :func:`staleness_weights`,
@@ -48,6 +50,7 @@ from dtlaunch.solvers.rna import (
     split_groups,
     staleness_weights,
 )
+from dtlaunch.solvers.spread import spread_blocks
 
 __all__ = [
     "BlockAssignment",
@@ -70,6 +73,7 @@ __all__ = [
     "solve_dd",
     "solve_dd_workers",
     "split_groups",
+    "spread_blocks",
     "staleness_weights",
     "superior_servers",
 ]

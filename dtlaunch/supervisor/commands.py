@@ -8,6 +8,8 @@ cannot carry out is refused with the reason and the fix, and nothing changes).
 
 In a parameter-server job the node table's scale is all there is; an allreduce
 job's group also re-forms with the new size (``regroup.RegroupDriver.resize``).
+A scale of the built-in servers sets the node table's target and starts the
+added servers; the parameter servers' keeper (``psfleet``) moves the blocks.
 """
 
 from __future__ import annotations
@@ -41,12 +43,14 @@ class ControlCommands:
         reply: Reply,
         workers: WorkerPeers,
         workers_changed: Callable[[list[int], list[int]], None],
+        servers_refusal: Callable[[], str | None] = lambda: None,
         group: RegroupDriver | None = None,
         global_batch: Callable[[], int] = lambda: 0,
         spawn: Callable[[Coroutine[Any, Any, None], str], object] | None = None,
     ) -> None:
         """``workers_changed(before, after)``: told the worker ranks after a scale
         changed them (the parameter servers' membership follows them).
+        ``servers_refusal()``: why the built-in servers cannot be scaled now.
         ``group``: an allreduce job's regroups, which a scale resizes (run as a
         task by ``spawn``); ``global_batch``: the data set's, which bounds it."""
         self._state = state
@@ -55,6 +59,7 @@ class ControlCommands:
         self._reply = reply
         self._workers = workers
         self._workers_changed = workers_changed
+        self._servers_refusal = servers_refusal
         self._group = group
         self._global_batch = global_batch
         self._spawn = spawn
@@ -65,15 +70,46 @@ class ControlCommands:
             await self._reply(peer, Ack(ok=True, detail="stopping"))
             self._apply(self._state.stop(msg.reason, now))
             return
-        self._recorder.emit("command", command="scale", workers=msg.workers, reason=msg.reason)
-        before = len(self._state.worker_ranks())
-        refused = self.scale(msg.workers, now, msg.reason)
-        if refused is not None:
-            await self._reply(peer, Ack(ok=False, detail=refused))
-        elif before == msg.workers:
-            await self._reply(peer, Ack(ok=True, detail=f"the job runs {before} worker(s) already"))
-        else:
-            await self._reply(peer, Ack(ok=True, detail=f"workers {before} -> {msg.workers}"))
+        self._recorder.emit(
+            "command", command="scale", workers=msg.workers, servers=msg.servers, reason=msg.reason
+        )
+        said: list[str] = []
+        # The servers first: a refused request changes nothing, the workers included.
+        for what, count, before, scale in (
+            ("server", msg.servers, self._state.server_target, self.scale_servers),
+            ("worker", msg.workers, len(self._state.worker_ranks()), self.scale),
+        ):
+            if count == 0:  # not asked
+                continue
+            refused = scale(count, now, msg.reason)
+            if refused is not None:
+                done = f" ({'; '.join(said)})" if said else ""
+                await self._reply(peer, Ack(ok=False, detail=refused + done))
+                return
+            said.append(
+                f"the job runs {before} {what}(s) already"
+                if before == count
+                else f"{what}s {before} -> {count}"
+            )
+        await self._reply(peer, Ack(ok=bool(said), detail="; ".join(said) or "nothing to scale"))
+
+    def scale_servers(self, count: int, now: float, reason: str) -> str | None:
+        """Run ``count`` built-in parameter servers from now on; returns why not
+        when the job refuses, and then nothing changed."""
+        before = self._state.server_target
+        try:
+            refusal = self._servers_refusal() if count != before else None
+            if refusal is not None:
+                raise ConfigError(refusal)
+            commands = self._state.scale_servers(count, now, reason=reason)
+        except ConfigError as err:
+            log.warning("scale to %d servers refused: %s", count, err)
+            self._recorder.emit("scale_refused", servers=count, reason=reason, error=str(err))
+            return str(err)
+        self._apply(commands)
+        if commands:
+            log.info("scaling: servers %d -> %d (%s)", before, count, reason)
+        return None
 
     def scale(self, count: int, now: float, reason: str) -> str | None:
         """Run ``count`` workers from now on (``dtlaunch scale``, or SCALE_WORKERS of

@@ -47,6 +47,11 @@ class History:
     rna_gen: int = 0  # the newest RNA group generation any supervisor of the run opened
     # dtlaunch scale, in order: (workers from then on, {rank it added: host})
     scales: list[tuple[int, dict[int, str]]] = field(default_factory=list)
+    # dtlaunch scale --servers, in order: (rank, host it was added on) or (rank, "")
+    # for one drained and stopped; and the servers the job should run (None: as
+    # started).
+    server_changes: list[tuple[int, str]] = field(default_factory=list)
+    server_target: int | None = None
     regroup_gen: int = 0  # the newest allreduce regroup generation of the run
     open_resize: OpenResize | None = None
 
@@ -82,6 +87,12 @@ def load_history(events_path: Path) -> History:
         if event.kind == "scale":
             added = {int(r): str(h) for r, h in dict(event.data.get("added", {})).items()}
             history.scales.append((int(event.data["workers"]), added))
+        if event.kind == "scale_servers":
+            history.server_target = int(event.data["servers"])
+            added = dict(event.data.get("added", {}))
+            history.server_changes += [(int(r), str(h)) for r, h in sorted(added.items())]
+        if event.kind == "removed" and event.role == "server":
+            history.server_changes.append((event.rank, ""))
         if event.kind == "regroup":
             _regroup(history, event.data)
         if event.kind == "rna_group":

@@ -34,7 +34,7 @@ from dtlaunch.supervisor.jobstate import (
     ProcSlot,
     Timing,
 )
-from dtlaunch.supervisor.jobstate.scaling import rescaled
+from dtlaunch.supervisor.jobstate.scaling import rescaled, rescaled_servers
 from dtlaunch.supervisor.launcher import Launcher, LocalLauncher, SshLauncher
 from dtlaunch.supervisor.output import OutputRouter
 from dtlaunch.supervisor.placement import place
@@ -136,6 +136,7 @@ async def _run_job(
         history = load_history(run.events_path)
         # Workers a `dtlaunch scale` added or removed are the job's now.
         assignments, released_workers = rescaled(assignments, history.scales)
+        assignments = rescaled_servers(assignments, history.server_changes)  # and servers
         if run.supervisor_started():
             keys = load_run_keys(run.keys)
             bind = str(run.supervisor()["endpoint"])

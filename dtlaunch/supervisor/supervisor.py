@@ -158,6 +158,7 @@ class Supervisor:
             reply=router.send,
             workers=self._workers,
             workers_changed=self._fleet.workers_changed if self._fleet else lambda *_: None,
+            servers_refusal=self._fleet.servers_refusal if self._fleet else lambda: None,
             group=self._regroup if self._rounds is None else None,  # rna: groups of its own
             global_batch=lambda: self._dds.spec.global_batch if self._dds.spec else 0,
             spawn=self._spawn_task,
@@ -218,6 +219,7 @@ class Supervisor:
                         restart_workers=self._resume.restart_workers,
                         released_workers=self._resume.released_workers,
                         leaving=self._resume.leaving,
+                        server_target=history.server_target,
                     )
                 )
                 if self._fleet is not None and history.scales:

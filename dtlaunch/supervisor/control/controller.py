@@ -124,6 +124,12 @@ class Controller:
         self._moving.discard(rank)
         self.server_restart_cost_s = max(0.0, cost_s)
 
+    def server_removed(self, rank: int) -> None:
+        """A scale-in stopped server ``rank``: nothing of it is judged any more."""
+        self.monitor.server_gone(rank)
+        self._restarting.discard(("server", rank))
+        self._moving.discard(rank)
+
     def server_restart_failed(self, rank: int) -> None:
         """A server move gave up: the server is judged again from scratch."""
         self.monitor.server_gone(rank)

@@ -61,7 +61,7 @@ from dtlaunch.supervisor.jobstate.nodes import (
 )
 from dtlaunch.supervisor.jobstate.scaling import added_assignment, plan_scale
 from dtlaunch.supervisor.jobstate.tftasks import tf_cluster
-from dtlaunch.supervisor.placement import Assignment
+from dtlaunch.supervisor.placement import ROLE_SERVER, Assignment
 from dtlaunch.wire.messages import Exited, Kill, Message, ProcReport, Shutdown, Spawn
 
 __all__ = [
@@ -113,8 +113,8 @@ _BUSY_PROC_STATES = (*LIVE_PROC_STATES, ProcState.PENDING)
 LEAVE_GRACE_S = 120.0
 
 
-def _worker_rank(proc_id: str) -> int:
-    """The rank in a worker's proc id (``worker-<rank>``)."""
+def _rank_of(proc_id: str) -> int:
+    """The rank in a proc id (``worker-<rank>``, ``server-<rank>``)."""
     return int(proc_id.rpartition("-")[2])
 
 
@@ -212,6 +212,10 @@ class JobState:
         # rank again starts after it, so no identity of the old process counts.
         self._removed_attempts: dict[str, int] = {}
         self._leave_by: dict[str, float] = {}  # removed proc id -> when it is stopped
+        # How many built-in servers the job should run: a scale-in lowers it at
+        # once, and the servers from it up serve on until their blocks moved off
+        # (``server_drained``); a scale-out adds their slots.
+        self.server_target = sum(1 for a in assignments if a.role == ROLE_SERVER)
         # Spare hosts get an agent too, so a KILL_RESTART onto one starts at once.
         self.agents: dict[str, AgentSlot] = {
             host: AgentSlot(host=host)
@@ -262,6 +266,7 @@ class JobState:
         listen_ports: dict[str, tuple[str, int]] | None = None,
         released_workers: Sequence[int] = (),
         leaving: Mapping[int, tuple[str, int]] | None = None,
+        server_target: int | None = None,
     ) -> list[Command]:
         """A supervisor restarted with --resume: the agents in ``adopt`` (those the
         dead supervisor had started) are expected to reconnect; others are launched.
@@ -270,6 +275,8 @@ class JobState:
         goes back (one that still runs is fenced when its agent reports it).
         ``leaving``: rank -> (host, attempt) of removed workers that still finish
         their shard (an allreduce resize under way): removed as before the stop.
+        ``server_target``: the servers the last ``dtlaunch scale --servers`` asked
+        for (the slots above it serve on until drained).
 
         Processes keep their last attempt; those no agent reports running are
         restarted (the next spawn bumps the attempt) once all agents are back.
@@ -277,6 +284,8 @@ class JobState:
         self.started_at = now
         self.restarts = list(restarts)
         self.failures = list(failures)
+        if server_target is not None:
+            self.server_target = server_target
         for slot in self.procs.values():
             slot.attempt = attempts.get(slot.proc_id, 0)
             moved_to = (hosts or {}).get(slot.proc_id, slot.host)
@@ -331,7 +340,7 @@ class JobState:
         for proc_id, deadline in list(self._leave_by.items()):
             if now >= deadline:
                 why = f"still running {LEAVE_GRACE_S:.0f} s after it was asked to leave"
-                out += self.leave_unheard(_worker_rank(proc_id), self.removing[proc_id][1], why)
+                out += self.leave_unheard(_rank_of(proc_id), self.removing[proc_id][1], why)
         if self.phase is Phase.STOPPING and now >= self.stop_deadline:
             out += self._finish()
         return out
@@ -928,7 +937,10 @@ class JobState:
                 )
             ]
             if role != "worker":
-                return retired  # a retired server handed its blocks over before it stopped
+                # A retired server handed its blocks over before it stopped; a later
+                # move of its rank hands over anew.
+                self.handed_over.discard(msg.proc_id)
+                return retired
             if msg.exit_code == 0 and not msg.requested:
                 retired += self._finished_before_hand_over(int(rank), now)
             return [*retired, WorkerGone(rank=int(rank))]
@@ -1305,8 +1317,9 @@ class JobState:
         GPU) that nothing runs or waits on."""
         return self._free_slots(host) > 0
 
-    def _free_slots(self, host: str) -> int:
-        """How many more workers ``host`` takes now (0 while it is not up or cools
+    def _free_slots(self, host: str, *, gpu: bool = True) -> int:
+        """How many more workers (``gpu``: each needs a GPU where the host has
+        some; else servers) ``host`` takes now (0 while it is not up or cools
         down after a loss)."""
         agent = self.agents[host]
         if agent.state is not AgentState.UP or agent.cooldown_until > self.now:
@@ -1322,7 +1335,7 @@ class JobState:
         used += sum(1 for held, _ in self.removing.values() if held == host)
         free = self.host_slots.get(host, 1) - used
         gpus = self.host_gpus.get(host, 0)
-        if gpus:  # a GPU of its own
+        if gpus and gpu:  # a GPU of its own
             free = min(free, gpus - len(self._busy_workers_on(host)))
         return max(0, free)
 
@@ -1555,7 +1568,7 @@ class JobState:
         """
         self._check_scalable(regroup)
         ranks = self.worker_ranks()
-        stopping = [_worker_rank(p) for p in self.removing]
+        stopping = [_rank_of(p) for p in self.removing]
         plan = plan_scale(count, ranks=ranks, room=self._room_for_workers(), stopping=stopping)
         if plan.count == len(ranks):
             return []
@@ -1580,7 +1593,7 @@ class JobState:
                 self.agents[host] = AgentSlot(host=host)
                 out += self._launch_agent(self.agents[host], now)
         for rank, host in plan.added.items():
-            slot = self._new_worker_slot(added_assignment(rank, host, workers))
+            slot = self._new_slot(added_assignment(rank, host, workers))
             slot.prewarm = regroup
             workers.append(slot.assignment)
             out.append(self._proc_event("added", slot, attempt=slot.attempt))
@@ -1609,14 +1622,14 @@ class JobState:
         """How many more workers a scale-up could start now (``_room_for_workers``)."""
         return sum(free for _, free in self._room_for_workers())
 
-    def _room_for_workers(self) -> list[tuple[str, int]]:
-        """(host, free slots) where new workers may start: spare hosts first, then
-        the job's other hosts, then hostfile hosts that run nothing yet (an agent
-        is launched there for them)."""
+    def _room_for_workers(self, *, gpu: bool = True) -> list[tuple[str, int]]:
+        """(host, free slots) where new workers (``gpu``; else servers) may start:
+        spare hosts first, then the job's other hosts, then hostfile hosts that
+        run nothing yet (an agent is launched there for them)."""
         order = [*self.spare_hosts, *(h for h in self.agents if h not in self.spare_hosts)]
-        room = [(host, self._free_slots(host)) for host in order]
+        room = [(host, self._free_slots(host, gpu=gpu)) for host in order]
         idle = [(h, n) for h, n in self.host_slots.items() if h not in self.agents]
-        gpus = self.host_gpus
+        gpus = self.host_gpus if gpu else {}
         return room + [(h, min(n, gpus[h]) if gpus.get(h) else n) for h, n in idle]
 
     def _remove_worker(
@@ -1651,7 +1664,7 @@ class JobState:
                           data={"attempt": attempt, "reason": why})  # fmt: skip
         return [event, self._kill(proc_id, host, attempt)]
 
-    def _new_worker_slot(self, assignment: Assignment) -> ProcSlot:
+    def _new_slot(self, assignment: Assignment) -> ProcSlot:
         slot = ProcSlot(
             assignment=assignment,
             host=assignment.host,
@@ -1684,7 +1697,85 @@ class JobState:
         """Forget a removed worker that is gone; returns its rank."""
         del self.removing[proc_id]
         self._leave_by.pop(proc_id, None)
-        return _worker_rank(proc_id)
+        return _rank_of(proc_id)
+
+    # -------------------------------- scaling the built-in servers (dtlaunch scale)
+
+    def server_ranks(self) -> list[int]:
+        """The ranks of the job's server slots now, the leaving ones included."""
+        return sorted(s.rank for s in self.procs.values() if s.role == ROLE_SERVER)
+
+    def scale_servers(self, count: int, now: float, *, reason: str = "") -> list[Command]:
+        """Run ``count`` built-in parameter servers from now on. A scale-out starts
+        the new ranks empty (``DTLAUNCH_PS_AWAIT_IMPORT``: their blocks come by a
+        reassignment, ``psfleet``); a scale-in lowers ``server_target``, and the
+        servers from it up serve on until their blocks moved off
+        (``server_drained``). Recorded as one ``scale_servers`` event, which a
+        resumed supervisor reads to rebuild the same servers.
+
+        Raises:
+            ConfigError: the job cannot change its servers now, or not to
+                ``count`` (nothing is changed).
+        """
+        if not self.builtin_ps or self.tf_tasks:
+            raise ConfigError(
+                "only jobs with dtlaunch's parameter servers (--servers M with the built-in "
+                "server) can change their servers while they run"
+            )
+        if self.phase is not Phase.RUNNING:
+            raise ConfigError(
+                f"the job is {self.phase.value}; servers can be scaled only while it runs"
+            )
+        ranks = self.server_ranks()
+        stopping = [_rank_of(p) for p in self.retiring if p.startswith("server-")]
+        plan = plan_scale(
+            count,
+            ranks=ranks,
+            room=self._room_for_workers(gpu=False),
+            stopping=stopping,
+            role=ROLE_SERVER,
+        )
+        if count == self.server_target:
+            return []
+        out: list[Command] = [
+            EmitEvent(
+                kind="scale_servers",
+                data={
+                    "servers": count,
+                    "was": self.server_target,
+                    "added": {str(rank): host for rank, host in plan.added.items()},
+                    "reason": reason,
+                },
+            )
+        ]
+        self.server_target = count
+        for host in dict.fromkeys(plan.added.values()):
+            if host not in self.agents:  # a hostfile host that ran nothing yet
+                self.agents[host] = AgentSlot(host=host)
+                out += self._launch_agent(self.agents[host], now)
+        processes = [s.assignment for s in self.procs.values()]
+        for rank, host in plan.added.items():
+            assignment = added_assignment(rank, host, processes, ROLE_SERVER)
+            processes.append(assignment)
+            slot = self._new_slot(assignment)
+            slot.ps_fresh_attempt = slot.attempt  # no snapshot: the blocks come by import
+            out.append(self._proc_event("added", slot, attempt=slot.attempt))
+        return out + self._reconcile(now)
+
+    def server_drained(self, rank: int) -> list[Command]:
+        """Server ``rank``, at or above ``server_target``, holds no block of the
+        job's map any more: it is stopped and is the job's no longer."""
+        slot = self.procs.get(f"server-{rank}")
+        if slot is None or slot.role != ROLE_SERVER or rank < self.server_target:
+            return []
+        del self.procs[slot.proc_id]
+        self._removed_attempts[slot.proc_id] = max(slot.attempt, slot.spent_attempts)
+        out: list[Command] = [self._proc_event("removed", slot, attempt=slot.attempt)]
+        if slot.state in LIVE_PROC_STATES:
+            self.retiring[slot.proc_id] = (slot.host, slot.attempt)
+            self.handed_over.add(slot.proc_id)  # its exit is a retirement, not a failure
+            out.append(self._kill(slot.proc_id, slot.host, slot.attempt))
+        return out
 
     def free_spare(self, preferred: str | None) -> str | None:
         """Where a KILL_RESTART should go: ``preferred`` if it is a spare host with

@@ -29,11 +29,16 @@ job goes on with it.
   (``reassign``), recorded as ``ps_reassign`` events with the pause measured. A
   reassignment left pending by a supervisor that died is completed or rolled
   back first thing (``run``).
+* **Servers added or removed** (``dtlaunch scale --servers``): every poll takes
+  the next step ``scaling.next_server_step`` names, a reassignment onto the new
+  number of servers or stopping the servers it emptied, recorded as ``ps_scale``
+  events.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -45,12 +50,14 @@ from typing import Any, TypeVar
 from dtlaunch.events import EventRecorder
 from dtlaunch.ps.control import ServerControl
 from dtlaunch.ps.exchange import PsError
+from dtlaunch.solvers import spread_blocks
 from dtlaunch.supervisor.control.actions import KillRestart, ReassignBlocks
 from dtlaunch.supervisor.control.loop import ReportIntake
 from dtlaunch.supervisor.control.monitor import PsLayout
 from dtlaunch.supervisor.jobstate.machine import Command, JobState, ProcState
 from dtlaunch.supervisor.psfleet.placement import PlacementKeeper
 from dtlaunch.supervisor.psfleet.reassign import BlockReassigner, Reassigned
+from dtlaunch.supervisor.psfleet.scaling import Drain, Rescale, Wait, next_server_step
 from dtlaunch.wire.keys import PeerKeys
 from dtlaunch.wire.messages import PsPlacementMap, PsStats, PsUpdate
 
@@ -62,6 +69,7 @@ STATS_TIMEOUT_S = 5.0  # a server sleeping an injected delay still answers withi
 START_TIMEOUT_S = 180.0  # a new server process: Python and torch on a busy host
 MOVE_TIMEOUT_S = 600.0  # the straggler's next step boundary (as long as a BSP pull waits)
 REDIRECT_POLL_S = 0.2
+SCALE_RETRY_S = 5.0  # after a scale step failed (rolled back), the next try
 
 T = TypeVar("T")
 
@@ -125,6 +133,10 @@ class ServerFleet:
             else None
         )
         self._reassigning = False
+        self._scale_retry_at = 0.0  # a failed scale step is tried again from then
+        self._scale_waiting = ""  # why the scale waits, as last recorded
+        if placements is not None:
+            placements.tell_endpoints(state.server_endpoint)
         if placements is not None and self._controller is not None:
             controller = self._controller
             placements.listen(lambda placement: controller.placement_changed(layout_of(placement)))
@@ -170,6 +182,7 @@ class ServerFleet:
             updates = self._new_updates(rank, stats)
             if updates:
                 self._intake.server_updates(rank, updates, server_now=stats.now_s)
+        self._step_servers()
 
     def workers_changed(self, before: list[int], after: list[int]) -> None:
         """A scale changed the workers from ``before`` to ``after``: added ones join
@@ -197,6 +210,18 @@ class ServerFleet:
         """A resumed supervisor of a scaled job: the servers may hold a membership
         the dead one had not updated yet; the job's workers are the members."""
         self._members = set(ranks)
+
+    def servers_refusal(self) -> str | None:
+        """Why the servers cannot be scaled now (None: they can): a new server
+        takes its blocks from the job's map, which the first worker registers."""
+        if self._placements is None:
+            return "this job's servers are not dtlaunch's built-in ones"
+        if self._placements.placement is None:
+            return (
+                "no worker has registered the model's parameter blocks yet (the first "
+                "dtlaunch.ps.Client does); scale the servers once the workers train"
+            )
+        return None
 
     def set_backup(self, count: int) -> None:
         """BACKUP_WORKERS(count) on every server from the next poll on (within an
@@ -247,22 +272,77 @@ class ServerFleet:
         self._spawn(self._reassign(list(action.owner)), "ps-reassign")
         return True
 
+    # ------------------------------------------------- servers added or removed
+
+    def _step_servers(self) -> None:
+        """One step towards the servers the job should run (``scaling``), when no
+        reassignment or move is under way."""
+        keeper = self._placements
+        if keeper is None or keeper.placement is None or self._reassigning or self._moves:
+            return
+        if self._clock() < self._scale_retry_at:
+            return
+        ready = {
+            slot.rank: slot.state is ProcState.RUNNING
+            and bool(self._state.server_endpoint(slot.rank))
+            for slot in self._state.procs.values()
+            if slot.role == "server"
+        }
+        placement = keeper.placement
+        step = next_server_step(
+            map_servers=placement.servers, target=self._state.server_target, ready=ready
+        )
+        if isinstance(step, Wait):
+            if step.reason != self._scale_waiting:
+                self._scale_waiting = step.reason
+                self._scale_event("waiting", reason=step.reason)
+        elif isinstance(step, Drain):
+            for rank in step.ranks:
+                self._apply(self._state.server_drained(rank))
+                if self._controller is not None:
+                    self._controller.server_removed(rank)
+            self._scale_event("drained", servers=list(step.ranks))
+        elif isinstance(step, Rescale):
+            self._scale_waiting = ""
+            owner = spread_blocks(
+                [b.nbytes for b in placement.blocks],
+                [b.server for b in placement.blocks],
+                step.servers,
+            )
+            self._reassigning = True
+            self._spawn(
+                self._reassign(list(owner), scale=step), f"ps-scale-{step.was}-{step.servers}"
+            )
+
+    def _scale_event(self, phase: str, **data: Any) -> None:
+        self._recorder.emit("ps_scale", role="supervisor", rank=0, phase=phase, **data)
+
     # ---------------------------------------------------------- reassignments
 
-    async def _reassign(self, owner: list[int]) -> None:
+    async def _reassign(self, owner: list[int], *, scale: Rescale | None = None) -> None:
+        """Move the blocks to ``owner`` (a policy's REASSIGN_BLOCKS, or a step of
+        a ``scale``, onto its number of servers), recording how it went."""
         assert self._reassigner is not None
         assert self._placements is not None
         began = self._clock()
-        self._reassign_event("begin", owner=owner)
+        event = self._reassign_event
+        servers = scale.servers if scale is not None else None
+        if scale is not None:
+            event = functools.partial(self._scale_event, servers=scale.servers)
+            event("begin", was=scale.was, owner=owner)
+        else:
+            event("begin", owner=owner)
         try:
             done: Reassigned = await self._blocking(
-                self._reassigner.carry_out, owner, pool=self._move_pool
+                self._reassigner.carry_out, owner, servers, pool=self._move_pool
             )
         except Exception as exc:
             log.error("reassigning parameter blocks failed: %s", exc)
-            self._reassign_event("failed", error=str(exc) or type(exc).__name__)
+            event("failed", error=str(exc) or type(exc).__name__)
+            if scale is not None:
+                self._scale_retry_at = self._clock() + SCALE_RETRY_S
         else:
-            self._reassign_event(
+            event(
                 "done",
                 version=done.version,
                 at_version=done.at_version,

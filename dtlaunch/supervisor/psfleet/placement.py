@@ -87,6 +87,12 @@ class PlacementKeeper:
         self.placement = self._load()
         self.pending = self._load_pending()
         self._listeners: list[PlacementListener] = []
+        self._endpoint_of: Callable[[int], str] = lambda server: ""
+
+    def tell_endpoints(self, endpoint_of: Callable[[int], str]) -> None:
+        """Answer every worker with where the map's servers listen now, from
+        ``endpoint_of(server)`` ("" while unknown): a scale changes the servers."""
+        self._endpoint_of = endpoint_of
 
     def listen(self, listener: PlacementListener) -> None:
         """Call ``listener`` with the map now (if any), at the first registration,
@@ -108,9 +114,12 @@ class PlacementKeeper:
             and self.placement.version >= pending.placement.version
         )
 
-    def begin(self, owner: Sequence[int], at_version: int) -> PendingReassignment:
+    def begin(
+        self, owner: Sequence[int], at_version: int, servers: int | None = None
+    ) -> PendingReassignment:
         """Record a reassignment to ``owner`` (block -> server) at the servers'
-        version ``at_version``; the job's map stays the old one until ``commit``.
+        version ``at_version``, onto ``servers`` servers (a scale of the servers;
+        default: as many as now); the job's map stays the old one until ``commit``.
 
         Raises:
             RunDirError: no map yet, another reassignment under way, or an
@@ -120,7 +129,7 @@ class PlacementKeeper:
             raise RunDirError("no placement map yet: nothing to reassign")
         if self.pending is not None:
             raise RunDirError("a reassignment is already under way")
-        new = with_owners(self.placement, owner)
+        new = with_owners(self.placement, owner, servers)
         moves: dict[tuple[int, int], list[int]] = {}
         for i, (old_block, new_block) in enumerate(
             zip(self.placement.blocks, new.blocks, strict=True)
@@ -191,16 +200,20 @@ class PlacementKeeper:
                 owner=[b.server for b in offer.blocks],
             )
             self._tell(offer)
-            return PlacementReady(placement=offer)
+            return self._ready(offer)
         problem = layout_difference(self.placement, offer)
         if problem:
             return PlacementReady(
                 placement=None,
                 error=f"worker {rank}'s parameter blocks differ from the job's: {problem}. "
                 "Fix: every worker must build the same model, and the run must keep its "
-                "--servers and --ps-block-bytes",
+                "--ps-block-bytes",
             )
-        return PlacementReady(placement=self.placement)
+        return self._ready(self.placement)
+
+    def _ready(self, placement: PsPlacementMap) -> PlacementReady:
+        endpoints = [self._endpoint_of(server) for server in range(placement.servers)]
+        return PlacementReady(placement=placement, endpoints=endpoints if all(endpoints) else [])
 
     def _load(self) -> PsPlacementMap | None:
         try:
@@ -233,20 +246,24 @@ class PlacementKeeper:
             ) from err
 
 
-def with_owners(placement: PsPlacementMap, owner: Sequence[int]) -> PsPlacementMap:
-    """``placement`` with block ``i`` on server ``owner[i]``, one version newer.
+def with_owners(
+    placement: PsPlacementMap, owner: Sequence[int], servers: int | None = None
+) -> PsPlacementMap:
+    """``placement`` with block ``i`` on server ``owner[i]``, one version newer,
+    on ``servers`` servers (default: as many as now).
 
     Raises:
         RunDirError: ``owner`` has another length or names a server out of range.
     """
+    count = placement.servers if servers is None else servers
     if len(owner) != len(placement.blocks):
         raise RunDirError(f"{len(owner)} owners for {len(placement.blocks)} blocks")
-    bad = [s for s in owner if not 0 <= s < placement.servers]
-    if bad:
-        raise RunDirError(f"servers {sorted(set(bad))} are not among the map's {placement.servers}")
+    bad = [s for s in owner if not 0 <= s < count]
+    if bad or count < 1:
+        raise RunDirError(f"servers {sorted(set(bad))} are not among the map's {count}")
     return PsPlacementMap(
         version=placement.version + 1,
-        servers=placement.servers,
+        servers=count,
         blocks=[
             dataclasses.replace(block, server=int(server))
             for block, server in zip(placement.blocks, owner, strict=True)
@@ -292,9 +309,8 @@ def bytes_per_server(placement: PsPlacementMap) -> list[int]:
 
 def layout_difference(kept: PsPlacementMap, offer: PsPlacementMap) -> str:
     """How ``offer`` cuts the parameters differently from ``kept`` ("" when alike;
-    which server holds a block does not matter: the kept map decides that)."""
-    if offer.servers != kept.servers:
-        return f"{offer.servers} servers instead of {kept.servers}"
+    which server holds a block, and how many servers there are, do not matter:
+    the kept map decides that, a scale of the servers changes it)."""
     if len(offer.blocks) != len(kept.blocks):
         return f"{len(offer.blocks)} blocks instead of {len(kept.blocks)}"
     for i, (mine, theirs) in enumerate(zip(offer.blocks, kept.blocks, strict=True)):

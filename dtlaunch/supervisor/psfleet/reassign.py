@@ -92,8 +92,11 @@ class BlockReassigner:
         self._timeout = timeout
         self._stop = stop
 
-    def carry_out(self, owner: Sequence[int]) -> Reassigned:
-        """Move every block to ``owner[block]``; returns what it did.
+    def carry_out(self, owner: Sequence[int], servers: int | None = None) -> Reassigned:
+        """Move every block to ``owner[block]``, in a map of ``servers`` servers (a
+        scale of the servers: the added ones, running and empty, take their blocks
+        with the workers' membership; the removed ones give theirs away; default:
+        as many as now); returns what it did.
 
         Raises:
             PsError: a server refused or was silent at every fence tried (all
@@ -104,7 +107,7 @@ class BlockReassigner:
             self.recover()
         why = ""
         for tries, lead in enumerate(FENCE_LEADS, start=1):
-            done = self._try(owner, lead, tries)
+            done = self._try(owner, lead, tries, servers)
             if isinstance(done, Reassigned):
                 return done
             why = done
@@ -131,7 +134,9 @@ class BlockReassigner:
 
     # ---------------------------------------------------------------- phases
 
-    def _try(self, owner: Sequence[int], lead: int, tries: int) -> Reassigned | str:
+    def _try(
+        self, owner: Sequence[int], lead: int, tries: int, servers: int | None
+    ) -> Reassigned | str:
         """One fence ``lead`` versions ahead: what was done, or why the fence was
         passed before the exports arrived (rolled back).
 
@@ -140,13 +145,18 @@ class BlockReassigner:
         """
         placement = self._keeper.placement
         assert placement is not None  # a policy decides only with a map in force
-        if list(owner) == [b.server for b in placement.blocks]:
+        count = placement.servers if servers is None else servers
+        if list(owner) == [b.server for b in placement.blocks] and count == placement.servers:
             raise PsError("reassignment: every block is on its server already")
         newest = 0
         for server in range(placement.servers):
             with self._control(server) as control:
                 newest = max(newest, control.stats().version)
-        pending = self._keeper.begin(owner, newest + lead)
+        pending = self._keeper.begin(owner, newest + lead, count)
+        if not pending.moves:  # servers removed that held no block: only the map changes
+            self._keeper.commit()
+            self._keeper.finish()
+            return Reassigned(pending.placement.version, pending.at_version, 0.0, 0, 0, tries)
         exported, refused, first_hold = self._export(pending)
         if refused:
             self._roll_back(pending, imported=[])
@@ -159,7 +169,8 @@ class BlockReassigner:
             for move in pending.moves:
                 part = subset(exported[move.source], move.blocks)
                 with self._control(move.target) as control:
-                    control.import_blocks(part)
+                    # A server added by the scale learns whose pushes a step waits for.
+                    control.import_blocks(part, with_members=move.target >= placement.servers)
         except PsError as exc:
             # Every target: an import that timed out here may still wait there
             # (a release refuses it), and one that arrived holds the blocks.

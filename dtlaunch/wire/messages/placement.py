@@ -6,7 +6,7 @@ every worker is answered with the job's one map (``PlacementReady``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from dtlaunch.wire.messages.base import Message, Record
@@ -59,6 +59,9 @@ class PlacementReady(Message):
     TYPE: ClassVar[str] = "placement_ready"
     placement: PsPlacementMap | None
     error: str = ""  # non-empty: the registration was refused (another model)
+    # Where servers 0..placement.servers-1 listen now (empty: not all known). A
+    # scale-out or scale-in changes them with the map; a moved server, without.
+    endpoints: list[str] = field(default_factory=list)
 
 
 # This protocol's messages in the registry (``MESSAGE_TYPES``).

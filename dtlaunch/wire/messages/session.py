@@ -56,11 +56,13 @@ class StopJob(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScaleJob(Message):
-    """From ``dtlaunch scale``: run this many workers from now on."""
+    """From ``dtlaunch scale``: run this many workers and built-in parameter
+    servers from now on (0: as many as now)."""
 
     TYPE: ClassVar[str] = "scale_job"
     workers: int
     reason: str = "dtlaunch scale"
+    servers: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
