@@ -14,7 +14,7 @@ from tests.jobs import REPO, SCRIPTS, events, hostfile, run, summary
 pytest.importorskip("torch")
 
 EXTRA_FLOATS = 1_000_000  # 4 MB of parameters besides the regression's 36 bytes
-RECORDS = 3000
+RECORDS = 2000
 
 
 @pytest.mark.integration

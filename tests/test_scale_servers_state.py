@@ -11,12 +11,13 @@ import pytest
 from dtlaunch.errors import ConfigError
 from dtlaunch.events import EventRecorder, MemorySink
 from dtlaunch.supervisor.history import load_history
-from dtlaunch.supervisor.jobstate.machine import ProcState
+from dtlaunch.supervisor.jobstate.limits import LimitRules
+from dtlaunch.supervisor.jobstate.machine import JobState, ProcState
 from dtlaunch.supervisor.jobstate.scaling import rescaled_servers
 from dtlaunch.supervisor.placement import place
 from dtlaunch.supervisor.psfleet.scaling import Drain, Rescale, Wait, next_server_step
-from dtlaunch.wire.messages import Kill, Spawn
-from tests.test_jobstate import exited, sent
+from dtlaunch.wire.messages import Exited, Kill, Spawn
+from tests.test_jobstate import TIMING, exited, sent
 from tests.test_scaling import HOSTS, events, make_state, running, up
 
 
@@ -129,3 +130,73 @@ def test_a_resumed_state_takes_the_target_of_the_log():
     state.resume(0.0, attempts={}, restarts=[], failures=[], adopt=set(), server_target=3)
     assert state.server_target == 3
     assert all(s.state is ProcState.PENDING for s in state.procs.values())
+
+
+def _spawn(slot, addr, port) -> Spawn:
+    return Spawn(proc_id=slot.proc_id, role=slot.role, rank=slot.rank, attempt=slot.attempt,
+                 argv=["x"], env={}, cwd="/", memory_limit=slot.memory_limit)  # fmt: skip
+
+
+def _with_limits(memory: int) -> JobState:
+    return JobState(
+        place(HOSTS, workers=2, servers=1),
+        timing=TIMING,
+        max_restarts=5,
+        restart_scope="process",
+        build_spawn=_spawn,
+        master_addr_of=lambda label, reported: label + "-addr",
+        builtin_ps=True,
+        spare_hosts=["s1"],
+        host_slots={h.label: h.slots for h in HOSTS},
+        limits=LimitRules(memory_limit=memory),
+    )
+
+
+def test_a_server_out_of_memory_with_even_memory_gives_the_job_more_servers_once():
+    state = _with_limits(1 << 30)
+    up(state)
+    state.ps_map_servers = 1  # the workers registered the blocks
+    state.procs["server-0"].rss_bytes = 1 << 30
+    out = _oom_killed(state, "server-0", 1.0)
+    # Alone, its memory is even with itself: DLRover doubles the servers, and it
+    # restarts with the limit it had.
+    (rule,) = events(out, "oom_servers")
+    assert (rule.data["servers"], rule.data["was"], rule.data["limit"]) == (2, 1, 1 << 30)
+    assert state.server_target == 2 and not events(out, "memory_limit")
+    spawns = {s.proc_id: s for s in sent(out, Spawn)}
+    assert spawns["server-0"].memory_limit == 1 << 30 and "server-1" in spawns
+    assert state.failures[-1].retryable and "runs 2 servers now" in state.failures[-1].error
+    running(state, out)
+    # Out again before the blocks spread: more memory this time.
+    again = _oom_killed(state, "server-0", 2.0)
+    (grown,) = events(again, "memory_limit")
+    assert (grown.data["old"], grown.data["new"]) == (1 << 30, 2 << 30)
+    assert state.server_target == 2 and not events(again, "oom_servers")
+
+
+def test_a_server_that_uses_clearly_more_than_the_others_gets_more_memory():
+    state = _with_limits(1 << 30)
+    up(state)
+    running(state, state.scale_servers(2, 1.0))
+    state.ps_map_servers = 2
+    state.procs["server-1"].rss_bytes = 200 << 20  # its blocks are small
+    out = _oom_killed(state, "server-0", 2.0)
+    assert not events(out, "oom_servers") and state.server_target == 2
+    (grown,) = events(out, "memory_limit")
+    assert grown.data["new"] == 2 << 30
+
+
+def test_before_the_workers_registered_their_blocks_a_server_gets_more_memory():
+    state = _with_limits(1 << 30)
+    up(state)
+    out = _oom_killed(state, "server-0", 1.0)  # ps_map_servers is still 0
+    assert not events(out, "oom_servers") and events(out, "memory_limit")
+
+
+def _oom_killed(state: JobState, proc_id: str, now: float) -> list:
+    slot = state.procs[proc_id]
+    killed = Exited(
+        proc_id=proc_id, attempt=slot.attempt, pid=100, exit_code=None, signal=9,
+        runtime_s=30.0, oom_killed=True,
+    )  # fmt: skip
+    return state.exited(slot.host, killed, now)

@@ -281,7 +281,16 @@ def recover(image: dict[Path, bytes], point: CrashPoint, *, reuse: bool) -> bool
     return torn
 
 
-@pytest.mark.parametrize(("seed", "segment_bytes"), [(SEED, 256), (SEED + 7, 90), (SEED + 9, 2048)])
+# One workload in make test (14 s); the smallest and the largest segments, 27 s
+# more, in make test-slow.
+@pytest.mark.parametrize(
+    ("seed", "segment_bytes"),
+    [
+        (SEED, 256),
+        pytest.param(SEED + 7, 90, marks=pytest.mark.slow),
+        pytest.param(SEED + 9, 2048, marks=pytest.mark.slow),
+    ],
+)
 def test_crash_at_every_point_keeps_every_acknowledged_record(seed, segment_bytes):
     rng = random.Random(seed)
     points, fsyncs = run_workload(steps=1500, rng=rng, segment_bytes=segment_bytes)

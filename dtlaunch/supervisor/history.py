@@ -114,6 +114,9 @@ def load_history(events_path: Path) -> History:
         elif event.kind == "memory_limit":
             relaunches = int(event.data.get("relaunch", 1))
             history.memory_limits[proc_id] = (int(event.data["new"]), relaunches)
+        elif event.kind == "oom_servers":  # an OOM relaunch that kept the limit
+            relaunches = int(event.data.get("relaunch", 1))
+            history.memory_limits[proc_id] = (int(event.data["limit"]), relaunches)
         elif event.kind == "restart":
             history.restarts.append(
                 RestartRecord(

@@ -11,17 +11,38 @@ most ``--oom-relaunches`` times. A process that runs out at the bound fails the
 job with the numbers: more attempts cannot help it. Without a limit an OOM kill
 is the host running out, and it is an ordinary retryable failure.
 
+A built-in parameter server that runs out follows DLRover's rule for servers
+(§4.2: "if any PS fails with OOM, DLRover doubles the number of PS"): when the
+servers use about as much memory as each other, the model needs more servers,
+twice as many as far as free slots go, and the server restarts with its limit;
+when this one uses clearly more (``memory_skewed``: its blocks are larger), it
+needs more memory, as any process. More servers are tried once per server: one
+that runs out again gets more memory.
+
 Pure: the node table (``machine.py``) asks, and applies the answer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dtlaunch.quantities import format_size
 
-__all__ = ["LimitRules", "OomDecision"]
+__all__ = ["MEMORY_SKEW", "LimitRules", "OomDecision", "memory_skewed"]
+
+
+# A server that ran out uses clearly more memory than the others above this many
+# times their median: its blocks are larger, more servers would not help it.
+MEMORY_SKEW = 1.5
+
+
+def memory_skewed(footprint: int, others: Sequence[int]) -> bool:
+    """Whether a server that ran out at ``footprint`` bytes used clearly more than
+    the other servers (their memory now); alone, it is not."""
+    used = [b for b in others if b > 0]
+    return bool(used) and footprint > MEMORY_SKEW * statistics.median(used)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -39,7 +39,7 @@ from dtlaunch.supervisor.jobstate.failures import (
     last_exception_line,
     traceback_tail,
 )
-from dtlaunch.supervisor.jobstate.limits import LimitRules
+from dtlaunch.supervisor.jobstate.limits import LimitRules, memory_skewed
 from dtlaunch.supervisor.jobstate.nodes import (
     LIVE_PROC_STATES,
     AgentSlot,
@@ -216,6 +216,7 @@ class JobState:
         # once, and the servers from it up serve on until their blocks moved off
         # (``server_drained``); a scale-out adds their slots.
         self.server_target = sum(1 for a in assignments if a.role == ROLE_SERVER)
+        self.ps_map_servers = 0  # the servers of the job's block map (0: none registered yet)
         # Spare hosts get an agent too, so a KILL_RESTART onto one starts at once.
         self.agents: dict[str, AgentSlot] = {
             host: AgentSlot(host=host)
@@ -995,7 +996,7 @@ class JobState:
         if verdict.succeeded:
             slot.state = ProcState.SUCCEEDED
             return out + self._maybe_complete(now)
-        memory = self._out_of_memory(slot, msg)
+        memory = self._out_of_memory(slot, msg, now)
         if memory is None:
             verdict = self._crash_loop(slot, verdict, msg)
         else:
@@ -1006,12 +1007,14 @@ class JobState:
         )
 
     def _out_of_memory(
-        self, slot: ProcSlot, msg: Exited
+        self, slot: ProcSlot, msg: Exited, now: float
     ) -> tuple[ExitVerdict, list[Command]] | None:
         """A process that died at its memory limit (OOM kill in its cgroup, or
         MemoryError under RLIMIT_AS) is relaunched with more memory, or fails the
-        job when it already had all it may get (``limits.py``); None: not that.
-        Not a crash loop: the next attempt differs by its limit."""
+        job when it already had all it may get (``limits.py``); a built-in server
+        whose memory is about even with the others' gives the job more servers
+        instead, once. None: not an OOM. Not a crash loop: the next attempt
+        differs by its limit or by the servers its blocks spread over."""
         if not slot.memory_limit:
             return None  # an OOM kill without a limit: the host ran out, retry as ever
         if msg.oom_killed:
@@ -1020,6 +1023,9 @@ class JobState:
             how = "MemoryError"
         else:
             return None
+        more_servers = self._more_servers_after_oom(slot, how, now)
+        if more_servers is not None:
+            return more_servers
         agent = self.agents.get(slot.host)
         decision = self.limits.after_oom(
             proc_id=slot.proc_id,
@@ -1049,6 +1055,56 @@ class JobState:
         )
         verdict = ExitVerdict(succeeded=False, retryable=True, reason="out of memory", error=error)
         return verdict, [event]
+
+    def _more_servers_after_oom(
+        self, slot: ProcSlot, how: str, now: float
+    ) -> tuple[ExitVerdict, list[Command]] | None:
+        """DLRover's rule for a built-in server that ran out of memory at its limit
+        with the servers' memory about even (``limits.py``): twice the servers, as
+        far as free slots go, and the server restarts with its limit. None: the
+        rule does not apply (not a server, already tried for it, memory skewed,
+        no free slot, no block map yet, relaunches used up): more memory then."""
+        if (
+            slot.role != ROLE_SERVER
+            or not self.builtin_ps
+            or self.ps_map_servers == 0
+            or self.phase is not Phase.RUNNING
+            or slot.oom_added_servers
+            or slot.oom_relaunches >= self.limits.oom_relaunches
+        ):
+            return None
+        others = [s.rss_bytes for s in self._servers() if s is not slot]
+        if memory_skewed(slot.memory_limit, others):
+            return None
+        was = self.server_target
+        room = sum(free for _, free in self._room_for_workers(gpu=False))
+        count = min(2 * was, was + room)
+        if count <= was:
+            return None
+        why = f"server {slot.rank} ran out of memory with the servers' memory about even"
+        try:
+            commands = self.scale_servers(count, now, reason=why)
+        except ConfigError:  # a server of the last scale-in still stops: more memory
+            return None
+        slot.oom_added_servers = True
+        slot.oom_relaunches += 1
+        event = self._proc_event(
+            "oom_servers",
+            slot,
+            servers=count,
+            was=was,
+            limit=slot.memory_limit,
+            others_rss=sorted(others),
+            reason=how,
+            relaunch=slot.oom_relaunches,
+        )
+        error = (
+            f"{how} at its limit of {format_size(slot.memory_limit)}, its memory about "
+            f"even with the other servers'; the job runs {count} servers now, over which "
+            "the blocks spread (DLRover: more servers, not more memory)"
+        )
+        verdict = ExitVerdict(succeeded=False, retryable=True, reason="out of memory", error=error)
+        return verdict, [event, *commands]
 
     def _crash_loop(self, slot: ProcSlot, verdict: ExitVerdict, msg: Exited) -> ExitVerdict:
         """The same error at the same line as the previous attempt, before any

@@ -149,6 +149,7 @@ class ProcSlot:
     memory_limit: int = 0
     cpu_limit: float = 0.0
     oom_relaunches: int = 0
+    oom_added_servers: bool = False  # a server whose OOM gave the job more servers once
     # What its process tree used at the last heartbeat (for status).
     rss_bytes: int = 0
     cpu_percent: float = 0.0

@@ -137,6 +137,7 @@ class ServerFleet:
         self._scale_waiting = ""  # why the scale waits, as last recorded
         if placements is not None:
             placements.tell_endpoints(state.server_endpoint)
+            placements.listen(self._map_changed)
         if placements is not None and self._controller is not None:
             controller = self._controller
             placements.listen(lambda placement: controller.placement_changed(layout_of(placement)))
@@ -313,6 +314,11 @@ class ServerFleet:
             self._spawn(
                 self._reassign(list(owner), scale=step), f"ps-scale-{step.was}-{step.servers}"
             )
+
+    def _map_changed(self, placement: PsPlacementMap) -> None:
+        """The node table learns how many servers hold blocks (an OOM of a server
+        may add servers only once there is a map to spread)."""
+        self._state.ps_map_servers = placement.servers
 
     def _scale_event(self, phase: str, **data: Any) -> None:
         self._recorder.emit("ps_scale", role="supervisor", rank=0, phase=phase, **data)
