@@ -1,6 +1,6 @@
 """DLRover Table 1 / Fig. 9 on this machine: ``--policy auto`` against static choices.
 
-A PS job (one built-in server, BSP) whose workers are CPU-bound: every step burns
+A PS job (built-in servers, BSP) whose workers are CPU-bound: every step burns
 ``BURN_S`` of CPU in a busy loop (``tests/scripts/ps_cpu_worker.py``) and pushes a
 model of ``EXTRA`` floats, so the server's updates cost CPU in proportion to the
 workers' pushes. Two loopback hosts declare ``cpus=1`` each (the machine's two
@@ -11,10 +11,12 @@ hosts are loopback addresses.
 
 Columns, run one after the other in one invocation:
 
-    static N   --workers N --policy none, for N = 1..7 (the grid search; the best is
-               the one with the highest training throughput)
-    hand       the hand guess (--hand, default 4 workers), a static column too
-    auto       --workers 1 --policy auto: sample, optimize (eq. 10), adjust
+    static N+M --workers N --servers M --policy none, for M = 1 (N = 1..7), M = 2
+               (N = 2..6) and M = 3 (N = 3..5): the grid search over the 8 slots; the
+               best is the one with the highest training throughput
+    hand       the hand guess (--hand, default 4 workers and 1 server), a static column
+    auto       --workers 1 --servers 1 --policy auto: sample, optimize (eq. 10-11,
+               with the servers' count free), adjust
 
 Reported per column: JCT (the training time, first to last step report), the
 mean training throughput (samples/s), the processes' mean CPU use over the
@@ -25,7 +27,7 @@ JCT within 10 % of the best static JCT and >= 20 % better than the hand guess.
 
     python benchmarks/auto.py [--quick] [--out benchmarks/results/auto.json] [--keep]
 
---quick: the grid is N = 1, 2, 4 and a smaller data set.
+--quick: the grid is 1+1, 2+1, 4+1, 3+2 and a smaller data set.
 """
 
 from __future__ import annotations
@@ -57,13 +59,20 @@ def hostfile(path: Path) -> Path:
 
 
 def run_column(
-    name: str, workers: int, policy: str, *, root: Path, env: dict[str, str], records: int
+    name: str,
+    workers: int,
+    policy: str,
+    *,
+    root: Path,
+    env: dict[str, str],
+    records: int,
+    servers: int = 1,
 ) -> dict[str, Any]:
     run_dir, out = root / name / "run", root / name / "out"
     out.mkdir(parents=True)
     argv = [
         sys.executable, "-m", "dtlaunch", "run", "-H", str(hostfile(root / name / "hosts")),
-        "--workers", str(workers), "--servers", "1", "--run-dir", str(run_dir),
+        "--workers", str(workers), "--servers", str(servers), "--run-dir", str(run_dir),
         "--dataset-size", str(records), "--shard-size", "40", "--global-batch", "8",
         "--output", "none", "--control-interval", "1", "--policy", policy,
         str(SCRIPT), str(out), str(BURN_S), str(EXTRA),
@@ -72,12 +81,21 @@ def run_column(
     if code != 0:
         raise SystemExit(f"{name}: dtlaunch exited {code}\n{output[-3000:]}")
     result = measure(run_dir)
-    result.update(name=name, start_workers=workers, policy=policy, wall_s=round(wall, 2))
+    result.update(
+        name=name,
+        start_workers=workers,
+        start_servers=servers,
+        policy=policy,
+        wall_s=round(wall, 2),
+    )
     if result["final_workers"] is None:  # no scale: the workers it started with
         result["final_workers"] = workers
+    if result["final_servers"] is None:
+        result["final_servers"] = servers
     print(
         f"{name:>9}: JCT {result['jct_s']:7.1f} s, {result['throughput']:7.1f} samples/s, "
-        f"CPU {result['cpu_use']:.0%} of the declared cores, workers {result['final_workers']}",
+        f"CPU {result['cpu_use']:.0%} of the declared cores, workers {result['final_workers']}, "
+        f"servers {result['final_servers']}",
         flush=True,
     )
     return result
@@ -105,6 +123,7 @@ def measure(run_dir: Path) -> dict[str, Any]:
             cpu.append(sum(p[1] for p in procs) / 100.0)
             rss = max(rss, sum(p[0] for p in procs))
     scales = [e["workers"] for e in events if e["kind"] == "scale"]
+    server_scales = [e["servers"] for e in events if e["kind"] == "scale_servers"]
     decisions = [
         {
             "t": round(e["mono"], 1),
@@ -123,6 +142,7 @@ def measure(run_dir: Path) -> dict[str, Any]:
         "cpu_use": round(statistics.fmean(cpu) / 2.0, 3) if cpu else 0.0,
         "peak_rss_mb": round(rss / 2**20, 1),
         "final_workers": scales[-1] if scales else None,
+        "final_servers": server_scales[-1] if server_scales else None,
         "decisions": decisions,
     }
 
@@ -138,14 +158,20 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/auto.json")
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
-    grid = [1, 2, 4] if args.quick else list(range(1, 8))
+    if args.quick:
+        grid = [(1, 1), (2, 1), (4, 1), (3, 2)]
+    else:
+        grid = [(n, m) for m, workers in ((1, range(1, 8)), (2, range(2, 7)), (3, range(3, 6)))
+                for n in workers]  # fmt: skip
     records = 2400 if args.quick else 6000
     with loopback_sshd(ADDRESSES, name="auto", keep=args.keep) as (_, root, env):
         static = {
-            n: run_column(f"static-{n}", n, "none", root=root, env=env, records=records)
-            for n in grid
+            f"{n}+{m}": run_column(
+                f"static-{n}+{m}", n, "none", root=root, env=env, records=records, servers=m
+            )
+            for n, m in grid
         }
-        hand = static.get(args.hand) or run_column(
+        hand = static.get(f"{args.hand}+1") or run_column(
             "hand", args.hand, "none", root=root, env=env, records=records
         )
         auto = run_column("auto", 1, AUTO, root=root, env=env, records=records)
@@ -165,12 +191,12 @@ def main() -> None:
     }
     report = {
         "machine": "2 cores; 2 loopback hosts declaring cpus=1 slots=4 (each process "
-        "limited to 0.25 core); 1 built-in server",
+        "limited to 0.25 core); built-in servers",
         "workload": {"burn_s": BURN_S, "extra_floats": EXTRA, "records": records},
         "auto_policy": AUTO,
-        "best_static_workers": best_n,
+        "best_static": best_n,
         "hand_workers": args.hand,
-        "static": {str(n): r for n, r in static.items()},
+        "static": static,
         "hand": hand,
         "auto": auto,
         "checks": checks,
@@ -184,9 +210,9 @@ def main() -> None:
 
 def markdown(report: dict[str, Any]) -> str:
     rows = [
-        "| column | workers (start -> end) | JCT s | samples/s | CPU use of declared "
-        "| peak RSS MB |",
-        "|---|---|---:|---:|---:|---:|",
+        "| column | workers (start -> end) | servers (start -> end) | JCT s | samples/s "
+        "| CPU use of declared | peak RSS MB |",
+        "|---|---|---|---:|---:|---:|---:|",
     ]
     columns = [(f"static {n}", r) for n, r in report["static"].items()]
     if report["hand"]["name"] == "hand":
@@ -195,13 +221,15 @@ def markdown(report: dict[str, Any]) -> str:
     for label, r in columns:
         rows.append(
             f"| {label} | {r['start_workers']} -> {r['final_workers']} | "
+            f"{r['start_servers']} -> {r['final_servers']} | "
             f"{r['jct_s']} | {r['throughput']} | {r['cpu_use']:.0%} | {r['peak_rss_mb']} |"
         )
     checks = report["checks"]
     lines = [
         f"Machine: {report['machine']}. Workload: {report['workload']}.",
-        f"Best static: {report['best_static_workers']} workers; hand guess: "
-        f"{report['hand_workers']} workers; auto: `{report['auto_policy']}` from 1 worker.",
+        f"Best static: {report['best_static']} (workers+servers); hand guess: "
+        f"{report['hand_workers']} workers and 1 server; auto: `{report['auto_policy']}` "
+        "from 1 worker and 1 server.",
         "",
         *rows,
         "",

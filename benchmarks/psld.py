@@ -42,8 +42,15 @@ with WINDOWS = ``l_trans=2,l_per=60,settle=3,min_samples=8`` and ND =
 the ``ideal`` configuration again, run right before d's ``psld`` so that the 2 %
 comparison is not one of drift over the twenty minutes between them. In scenario a
 psld also runs with eps in {0, 0.05, 0.2, 0.3} (Fig. 19; 0.1 is the psld
-column). Scale-out from 2 to 4 servers mid-run (scenario e) is not built in
-dtlaunch and is listed as such.
+column).
+
+Scenario e, servers scaled mid-run (``--scale``, its own results file
+``psld-scale.json`` / ``.md``; no straggler, ``--policy none``): ``2`` and ``4``
+run 2 and 4 servers throughout; ``2->4`` starts with 2 and, once rank 0 has
+trained a third of its steps, ``dtlaunch scale RUN_DIR --servers 4`` adds two on
+the free slots (the spare host first); ``4->2`` starts with 4 and removes two
+the same way. Reported beside the usual columns: the scale's pause, how long
+the step took from the command to the map, and the mean step before and after.
 
 Per run: ``train_s`` (rank 0's training loop, start-up and the final pull
 excluded), the wall time from launch to exit, ok (exit 0, summary status
@@ -54,7 +61,8 @@ evaluation set, and where the time went: when the first action was decided,
 when the last reassignment was done, and rank 0's mean step time before and
 after it.
 
-    python benchmarks/psld.py [--quick] [--steps N] [--only KEY,...] [--out FILE.json] [--keep]
+    python benchmarks/psld.py [--quick | --scale] [--steps N] [--only KEY,...]
+                              [--out FILE.json] [--keep]
 
 ``--quick``: scenario a only with static, psld and ideal, 80 steps instead of
 120 (a smoke run for ``make test-slow``, about 3 minutes; its targets are checked
@@ -84,7 +92,9 @@ import contextlib
 import json
 import os
 import statistics
+import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,7 +135,8 @@ SCENARIOS = {
     "e": "scale-out 2 -> 4 servers mid-run",
 }
 SLOW_SERVERS = {"a": [3], "b": [2, 3], "c": [3], "d": []}
-NOT_BUILT = {"e": "not built: dtlaunch cannot add parameter servers to a running job yet"}
+NOT_BUILT = {"e": "measured on its own: benchmarks/psld.py --scale (psld-scale.md)"}
+SCALE_AT = 1 / 3  # of rank 0's steps, when scenario e's scale is asked
 COLUMNS = ("static", "proportional", "nd", "psld", "ideal")
 
 TARGET_SPEEDUP = 2.86  # static / psld, scenario a
@@ -142,6 +153,8 @@ class Spec:
     column: str
     policy: str
     inject: tuple[str, ...] = ()
+    servers: int = SERVERS
+    scale_to: int = 0  # scenario e: the servers asked for mid-run (0: none)
 
     @property
     def key(self) -> str:
@@ -194,7 +207,7 @@ def run_one(spec: Spec, steps: int, *, hostfile: Path, env: dict[str, str], work
     out.mkdir(parents=True)
     argv = [
         sys.executable, "-m", "dtlaunch", "run", "-H", str(hostfile),
-        "--workers", str(WORKERS), "--servers", str(SERVERS), "--run-dir", str(run_dir),
+        "--workers", str(WORKERS), "--servers", str(spec.servers), "--run-dir", str(run_dir),
         "--output", "none", "--policy", spec.policy,
         "--dataset-size", str(steps * GLOBAL_BATCH), "--shard-size", str(SHARD_SIZE),
         "--global-batch", str(GLOBAL_BATCH), "--ps-block-bytes", str(BLOCK_BYTES),
@@ -205,7 +218,17 @@ def run_one(spec: Spec, steps: int, *, hostfile: Path, env: dict[str, str], work
     argv += ["--workdir", str(REPO), str(WORKER), str(out)]
     argv += ["--step-s", f"{STEP_S:g}", "--lr", f"{LEARNING_RATE:g}"]
     load_before = os.getloadavg()[0]  # other work on the machine shows here
+    asked: dict[str, Any] = {}
+    scaler = None
+    if spec.scale_to:
+        at_step = max(1, int(steps * SCALE_AT))
+        scaler = threading.Thread(
+            target=scale_mid_run, args=(run_dir, at_step, spec.scale_to, env, asked), daemon=True
+        )
+        scaler.start()
     returncode, output, wall = timed_run(argv, env, timeout_s=RUN_TIMEOUT_S, cwd=REPO)
+    if scaler is not None:
+        scaler.join(60)
     summary: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -235,9 +258,40 @@ def run_one(spec: Spec, steps: int, *, hostfile: Path, env: dict[str, str], work
     }
     with contextlib.suppress(OSError, ValueError):
         detail |= read_events(run_dir, result)
+    if spec.scale_to:
+        detail["scale_asked"] = asked
+        ok = (
+            ok and asked.get("exit_code") == 0 and detail.get("scale_done_servers") == spec.scale_to
+        )
     if not ok:
         detail["error"] = output[-3000:]
     return Outcome(spec=spec, ok=ok, train_s=result.get("train_s"), wall_s=wall, detail=detail)
+
+
+def scale_mid_run(
+    run_dir: Path, at_step: int, servers: int, env: dict[str, str], asked: dict[str, Any]
+) -> None:
+    """Scenario e: once rank 0 reported step ``at_step``, ``dtlaunch scale
+    --servers``; what it answered goes into ``asked``."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    events = run_dir / "events.jsonl"
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            for line in events.read_text().splitlines():
+                e = json.loads(line)
+                if e["kind"] == "reports" and e.get("rank") == 0 and max(e["step"]) >= at_step:
+                    argv = [sys.executable, "-m", "dtlaunch", "scale", str(run_dir)]
+                    argv += ["--servers", str(servers), "--timeout", "30"]
+                    done = subprocess.run(
+                        argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=90
+                    )
+                    asked.update(
+                        at_wall=time.time(),
+                        exit_code=done.returncode,
+                        said=(done.stdout + done.stderr).strip()[-500:],
+                    )
+                    return
+        time.sleep(0.2)
 
 
 def read_events(run_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
@@ -256,6 +310,8 @@ def read_events(run_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     reassign = [e for e in log if e["kind"] == "ps_reassign"]
     done = [e for e in reassign if e.get("phase") == "done"]
     moves = [e for e in log if e["kind"] == "ps_move"]
+    scaled = [e for e in log if e["kind"] == "ps_scale" and e.get("phase") == "done"]
+    asked = [e for e in log if e["kind"] == "scale_servers"]
     maps = [e for e in log if e["kind"] == "ps_placement"]
     final_map = maps[-1] if maps else {}
     info: dict[str, Any] = {
@@ -278,13 +334,20 @@ def read_events(run_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
             for e in acted
         ],
         "first_action_s": since_loop(acted[0]) if acted else None,
+        "scale_pauses_s": [e.get("pause_s") for e in scaled],
+        "scale_took_s": [
+            round(d["wall"] - a["wall"], 3) for a, d in zip(asked, scaled, strict=False)
+        ],
+        "scale_blocks": [e.get("blocks") for e in scaled],
+        "scale_done_servers": scaled[-1]["servers"] if scaled else None,
+        "scale_done_s": since_loop(scaled[-1]) if scaled else None,
         "last_reassign_done_s": since_loop(done[-1]) if done else None,
     }
     steps = result.get("step_ends") or []
     if loop_start and steps:
         ends = [t - loop_start for t in steps]
         info["mean_step_s"] = round(ends[-1] / len(ends), 4)
-        settled = [e for e in (done or [m for m in moves if m.get("phase") == "moved"])]
+        settled = done or [m for m in moves if m.get("phase") == "moved"] or scaled
         if settled:
             cut = settled[-1]["wall"] - loop_start
             before = [t for t in ends if t <= cut]
@@ -527,6 +590,75 @@ def plan(quick: bool) -> list[Spec | str]:
     ]
 
 
+def scale_plan() -> list[Spec]:
+    """Scenario e (``--scale``): fixed 2 and 4 servers, and each scaled mid-run."""
+    return [
+        Spec("e", "2", "none", servers=2),
+        Spec("e", "2->4", "none", servers=2, scale_to=4),
+        Spec("e", "4", "none", servers=4),
+        Spec("e", "4->2", "none", servers=4, scale_to=2),
+    ]
+
+
+def render_scale(outcomes: list[Outcome], steps: int) -> tuple[dict[str, Any], str]:
+    """Scenario e's results and their Markdown."""
+    runs = {
+        o.spec.key: {"train_s": o.train_s, "wall_s": round(o.wall_s, 2), "ok": o.ok} | o.detail
+        for o in outcomes
+    }
+    train = {o.spec.column: o.train_s if o.ok else None for o in outcomes}
+    ratios = {
+        "2->4 / 2": ratio(train.get("2->4"), train.get("2")),
+        "2->4 / 4": ratio(train.get("2->4"), train.get("4")),
+        "4->2 / 4": ratio(train.get("4->2"), train.get("4")),
+        "4->2 / 2": ratio(train.get("4->2"), train.get("2")),
+    }
+    result = {
+        "scenario": SCENARIOS["e"],
+        "setup": {
+            "workers": WORKERS,
+            "steps": steps,
+            "scale_at": round(SCALE_AT, 3),
+            "block_bytes": BLOCK_BYTES,
+            "machine_cores": os.cpu_count(),
+        },
+        "runs": runs,
+        "ratios": ratios,
+        "all_ok": all(o.ok for o in outcomes),
+    }
+    lines = [
+        "# PSLD scenario e: servers scaled while the job trains (benchmarks/psld.py --scale)",
+        "",
+        f"{WORKERS} workers, the psld benchmark's model ({BLOCK_BYTES >> 20} MiB blocks), BSP, "
+        f"{steps} steps, no straggler, `--policy none`; `dtlaunch scale --servers` asked once "
+        f"rank 0 trained {SCALE_AT:.0%} of its steps; {os.cpu_count()} cores.",
+        "",
+        "| run | train s | wall s | ok | restarts | duplicate records | scale pause s "
+        "| command to map s | blocks moved | step before / after s | bytes per server MB "
+        "| final loss |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, run in runs.items():
+        lines.append(
+            f"| {key} | {_num(run['train_s'])} | {run['wall_s']:.1f} | "
+            f"{'yes' if run['ok'] else 'NO'} | {run.get('restarts', '-')} | "
+            f"{run.get('duplicate_records', '-')} | "
+            f"{', '.join(f'{p:.3f}' for p in run.get('scale_pauses_s') or []) or '-'} | "
+            f"{', '.join(f'{p:.2f}' for p in run.get('scale_took_s') or []) or '-'} | "
+            f"{', '.join(str(b) for b in run.get('scale_blocks') or []) or '-'} | "
+            f"{_num(run.get('mean_step_before_s'), '.3f')} / "
+            f"{_num(run.get('mean_step_after_s'), '.3f')} | {_mb(run.get('bytes_per_server'))} | "
+            f"{_num(run.get('final_loss'), '.5f')} |"
+        )
+    lines += [
+        "",
+        "Ratios (train s): " + ", ".join(f"{k} = {_num(v, '.3f')}" for k, v in ratios.items()),
+    ]
+    if not result["all_ok"]:
+        lines.append("- runs that failed: " + ", ".join(k for k, r in runs.items() if not r["ok"]))
+    return result, "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="scenario a: static, psld, ideal")
@@ -534,8 +666,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated run keys (debugging)")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default: results)")
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
+    parser.add_argument("--scale", action="store_true", help="scenario e: servers scaled mid-run")
     args = parser.parse_args(argv)
     steps = args.steps or (QUICK_STEPS if args.quick else STEPS)
+    if args.scale:
+        return scale_main(args, steps)
     out = args.out or RESULTS / ("psld.quick.json" if args.quick else "psld.json")
     only = {k for k in args.only.split(",") if k}
     outcomes: list[Outcome] = []
@@ -572,6 +707,30 @@ def main(argv: list[str] | None = None) -> int:
     out.with_suffix(".md").write_text(render_markdown(result))
     print(render_markdown(result))
     return 0 if result["all_ok"] and all(result["met"].values()) else 1
+
+
+def scale_main(args: argparse.Namespace, steps: int) -> int:
+    out = args.out or RESULTS / "psld-scale.json"
+    outcomes: list[Outcome] = []
+    lines = [f"{h} slots=2 servers=1" for h in HOSTS] + [f"{SPARE} slots=2 spare"]
+    with loopback_sshd((*HOSTS, SPARE), name="psld-scale", keep=args.keep) as (server, work, env):
+        hostfile = server.write_hostfile(work / "hosts", lines)
+        for spec in scale_plan():
+            outcome = run_one(spec, steps, hostfile=hostfile, env=env, work=work)
+            d = outcome.detail
+            print(
+                f"{spec.key}: train {_num(outcome.train_s)} s, ok={outcome.ok}, "
+                f"scale {d.get('scale_asked')}, pauses {d.get('scale_pauses_s')}, "
+                f"bytes {_mb(d.get('bytes_per_server'))}",
+                flush=True,
+            )
+            outcomes.append(outcome)
+    result, markdown = render_scale(outcomes, steps)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown)
+    print(markdown)
+    return 0 if result["all_ok"] else 1
 
 
 if __name__ == "__main__":

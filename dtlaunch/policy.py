@@ -12,6 +12,7 @@ the decision to the wire (AntDT Table II)::
     BackupWorkers(count)                    BACKUP_WORKERS: PS steps skip the slowest
     KillRestart(role, rank, target_host)    KILL_RESTART: replace a node
     ScaleWorkers(count)                     SCALE_WORKERS: run this many workers (PS jobs)
+    ScaleServers(count)                     SCALE_SERVERS: run this many built-in servers
     NoAction(reason)                        NONE: nothing this interval
 
 Every action carries ``reason`` (one sentence for a person) and ``inputs`` (what
@@ -35,6 +36,7 @@ from dtlaunch.supervisor.control.actions import (
     BackupWorkers,
     KillRestart,
     NoAction,
+    ScaleServers,
     ScaleWorkers,
     action_name,
 )
@@ -60,6 +62,7 @@ __all__ = [
     "NodeInfo",
     "Policy",
     "ProcessUse",
+    "ScaleServers",
     "ScaleWorkers",
     "WindowStats",
     "WorkerDevice",

@@ -11,7 +11,13 @@ import pytest
 
 from dtlaunch.config import JobSpec
 from dtlaunch.errors import ConfigError
-from dtlaunch.supervisor.control.actions import KillRestart, NoAction, ScaleWorkers, action_name
+from dtlaunch.supervisor.control.actions import (
+    KillRestart,
+    NoAction,
+    ScaleServers,
+    ScaleWorkers,
+    action_name,
+)
 from dtlaunch.supervisor.control.monitor import JobResources, Monitor, ProcessUse
 from dtlaunch.supervisor.control.policies import AutoPolicy, parse_policy
 from tests.test_policies import run
@@ -228,3 +234,27 @@ def test_auto_is_refused_without_the_built_in_servers(spec):
     ok = JobSpec(run_id="r", run_dir=Path("/nonexistent"), script="t.py", policy="auto",
                  workers=1, servers=1, mode="ps")  # fmt: skip
     assert ok.validate() is ok
+
+
+def test_servers_that_bound_the_plan_are_scaled_with_the_workers_when_they_can_be():
+    pol = AutoPolicy(PARAMS)
+    feed = Feed(1)
+    res = dataclasses.replace(resources(1), servers_scalable=True)
+    for now in (5.0, 10.0):
+        assert isinstance(decide(pol, feed, now, res), NoAction)
+    snap = dataclasses.replace(feed.until(15.1).snapshot(15.1), resources=res)
+    servers, workers = pol.decide(snap)
+    # eq. 10: 8 / 0.9 -> 8 workers; their 3.2 cores of updates on servers of 2
+    # cores at 0.9 need 2 servers; 9 + 1 slots hold them. The one server alone
+    # fed 5.
+    assert isinstance(servers, ScaleServers) and servers.count == 2
+    assert isinstance(workers, ScaleWorkers) and workers.count == 8
+    assert workers.inputs["plan_servers"] == 2 and workers.inputs["bound"] == "model"
+    assert workers.inputs["predicted_rate"] == pytest.approx(8 * 320, rel=0.01)
+    assert "1 -> 2 servers" in workers.reason and "fed 5" in workers.reason
+    # With scale_servers=0, or servers that cannot scale, the servers bound it.
+    fixed = AutoPolicy({**PARAMS, "scale_servers": "0"})
+    feed = Feed(1)
+    for now in (5.0, 10.0):
+        decide(fixed, feed, now, res)
+    assert decide(fixed, feed, 15.1, res).count == 5

@@ -10,8 +10,10 @@ from dtlaunch.errors import InfeasibleError
 from dtlaunch.solvers.dlrover import (
     added_workers,
     hot_server_cores,
+    plan_job,
     plan_workers,
     predicted_throughput,
+    servers_for,
     workers_for,
 )
 
@@ -81,3 +83,42 @@ def test_predicted_throughput_stops_growing_where_the_servers_saturate():
     assert predicted_throughput(workers=3, **rate) == 30.0
     assert predicted_throughput(workers=6, **rate) == 40.0  # 4 workers' worth fed
     assert workers_for(2.0, 0.0) is None
+
+
+def test_with_the_servers_free_the_plan_adds_the_servers_the_workers_need():
+    # The auto benchmark's job: 2 cores on 8 slots of 0.25 core, one worker and
+    # one server running; ŵ 0.25, ŝ 0.12. Eq. 10: 2 / 0.37 = 5.4 -> 5 workers,
+    # whose 0.6 cores of updates need ceil(0.6 / (0.9 * 0.25)) = 3 servers: 8 slots.
+    plan = plan_job(
+        total_cores=2.0, worker_cores=0.25, server_cores_per_worker=0.12, server_limit=0.25,
+        workers_now=1, servers_now=1, free_slots=6,
+    )  # fmt: skip
+    assert (plan.workers, plan.servers, plan.bound) == (5, 3, "model")
+    assert plan.model_workers == pytest.approx(2.0 / 0.37)
+    assert plan.server_cores == pytest.approx(2.0 - 5 * 0.25)
+    # Two slots fewer: 4 workers need ceil(0.48 / 0.225) = 3 servers (7 > 6), so
+    # 3 workers and 2 servers.
+    tight = plan_job(
+        total_cores=2.0, worker_cores=0.25, server_cores_per_worker=0.12, server_limit=0.25,
+        workers_now=1, servers_now=1, free_slots=4,
+    )  # fmt: skip
+    assert (tight.workers, tight.servers, tight.bound) == (3, 2, "slots")
+    # Servers that did no measurable work need no more of them; never fewer than now.
+    idle = plan_job(
+        total_cores=2.0, worker_cores=0.25, server_cores_per_worker=0.0, server_limit=0.25,
+        workers_now=2, servers_now=2, free_slots=4,
+    )  # fmt: skip
+    assert (idle.workers, idle.servers) == (6, 2)
+    # Nothing fits beyond the minimum: the minimum, with the servers there are.
+    none = plan_job(
+        total_cores=2.0, worker_cores=0.25, server_cores_per_worker=0.5, server_limit=0.25,
+        workers_now=1, servers_now=1, free_slots=0,
+    )  # fmt: skip
+    assert (none.workers, none.servers, none.bound) == (1, 1, "min_workers")
+
+
+def test_servers_for_carries_the_updates_at_the_load_asked():
+    assert servers_for(5, 0.12, 0.25, load=0.9, at_least=1) == 3
+    assert servers_for(5, 0.12, 0.25, load=1.0, at_least=1) == 3  # 2.4 -> 3
+    assert servers_for(1, 0.12, 0.25, load=0.9, at_least=2) == 2
+    assert servers_for(3, 0.0, 0.25, load=0.9, at_least=1) == 1

@@ -10,10 +10,13 @@ more workers, at most ``√N_w`` more at a time (§4.2's √K cap, with K the
 workers running: a small job grows by one, a job of 16 by four), and a *hot*
 server needs ``min(ŝ_hot / ŝ_total · ŝ · N_w, C_max)`` cores to keep up.
 
-dtlaunch's servers cannot change their count or CPU while the job runs, so
+A server's CPU limit is fixed while it runs, so with a fixed number of servers
 ``s_total`` is also bounded by the CPU the servers were given
 (:func:`workers_for`), and the model's throughput is the one-worker rate times
-the workers the servers can feed (:func:`predicted_throughput`).
+the workers the servers can feed (:func:`predicted_throughput`). Since the
+built-in servers scale (``dtlaunch scale --servers``), :func:`plan_job` solves
+eq. 10-11 with the servers' count free as well: the model's ``N_w`` and the
+servers that carry ``N_w·ŝ`` cores, within the slots the hosts have.
 """
 
 from __future__ import annotations
@@ -24,11 +27,14 @@ from dataclasses import dataclass
 from dtlaunch.errors import InfeasibleError
 
 __all__ = [
+    "JobPlan",
     "WorkerPlan",
     "added_workers",
     "hot_server_cores",
+    "plan_job",
     "plan_workers",
     "predicted_throughput",
+    "servers_for",
     "workers_for",
 ]
 
@@ -83,6 +89,81 @@ def plan_workers(
         model_workers=model,
         server_cores=max(0.0, total_cores - workers * worker_cores),
         bound=bound,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobPlan:
+    """Eq. 10-11 with the servers' count free: workers and servers together."""
+
+    workers: int  # N_w
+    servers: int  # N_s: they carry N_w·ŝ cores at the load asked
+    model_workers: float  # C_total / (ŵ + ŝ) before rounding and bounds
+    server_cores: float  # s_total = C_total - N_w·ŵ (eq. 11) for the plan's N_w
+    bound: str  # "model" | "max_workers" | "slots" | "min_workers"
+
+
+def servers_for(
+    workers: int, server_cores_per_worker: float, server_limit: float, *, load: float, at_least: int
+) -> int:
+    """The servers that carry ``workers``' updates (``N_w·ŝ`` cores) each at
+    ``load`` of its ``server_limit`` cores; never fewer than ``at_least``."""
+    if server_cores_per_worker <= 0 or server_limit <= 0 or load <= 0:
+        return at_least
+    need = workers * server_cores_per_worker / (load * server_limit)
+    return max(at_least, math.ceil(need - 1e-9))
+
+
+def plan_job(
+    *,
+    total_cores: float,
+    worker_cores: float,
+    server_cores_per_worker: float,
+    server_limit: float,
+    workers_now: int,
+    servers_now: int,
+    free_slots: int,
+    load: float = 0.9,
+    min_workers: int = 1,
+    max_workers: int | None = None,
+) -> JobPlan:
+    """Eq. 10 (``N_w = C_total / (ŵ + ŝ)``, rounded down, within ``[min_workers,
+    max_workers]``) with the servers that feed them (:func:`servers_for`, at
+    ``load`` of ``server_limit`` each, never fewer than now): the most workers
+    for which workers and servers fit the slots (``free_slots`` more processes
+    than the ``workers_now`` and ``servers_now`` running).
+
+    Raises:
+        InfeasibleError: as :func:`plan_workers`, or a server limit that is not
+            a finite number > 0.
+    """
+    _positive("server_limit", server_limit)
+    top = plan_workers(
+        total_cores=total_cores,
+        worker_cores=worker_cores,
+        server_cores_per_worker=server_cores_per_worker,
+        min_workers=min_workers,
+        max_workers=max_workers,
+    )
+    slots = workers_now + servers_now + max(0, free_slots)
+    for workers in range(top.workers, min_workers - 1, -1):
+        servers = servers_for(
+            workers, server_cores_per_worker, server_limit, load=load, at_least=servers_now
+        )
+        if workers + servers <= slots:
+            return JobPlan(
+                workers=workers,
+                servers=servers,
+                model_workers=top.model_workers,
+                server_cores=max(0.0, total_cores - workers * worker_cores),
+                bound=top.bound if workers == top.workers else "slots",
+            )
+    return JobPlan(
+        workers=min_workers,
+        servers=servers_now,
+        model_workers=top.model_workers,
+        server_cores=max(0.0, total_cores - min_workers * worker_cores),
+        bound="min_workers",
     )
 
 

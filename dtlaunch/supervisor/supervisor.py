@@ -173,6 +173,7 @@ class Supervisor:
                 servers=self._fleet,
                 workers=self._regroup,
                 scale=self._commands.scale,
+                scale_servers=self._commands.scale_servers,
             ),
             remaining_steps=self._dds.remaining_steps,
             clock=clock,

@@ -10,7 +10,8 @@ Node actions (``KillRestart``) need no synchronisation; global actions
 them, so all apply in the same iteration; ``ReassignBlocks`` moves parameter
 blocks between servers at a step boundary the servers agree on (``psfleet``).
 ``ScaleWorkers`` (DLRover's elasticity, ``--policy auto``) changes the number of
-workers as ``dtlaunch scale`` does.
+workers as ``dtlaunch scale`` does, ``ScaleServers`` (PSLD §5, DLRover's server
+count) the number of built-in parameter servers as ``dtlaunch scale --servers``.
 """
 
 from __future__ import annotations
@@ -89,6 +90,15 @@ class ScaleWorkers(Action):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ScaleServers(Action):
+    """Run ``count`` built-in parameter servers from now on: new ones take their
+    share of the blocks, the highest ranks hand theirs over and stop."""
+
+    NAME: ClassVar[str] = "SCALE_SERVERS"
+    count: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NoAction(Action):
     """The dummy action: nothing to do this interval (still logged with its inputs)."""
 
@@ -97,7 +107,7 @@ class NoAction(Action):
 
 def action_name(action: Action) -> str:
     """``"ADJUST_BS" | "KILL_RESTART" | "ADJUST_LR" | "BACKUP_WORKERS" |
-    "REASSIGN_BLOCKS" | "SCALE_WORKERS" | "NONE"``.
+    "REASSIGN_BLOCKS" | "SCALE_WORKERS" | "SCALE_SERVERS" | "NONE"``.
 
     Raises:
         TypeError: ``action`` is not one of the action classes above.

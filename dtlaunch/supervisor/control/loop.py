@@ -35,6 +35,7 @@ from dtlaunch.supervisor.control.actions import (
     BackupWorkers,
     KillRestart,
     ReassignBlocks,
+    ScaleServers,
     ScaleWorkers,
     action_fields,
 )
@@ -91,7 +92,8 @@ class ServerMover(Protocol):
         ...
 
 
-# SCALE_WORKERS(count) at ``now`` for ``reason``: None when done, else why not.
+# SCALE_WORKERS(count) or SCALE_SERVERS(count) at ``now`` for ``reason``: None
+# when done, else why not.
 Scaler = Callable[[int, float, str], str | None]
 
 
@@ -121,6 +123,7 @@ def job_resources(state: JobState) -> JobResources:
         servers={s.rank: use(s) for s in running if s.role == "server"},
         host_cores=cores,
         free_worker_slots=state.free_worker_slots(),
+        servers_scalable=state.builtin_ps and not state.tf_tasks and state.ps_map_servers > 0,
     )
 
 
@@ -147,12 +150,14 @@ class ActionTargets:
         servers: ServerMover | None = None,
         workers: WorkerReplacer | None = None,
         scale: Scaler | None = None,
+        scale_servers: Scaler | None = None,
     ) -> None:
         self.state = state
         self.apply = apply  # carries out the node table's commands
         self.servers = servers  # the built-in parameter servers, when the job has them
         self.workers = workers  # allreduce mode: regroups around the survivors
         self.scale = scale  # SCALE_WORKERS, as dtlaunch scale does it
+        self.scale_servers = scale_servers  # SCALE_SERVERS, as dtlaunch scale --servers
 
 
 class ReportIntake:
@@ -332,14 +337,16 @@ class ControlLoop:
                     log.warning("BACKUP_WORKERS needs the built-in parameter servers; ignored")
             elif isinstance(action, KillRestart):
                 await self._kill_restart(action, now)
-            elif isinstance(action, ScaleWorkers):
+            elif isinstance(action, ScaleWorkers | ScaleServers):
+                workers = isinstance(action, ScaleWorkers)
+                scale = self._targets.scale if workers else self._targets.scale_servers
                 refused = (
-                    self._targets.scale(action.count, now, f"{action.NAME} by the policy")
-                    if self._targets.scale is not None
-                    else "this job cannot change its workers"
+                    scale(action.count, now, f"{action.NAME} by the policy")
+                    if scale is not None
+                    else f"this job cannot change its {'workers' if workers else 'servers'}"
                 )
                 if refused is not None:
-                    log.warning("SCALE_WORKERS(%d) not carried out: %s", action.count, refused)
+                    log.warning("%s(%d) not carried out: %s", action.NAME, action.count, refused)
             elif isinstance(action, ReassignBlocks):
                 servers = self._targets.servers
                 if servers is None or not servers.reassign(action, now):

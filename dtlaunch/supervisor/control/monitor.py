@@ -174,6 +174,9 @@ class JobResources:
     servers: dict[int, ProcessUse]  # running servers by rank
     host_cores: dict[str, float]  # every host: its cpus= (or one core a slot)
     free_worker_slots: int  # where more workers could start now
+    # Whether the servers may be scaled now (built-in servers, a block map):
+    # SCALE_SERVERS can then add the servers a plan needs.
+    servers_scalable: bool = False
 
     @property
     def total_cores(self) -> float:

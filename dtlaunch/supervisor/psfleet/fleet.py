@@ -302,6 +302,7 @@ class ServerFleet:
                 self._apply(self._state.server_drained(rank))
                 if self._controller is not None:
                     self._controller.server_removed(rank)
+                self._pool.submit(self._forget, rank)
             self._scale_event("drained", servers=list(step.ranks))
         elif isinstance(step, Rescale):
             self._scale_waiting = ""
@@ -521,6 +522,13 @@ class ServerFleet:
         newest = max([last, *(u.version for u in fresh)])
         self._seen[rank] = (stats.incarnation, newest)
         return fresh
+
+    def _forget(self, rank: int) -> None:
+        """A server a scale-in stopped: its link and what was fed of it go."""
+        control = self._controls.pop(rank, None)
+        if control is not None:
+            control.close()
+        self._seen.pop(rank, None)
 
     def _close_controls(self) -> None:
         for control in self._controls.values():

@@ -10,9 +10,13 @@ The job starts with the workers ``--workers`` names (one is DLRover's start).
   and the sample is taken again on its new host; then eq. 10-11
   (``solvers.dlrover.plan_workers``) with ``C_total``
   the cores the hostfile declares (``cpus=``; one a slot where it declares
-  none), bounded by the servers' CPU (their limits: the servers cannot be
-  resized while they run), the free slots and ``max_workers``:
-  ``SCALE_WORKERS(N_w)``.
+  none), bounded by the servers' CPU (a server's limit is fixed while it
+  runs), the free slots and ``max_workers``: ``SCALE_WORKERS(N_w)``. When the
+  servers' CPU is what bounds the plan and the job's servers may scale
+  (``scale_servers=1``, the default), eq. 10-11 with their count free
+  (``solvers.dlrover.plan_job``): ``SCALE_SERVERS(N_s)`` with the servers that
+  carry the model's ``N_w`` below ``hot`` of their CPU, and ``SCALE_WORKERS``,
+  within the slots.
 * **adjust**, at most every ``interval_s``: servers using less than ``idle`` of
   their CPU take more workers (§4.2's idle-PS rule, at most √N_w more at a
   time) while the last addition raised the throughput by ``min_gain``; a server
@@ -38,12 +42,20 @@ from dataclasses import dataclass, field
 
 from dtlaunch.errors import InfeasibleError
 from dtlaunch.solvers.dlrover import (
+    WorkerPlan,
     added_workers,
     hot_server_cores,
+    plan_job,
     plan_workers,
     predicted_throughput,
 )
-from dtlaunch.supervisor.control.actions import Action, KillRestart, NoAction, ScaleWorkers
+from dtlaunch.supervisor.control.actions import (
+    Action,
+    KillRestart,
+    NoAction,
+    ScaleServers,
+    ScaleWorkers,
+)
 from dtlaunch.supervisor.control.monitor import JobResources, MonitorSnapshot, ProcessUse
 from dtlaunch.supervisor.control.policies.base import ParamReader, read_windows
 
@@ -90,6 +102,7 @@ class AutoPolicy:
         self.hot = reader.number("hot", 0.9, low=0.0, low_open=True)
         self.throttled = reader.number("throttled", 0.15, low=0.0, low_open=True)
         self.min_gain = reader.number("min_gain", 0.05, low=0.0)
+        self.scale_servers = reader.integer("scale_servers", 1, low=0) > 0
         reader.finish()
         self.phase = "sample"
         self._sample = _Sample()
@@ -207,6 +220,10 @@ class AutoPolicy:
             "server_cores_plan": round(plan.server_cores, 3),
             "predicted_rate": round(predicted, 3),
         }
+        if plan.bound == "servers" and res.servers_scalable and self.scale_servers:
+            both = self._with_servers(now, res, w_hat, s_hat, one_rate, rate, plan, inputs)
+            if both:
+                return both
         if plan.workers == current:
             return [
                 NoAction(
@@ -226,6 +243,68 @@ class AutoPolicy:
                 inputs=inputs,
             )
         ]
+
+    def _with_servers(
+        self,
+        now: float,
+        res: JobResources,
+        w_hat: float,
+        s_hat: float,
+        one_rate: float,
+        rate: float,
+        bounded: WorkerPlan,
+        inputs: dict[str, object],
+    ) -> list[Action]:
+        """Eq. 10-11 with the servers' count free: more servers (each given what
+        a server has now) and the workers they feed, when that beats the plan the
+        servers bound; [] when it does not."""
+        current, servers = len(res.workers), len(res.servers)
+        server_limit = statistics.median(use.cpu_limit for use in res.servers.values())
+        try:
+            plan = plan_job(
+                total_cores=res.total_cores,
+                worker_cores=w_hat,
+                server_cores_per_worker=s_hat,
+                server_limit=server_limit,
+                workers_now=current,
+                servers_now=servers,
+                free_slots=res.free_worker_slots,
+                load=self.hot,
+                min_workers=min(self.min_workers, current + res.free_worker_slots),
+                max_workers=self.max_workers or None,
+            )
+        except InfeasibleError:
+            return []
+        if plan.workers <= bounded.workers or plan.servers == servers:
+            return []
+        predicted = predicted_throughput(
+            one_worker_rate=one_rate,
+            workers=plan.workers,
+            server_cores_given=plan.servers * server_limit,
+            server_cores_per_worker=s_hat,
+        )
+        inputs = {
+            **inputs,
+            "plan_workers": plan.workers,
+            "plan_servers": plan.servers,
+            "bound": plan.bound,
+            "server_cores_plan": round(plan.server_cores, 3),
+            "server_limit": round(server_limit, 3),
+            "predicted_rate": round(predicted, 3),
+        }
+        self._acted(now, rate)
+        reason = (
+            f"auto: {current} -> {plan.workers} workers and {servers} -> {plan.servers} "
+            f"servers: C_total {res.total_cores:g} cores / (w {w_hat:.2f} + s {s_hat:.2f}) = "
+            f"{plan.model_workers:.1f} (eq. 10; bound: {plan.bound}), their updates "
+            f"{plan.workers * s_hat:.2f} cores on servers of {server_limit:g} at {self.hot:g} "
+            f"(the {servers} server(s) fed {bounded.workers}); predicted {predicted:.1f} "
+            f"samples/s against {rate:.1f} measured"
+        )
+        actions: list[Action] = [ScaleServers(count=plan.servers, reason=reason, inputs=inputs)]
+        if plan.workers != current:
+            actions.append(ScaleWorkers(count=plan.workers, reason=reason, inputs=inputs))
+        return actions
 
     def _hot_server(
         self,
