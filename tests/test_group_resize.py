@@ -42,7 +42,11 @@ def attached_coordinator(world_size: int) -> RegroupCoordinator:
 
 def test_a_resize_is_refused_with_the_reason_while_it_cannot_be_carried_out():
     coord = RegroupCoordinator(world_size=2, timeout_s=10.0)
+    # No worker attached (a torchrun script): the resize restarts the group.
+    assert coord.restarts_to_resize() and coord.resize_refusal(3, global_batch=30) is None
+    assert "at most 30 workers" in (coord.resize_refusal(40, global_batch=30) or "")
     coord.attached(0)
+    assert not coord.restarts_to_resize()
     refusal = coord.resize_refusal(3, global_batch=30)
     assert refusal is not None and "[1] have not called job.attach" in refusal
     coord.attached(1)
@@ -54,6 +58,14 @@ def test_a_resize_is_refused_with_the_reason_while_it_cannot_be_carried_out():
     refusal = coord.resize_refusal(4, global_batch=30)
     assert refusal is not None and "a resize (regroup generation 1) is under way" in refusal
     assert not coord.can_regroup(0)  # and no KILL_RESTART meanwhile
+
+
+def test_a_group_restarted_with_a_new_size_must_attach_again():
+    coord = RegroupCoordinator(world_size=2, timeout_s=10.0)
+    coord.attached(0)
+    coord.attached(1)
+    coord.restarted(3)
+    assert coord.world_size == 3 and coord.restarts_to_resize()
 
 
 def test_growing_waits_for_every_newcomer_to_be_warm_then_for_each_to_attach():

@@ -130,6 +130,8 @@ def test_a_server_added_and_then_removed_mid_training_changes_nothing(fixed, tmp
             # It trained its blocks with both workers (the membership came with
             # them), then gave every one away.
             assert stats.blocks == [] and stats.version > 3 and sorted(stats.workers) == [0, 1]
+            # Both were told the map that took them away: it may be stopped.
+            assert sorted(stats.redirected) == [0, 1]
             assert_same_run(run, two, keys, from_wire(final), fixed)
 
 

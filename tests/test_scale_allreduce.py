@@ -122,3 +122,46 @@ def test_an_allreduce_job_grows_and_shrinks_without_a_restart_and_trains_every_r
     print(f"final loss {finals[0]['final_loss']:.6f}, unscaled {unscaled:.6f}")
     assert abs(finals[0]["final_loss"] - unscaled) <= 0.003, (finals[0]["final_loss"], unscaled)
     assert summary(run_dir)["status"] == "succeeded"
+
+
+@pytest.mark.integration
+def test_a_script_that_attaches_nothing_is_scaled_by_a_group_restart(sshd, tmp_path):
+    """A torchrun script (no job.attach()): the group restarts with the new size,
+    as torchrun's elastic agent does on a membership change. Each rank's
+    ledger holds the records it trained, over its attempts."""
+    a0, a1, a2 = sshd.addresses
+    hosts = hostfile(sshd, tmp_path / "hosts", [f"{a0} slots=1", f"{a1} slots=1", f"{a2} slots=1"])
+    ledger, run_dir = tmp_path / "ledger", tmp_path / "run"
+    ledger.mkdir()
+    argv = [
+        "run", "-H", str(hosts), "--workers", "2", "--run-dir", str(run_dir),
+        "--dataset-size", "2400", "--shard-size", "40", "--global-batch", "20",
+        "--output", "0", str(SCRIPTS / "bsp_worker.py"), str(ledger), "-1", "0.02",
+    ]  # fmt: skip
+    with started(argv, env=sshd.env(), log=tmp_path / "log") as job:
+        wait_until(lambda: steps_of(run_dir, 1) >= 10, timeout=120, what="worker 1 training")
+        up = scale(run_dir, 3)
+        assert up.returncode == 0 and "workers 2 -> 3" in up.stdout, up.stdout + up.stderr
+        assert job.wait(timeout=180) == 0, job.output()
+    log = events(run_dir)
+    [restart] = [e for e in log if e["kind"] == "regroup" and e["phase"] == "restart"]
+    assert (restart["was"], restart["workers"]) == (2, 3)
+    # Every worker of the new group started after the old ones were gone, with
+    # WORLD_SIZE 3; the old attempts were stopped, not failed.
+    spawns = [e for e in log if e["kind"] == "spawn" and e["role"] == "worker"]
+    started_as = sorted((e["rank"], e["attempt"]) for e in spawns)
+    assert started_as == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)], started_as
+    exits = [e for e in log if e["kind"] == "exit" and e["role"] == "worker"]
+    stopped = [e for e in exits if e["requested"]]
+    assert sorted(e["rank"] for e in stopped) == [0, 1]
+    last_stop = max(e["wall"] for e in stopped)
+    assert all(e["wall"] > last_stop for e in spawns if e["attempt"] == 1 or e["rank"] == 2)
+    data = summary(run_dir)
+    assert data["status"] == "succeeded" and data["failures"] == [], data
+    steps = {(ledger / f"{r}.steps").read_text() for r in range(3)}
+    assert len(steps) == 1  # the new group's collectives paired to the end
+    trained: set[int] = set()
+    for r in range(3):
+        for line in (ledger / f"{r}.txt").read_text().splitlines():
+            trained.update(map(int, line.split()))
+    assert trained == set(range(2400))  # at least once: a restart reads in-flight shards again

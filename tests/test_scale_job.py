@@ -142,8 +142,8 @@ def test_scale_up_kill_the_supervisor_resume_and_scale_down_while_a_ps_job_train
     assert grown["added"] == {"1": a2}
     done = [e for e in log if e["kind"] == "ps_scale" and e["phase"] == "done"]
     assert [e["servers"] for e in done] == [2, 1] and all(e["blocks"] > 0 for e in done)
-    drained = [e["servers"] for e in log if e["kind"] == "ps_scale" and e["phase"] == "drained"]
-    assert drained == [[1]]
+    drained = [e for e in log if e["kind"] == "ps_scale" and e["phase"] == "drained"]
+    assert [(e["servers"], e["all_told"]) for e in drained] == [([1], True)], drained
     retired = [e for e in log if e["kind"] == "exit" and e["role"] == "server" and e["rank"] == 1]
     assert [e.get("retired") for e in retired] == [True], retired
     final_map = [e for e in log if e["kind"] == "ps_placement"][-1]

@@ -239,3 +239,33 @@ def test_resume_gives_back_the_data_of_removed_ranks():
     )
     assert [c for c in out if isinstance(c, WorkerGone)] == [WorkerGone(rank=2), WorkerGone(rank=3)]
     assert all(s.state is ProcState.PENDING for s in state.procs.values())
+
+
+def test_an_unattached_allreduce_group_restarts_with_the_new_size():
+    # Scripts that attach no model (torchrun's): the scale restarts the group.
+    state = make_state(builtin_ps=False, workers=2)
+    up(state)
+    out = state.scale_workers(3, 1.0, reason="grow", restart=True)
+    assert sorted(k.proc_id for k in sent(out, Kill)) == ["worker-0", "worker-1"]
+    assert sent(out, Spawn) == [] and state.procs["worker-2"].state is ProcState.PENDING
+    # Nobody starts until every old worker is gone; then all three together.
+    first = state.exited("h0", exited("worker-0", 0, sig=15, requested=True), 2.0)
+    assert sent(first, Spawn) == []
+    last = state.exited("h0", exited("worker-1", 0, sig=15, requested=True), 2.1)
+    assert sorted((s.proc_id, s.attempt) for s in sent(last, Spawn)) == [
+        ("worker-0", 1), ("worker-1", 1), ("worker-2", 0),
+    ]  # fmt: skip
+    assert state.failures == []
+    running(state, last)
+    # Down again: the removed rank is stopped at once, the others restart.
+    down = state.scale_workers(2, 3.0, reason="shrink", restart=True)
+    assert sorted(k.proc_id for k in sent(down, Kill)) == ["worker-0", "worker-1", "worker-2"]
+    assert [e.rank for e in events(down, "leave_stopped")] == [2]
+    assert state.worker_ranks() == [0, 1]
+    gone = state.exited("s1", exited("worker-2", 0, sig=15, requested=True), 3.1)
+    assert [c for c in gone if isinstance(c, WorkerGone)] == [WorkerGone(rank=2)]
+    for proc in ("worker-0", "worker-1"):
+        again = state.exited("h0", exited(proc, 1, sig=15, requested=True), 3.2)
+    assert sorted((s.proc_id, s.attempt) for s in sent(again, Spawn)) == [
+        ("worker-0", 2), ("worker-1", 2),
+    ]  # fmt: skip

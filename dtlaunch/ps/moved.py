@@ -8,7 +8,8 @@ Blocks leave a server in one of two ways:
   move: the move happens between two of its steps, whenever the step boundary
   comes) gets ``PsReply(ok=False, moved_to=E)``, switches, and asks again there.
   The supervisor retires this server once every member of the new one was
-  redirected (``PsStats.redirected``, worker ranks).
+  redirected (``PsStats.redirected``, worker ranks; a worker told a block's new
+  map version counts too).
 
 * **A reassignment between running servers** (PSLD §5.2). The supervisor picks a
   fence version ``F`` and sends ``PsExport(hold=True, at_version=F)``: at ``F``
@@ -141,7 +142,9 @@ class MovedBlocks:
 
     def placement_version(self, msg: Message) -> int:
         """The job's map version that put a block ``msg`` names elsewhere (0: none
-        does). Pulls, pushes and seeds name blocks; other requests are handled here."""
+        does), counting its worker as told (``redirected``: a server a scale-in
+        emptied is stopped once every member was). Pulls, pushes and seeds name
+        blocks; other requests are handled here."""
         if not self._placement:
             return 0
         if isinstance(msg, PsPull | PsPush):
@@ -150,4 +153,7 @@ class MovedBlocks:
             blocks = [b.block_id for b in msg.blocks]
         else:
             return 0
-        return max((self._placement.get(b, 0) for b in blocks), default=0)
+        version = max((self._placement.get(b, 0) for b in blocks), default=0)
+        if version:
+            self._told.add(msg.worker)
+        return version

@@ -7,7 +7,9 @@ with an ``Ack`` that says what is done, or why nothing is (a scale the job
 cannot carry out is refused with the reason and the fix, and nothing changes).
 
 In a parameter-server job the node table's scale is all there is; an allreduce
-job's group also re-forms with the new size (``regroup.RegroupDriver.resize``).
+job's group also re-forms with the new size (``regroup.RegroupDriver.resize``),
+or, when no worker attached its model (an unmodified torchrun script), restarts
+with it as torchrun's elastic agent does.
 A scale of the built-in servers sets the node table's target and starts the
 added servers; the parameter servers' keeper (``psfleet``) moves the blocks.
 """
@@ -116,14 +118,16 @@ class ControlCommands:
         a policy); returns why not when the job refuses, and then nothing changed."""
         before = self._state.worker_ranks()
         group = self._group
+        restart = group is not None and group.restarts_to_resize()
         try:
             if group is not None and count != len(before):
                 refusal = group.resize_refusal(count, global_batch=self._global_batch())
                 if refusal is not None:
                     raise ConfigError(refusal)
             commands = self._state.scale_workers(
-                count, now, reason=reason, regroup=group is not None
-            )
+                count, now, reason=reason, regroup=group is not None and not restart,
+                restart=restart,
+            )  # fmt: skip
         except ConfigError as err:
             log.warning("scale to %d workers refused: %s", count, err)
             self._recorder.emit("scale_refused", workers=count, reason=reason, error=str(err))
@@ -132,7 +136,9 @@ class ControlCommands:
         if commands:
             after = self._state.worker_ranks()
             log.info("scaling: workers %d -> %d (%s)", len(before), count, reason)
-            if group is not None and self._spawn is not None:
+            if group is not None and restart:
+                group.restarted(count, reason=reason)
+            elif group is not None and self._spawn is not None:
                 joining = [rank for rank in after if rank not in before]
                 self._spawn(group.resize(count, joining=joining, reason=reason), "resize")
             self._workers_changed(before, after)

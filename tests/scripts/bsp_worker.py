@@ -22,7 +22,8 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 dist.init_process_group("gloo")
 job = dtlaunch.init()
 features = torch.randn(job.dataset.dataset_size, 4, generator=torch.Generator().manual_seed(1))
-with (ledger / f"{job.rank}.txt").open("w") as out:
+# Appended: a restarted attempt (a group restart) adds to what its rank trained before.
+with (ledger / f"{job.rank}.txt").open("a") as out:
     for batch in job.bsp_batches():
         optimizer.zero_grad()
         if batch:

@@ -217,6 +217,7 @@ class JobState:
         # (``server_drained``); a scale-out adds their slots.
         self.server_target = sum(1 for a in assignments if a.role == ROLE_SERVER)
         self.ps_map_servers = 0  # the servers of the job's block map (0: none registered yet)
+        self._scale_restart = False  # a scale restarts the group: the new one starts together
         # Spare hosts get an agent too, so a KILL_RESTART onto one starts at once.
         self.agents: dict[str, AgentSlot] = {
             host: AgentSlot(host=host)
@@ -1268,10 +1269,13 @@ class JobState:
         if self.phase is not Phase.RUNNING:
             return []
         out: list[Command] = []
-        # A group restart waits until every old worker is gone.
-        group_barrier = self.restart_scope == "group" and any(
+        # A group restart (a scale's too, whatever the scope) waits until every old
+        # worker is gone.
+        stopping = any(
             s.role == "worker" and s.state is ProcState.STOPPING for s in self.procs.values()
         )
+        self._scale_restart = self._scale_restart and stopping
+        group_barrier = stopping and (self.restart_scope == "group" or self._scale_restart)
         master = self.procs.get("worker-0")
         for slot in self.procs.values():
             if slot.state is not ProcState.PENDING:
@@ -1606,7 +1610,13 @@ class JobState:
         return sorted(s.rank for s in self.procs.values() if s.role == "worker")
 
     def scale_workers(
-        self, count: int, now: float, *, reason: str = "", regroup: bool = False
+        self,
+        count: int,
+        now: float,
+        *,
+        reason: str = "",
+        regroup: bool = False,
+        restart: bool = False,
     ) -> list[Command]:
         """Run ``count`` workers from now on (``scaling.py`` decides which ranks
         start where and which stop). New ranks start like any pending worker;
@@ -1616,13 +1626,16 @@ class JobState:
 
         ``regroup``: an allreduce group re-forms with the new size (the caller's
         ``Regroup`` tells the removed ranks to leave, and the new ranks start
-        prewarmed, to join the group at its agreed step).
+        prewarmed, to join the group at its agreed step). ``restart``: an
+        allreduce group restarts with the new size instead (scripts that attach
+        no model): the removed ranks are stopped, every other worker is stopped
+        and started again, and the new ranks start with them.
 
         Raises:
             ConfigError: the job cannot change its workers now, or not to ``count``
                 (nothing is changed).
         """
-        self._check_scalable(regroup)
+        self._check_scalable(regroup or restart)
         ranks = self.worker_ranks()
         stopping = [_rank_of(p) for p in self.removing]
         plan = plan_scale(count, ranks=ranks, room=self._room_for_workers(), stopping=stopping)
@@ -1642,7 +1655,16 @@ class JobState:
         ]
         for rank in plan.removed:
             slot = self.procs.pop(f"worker-{rank}")
-            out += self._remove_worker(slot, reason, now, ask=not regroup)
+            running = slot.state is ProcState.RUNNING
+            out += self._remove_worker(slot, reason, now, ask=not (regroup or restart))
+            if restart and running:  # no shard to finish in a group that restarts
+                out += self.leave_unheard(rank, slot.attempt, "the group restarts without it")
+        if restart:
+            self._scale_restart = True
+            why = f"dtlaunch scale: the group restarts with {plan.count} workers"
+            for slot in self.procs.values():
+                if slot.role == "worker" and slot.state in (ProcState.STARTING, ProcState.RUNNING):
+                    out.append(self._stop_then_restart(slot, why))
         workers = [s.assignment for s in self.procs.values()]
         for host in dict.fromkeys(plan.added.values()):
             if host not in self.agents:  # a hostfile host that ran nothing yet

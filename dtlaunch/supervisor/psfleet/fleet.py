@@ -70,6 +70,9 @@ START_TIMEOUT_S = 180.0  # a new server process: Python and torch on a busy host
 MOVE_TIMEOUT_S = 600.0  # the straggler's next step boundary (as long as a BSP pull waits)
 REDIRECT_POLL_S = 0.2
 SCALE_RETRY_S = 5.0  # after a scale step failed (rolled back), the next try
+# A server a scale-in emptied is stopped once its members were told, or after this
+# (a worker waiting for data asks it nothing until data comes).
+DRAIN_WAIT_S = 30.0
 
 T = TypeVar("T")
 
@@ -135,6 +138,7 @@ class ServerFleet:
         self._reassigning = False
         self._scale_retry_at = 0.0  # a failed scale step is tried again from then
         self._scale_waiting = ""  # why the scale waits, as last recorded
+        self._draining: set[int] = set()  # servers a scale-in emptied, being stopped
         if placements is not None:
             placements.tell_endpoints(state.server_endpoint)
             placements.listen(self._map_changed)
@@ -299,11 +303,9 @@ class ServerFleet:
                 self._scale_event("waiting", reason=step.reason)
         elif isinstance(step, Drain):
             for rank in step.ranks:
-                self._apply(self._state.server_drained(rank))
-                if self._controller is not None:
-                    self._controller.server_removed(rank)
-                self._pool.submit(self._forget, rank)
-            self._scale_event("drained", servers=list(step.ranks))
+                if rank not in self._draining:
+                    self._draining.add(rank)
+                    self._spawn(self._drain(rank), f"ps-drain-{rank}")
         elif isinstance(step, Rescale):
             self._scale_waiting = ""
             owner = spread_blocks(
@@ -315,6 +317,46 @@ class ServerFleet:
             self._spawn(
                 self._reassign(list(owner), scale=step), f"ps-scale-{step.was}-{step.servers}"
             )
+
+    async def _drain(self, rank: int) -> None:
+        """Stop server ``rank``, which holds no block of the job's map, once every
+        worker its steps waited for was told where its blocks went (a worker that
+        had not asked it since would wait for an answer from a stopped server),
+        or after ``DRAIN_WAIT_S``."""
+        endpoint = self._state.server_endpoint(rank)
+        stop = threading.Event()
+        try:
+            told = (
+                await self._blocking(self._wait_told, endpoint, stop, pool=self._move_pool)
+                if endpoint
+                else False
+            )
+        except Exception as exc:  # gone or silent: stopping it loses nothing
+            log.info("server %d: waiting for its members to be told: %s", rank, exc)
+            told = False
+        finally:
+            stop.set()
+            self._draining.discard(rank)
+        commands = self._state.server_drained(rank)
+        if not commands:  # scaled back up meanwhile: it serves on
+            return
+        self._apply(commands)
+        if self._controller is not None:
+            self._controller.server_removed(rank)
+        self._pool.submit(self._forget, rank)
+        self._scale_event("drained", servers=[rank], all_told=told)
+
+    def _wait_told(self, endpoint: str, stop: threading.Event) -> bool:
+        """Until every member of the server at ``endpoint`` was told its blocks'
+        new map (False after ``DRAIN_WAIT_S``)."""
+        deadline = time.monotonic() + DRAIN_WAIT_S
+        with ServerControl(endpoint, self._keys, timeout=STATS_TIMEOUT_S, stop=stop) as server:
+            while time.monotonic() < deadline and not self._stop.is_set():
+                stats = server.stats()
+                if set(stats.workers) <= set(stats.redirected):
+                    return True
+                stop.wait(REDIRECT_POLL_S)
+        return False
 
     def _map_changed(self, placement: PsPlacementMap) -> None:
         """The node table learns how many servers hold blocks (an OOM of a server

@@ -102,8 +102,21 @@ class RegroupCoordinator:
             and len(self._attached) == self.world_size
         )
 
+    def restarts_to_resize(self) -> bool:
+        """Whether a resize must restart the group: no worker attached (a script
+        that never calls ``job.attach()``, as torchrun scripts do not), so none
+        could hand the model to a newcomer; the scripts resume as they do after
+        any group restart (torchrun's elastic restart)."""
+        return not self._attached
+
+    def restarted(self, count: int) -> None:
+        """The group restarts with ``count`` workers (``restarts_to_resize``)."""
+        self.world_size = count
+        self._attached.clear()
+
     def resize_refusal(self, count: int, *, global_batch: int) -> str | None:
-        """Why the group cannot be resized to ``count`` workers now (None: it can)."""
+        """Why the group cannot be resized to ``count`` workers now (None: it can);
+        when ``restarts_to_resize``, only by a regroup under way or the batch."""
         if self.pending is not None:
             what = "a resize" if self.pending.world_size else "a worker's replacement"
             return (
@@ -111,11 +124,12 @@ class RegroupCoordinator:
                 "ask again when it is done (dtlaunch status shows it)"
             )
         missing = sorted(set(range(self.world_size)) - self._attached)
-        if missing:
+        if missing and not self.restarts_to_resize():
             return (
-                f"worker(s) {missing} have not called job.attach(model, optimizer), so "
-                "a new worker could not receive the model: call it right after creating "
-                "them, and loop with job.bsp_batches() (see dtlaunch.runtime.elastic)"
+                f"worker(s) {missing} have not called job.attach(model, optimizer) yet, "
+                "while the others have, so a new worker could not receive the model from "
+                "them: ask again once they have (or, in a script that never attaches, the "
+                "group restarts with the new size)"
             )
         if 0 < global_batch < count:
             return (

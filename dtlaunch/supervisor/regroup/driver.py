@@ -124,6 +124,19 @@ class RegroupDriver:
         """Why the group cannot be resized to ``count`` workers now (None: it can)."""
         return self.coordinator.resize_refusal(count, global_batch=global_batch)
 
+    def restarts_to_resize(self) -> bool:
+        """Whether a resize restarts the group (no worker attached; see the
+        coordinator)."""
+        return self.coordinator.restarts_to_resize()
+
+    def restarted(self, count: int, *, reason: str) -> None:
+        """The node table restarts the group with ``count`` workers: every worker
+        gets its equal share of the global batch from the new start."""
+        before = self.coordinator.world_size
+        self.coordinator.restarted(count)
+        self._recorder.emit("regroup", phase="restart", workers=count, was=before, reason=reason)
+        self._resized()
+
     async def resize(self, count: int, *, joining: list[int], reason: str) -> None:
         """Re-form the group with ``count`` workers; the node table has already
         started ``joining`` (prewarmed) and marked the ranks above as removed."""
