@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from dtlaunch.events import EventRecorder
-from dtlaunch.ps import Placement
+from dtlaunch.ps import Client, Placement
 from dtlaunch.ps.control import ServerControl
 from dtlaunch.ps.placement_map import from_wire, to_wire
 from dtlaunch.ps.server import PsServer, ServerConfig
@@ -27,12 +27,14 @@ from dtlaunch.supervisor.psfleet.placement import PlacementKeeper
 from dtlaunch.supervisor.psfleet.reassign import BlockReassigner, subset
 from dtlaunch.wire.keys import PeerKeys
 from tests.test_ps_reassign import (
+    BLOCK_BYTES,
     ROWS,
     STRAGGLE_S,
     TIMEOUT_S,
     StaticRun,
     assert_same_run,
     gradients,
+    make_model,
     new_keys,
     run_threads,
     server_state,
@@ -168,3 +170,26 @@ def test_a_server_holding_no_block_takes_an_import_at_any_version(tmp_path):
             assert later.message.version > first.message.version
             assert new.import_blocks(subset(later, blocks[:1])) == later.message.version
             assert new.stats().blocks == blocks[:1]
+
+
+def test_a_worker_starting_while_an_added_server_holds_no_block_yet_does_not_wait_for_it(
+    tmp_path,
+):
+    """The job's map already lists a server a scale-out added, but gave it no
+    block (its model's blocks are fewer than the servers): a worker that starts
+    then introduces itself to every server of the map, and the empty one, which
+    waits for an import, must answer at once (it waited for ever)."""
+    keys = new_keys(tmp_path)
+    with serving(keys, 1, workers=(0,)) as (first,), added_server(keys) as empty:
+        with training([first], keys) as run:  # seeds server 0 with every block
+            placement = run.clients[0].placement
+        grown = placement.reassign({}, servers=2)  # server 1 in the map, no block on it
+        model = make_model()
+        started = time.monotonic()
+        ps = Client(model, "adam", lr=0.05, servers=[first, empty], keys=keys, worker=0,
+                    block_bytes=BLOCK_BYTES, timeout=TIMEOUT_S, placement=grown)  # fmt: skip
+        try:
+            assert time.monotonic() - started < TIMEOUT_S / 2
+            ps.pull()
+        finally:
+            ps.close()

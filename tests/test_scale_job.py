@@ -1,10 +1,11 @@
-"""``dtlaunch scale`` on a live parameter-server job over sshd, in one job:
-workers added on the spare host join the servers' BSP steps and take data
-shards; a server is added and the supervisor is SIGKILLed right away, and the
-resumed one has the new workers and completes the server's start (it takes
-blocks off the first); then one command removes workers and the server: the
-workers finish their shard and leave, the server gives its blocks back first;
-every record is trained exactly once, and the workers end with one model."""
+"""``dtlaunch scale`` on a live parameter-server job over sshd, in one job: one
+command adds two workers and a server on the spare host (the workers join the
+servers' BSP steps and take data shards, the server takes a block); the server
+is removed and the supervisor SIGKILLed right away, and the resumed one has the
+new workers and finishes the scale-in (the block moves back, the server stops
+once every worker was told); then the added workers are removed: they finish
+their shard and leave. Every record is trained exactly once, and the workers
+end with one model."""
 
 from __future__ import annotations
 
@@ -74,42 +75,44 @@ def test_scale_up_kill_the_supervisor_resume_and_scale_down_while_a_ps_job_train
         assert refused.returncode == 1, refused.stdout + refused.stderr
         assert "no room for 4 more worker(s)" in refused.stderr
         assert "at most 5 workers" in refused.stderr
-        up = scale(run_dir, 4)
+        # More servers than the model has blocks (2: weight and bias) would hold nothing.
+        refused = scale(run_dir, servers=3)
+        assert refused.returncode == 1 and "at most 2 servers" in refused.stderr, refused.stderr
+        # Workers and a server in one command.
+        up = scale(run_dir, 4, servers=2)
         assert up.returncode == 0, up.stdout + up.stderr
-        assert "workers 2 -> 4" in up.stdout
+        assert "servers 1 -> 2; workers 2 -> 4" in up.stdout
         wait_until(
-            lambda: steps_of(run_dir, 2) >= 10 and steps_of(run_dir, 3) >= 10,
+            lambda: (
+                min(steps_of(run_dir, 2), steps_of(run_dir, 3)) >= 10 and _scaled_to(run_dir) == 2
+            ),
             timeout=120,
-            what="the added workers 2 and 3 training",
+            what="the added workers 2 and 3 training, and 2 servers",
         )
-        grow = scale(run_dir, servers=2)
-        assert grow.returncode == 0 and "servers 1 -> 2" in grow.stdout, grow.stdout + grow.stderr
-        # Killed at once: the new server is starting, the blocks have not moved.
+        shrink = scale(run_dir, servers=1)
+        assert shrink.returncode == 0 and "servers 2 -> 1" in shrink.stdout, shrink.stdout
+        # Killed at once: the blocks have not moved back, the server still runs.
         job.signal(signal.SIGKILL)  # the supervisor; the agents keep the job running
         job.wait(timeout=30)
-    assert not [e for e in events(run_dir) if e["kind"] == "ps_scale" and e["phase"] == "done"]
+    assert not [e for e in events(run_dir) if e["kind"] == "ps_scale" and e["phase"] == "drained"]
     resume = ["run", "--resume", str(run_dir)]
     with started(resume, env=sshd.env(), log=tmp_path / "resume.log") as job:
         # The resumed supervisor has the 4 workers back, and has heard from the two
         # it will remove (a worker it has not heard from cannot be asked to leave);
-        # it moved blocks onto the new server.
+        # it finished the scale-in: the blocks moved back, the server stopped.
         wait_until(
             lambda: (
                 reports_after(run_dir, "resume", 2) >= 2
                 and reports_after(run_dir, "resume", 3) >= 2
-                and _scaled_to(run_dir) == 2
+                and reports_after(run_dir, "ps_scale", 3) >= 2
+                and _scaled_to(run_dir) == 1
             ),
             timeout=120,
-            what="workers 2 and 3 reporting to the resumed supervisor, and 2 servers",
+            what="workers 2 and 3 reporting to the resumed supervisor on 1 server",
         )
-        wait_until(
-            lambda: reports_after(run_dir, "ps_scale", 3) >= 2,
-            timeout=60,
-            what="the workers training on the 2 servers",
-        )
-        down = scale(run_dir, 2, servers=1)
+        down = scale(run_dir, 2)
         assert down.returncode == 0, down.stdout + down.stderr
-        assert "servers 2 -> 1; workers 4 -> 2" in down.stdout
+        assert "workers 4 -> 2" in down.stdout
         assert job.wait(timeout=240) == 0, job.output()
     log = events(run_dir)
     [first, second] = [e for e in log if e["kind"] == "scale"]
@@ -153,6 +156,17 @@ def test_scale_up_kill_the_supervisor_resume_and_scale_down_while_a_ps_job_train
 
 
 def _scaled_to(run_dir: Path) -> int:
-    """The servers of the newest map a scale step made (0: none yet)."""
-    done = [e for e in events(run_dir) if e["kind"] == "ps_scale" and e["phase"] == "done"]
-    return int(done[-1]["servers"]) if done else 0
+    """The servers the job runs once its scale steps are through (0: none yet):
+    the servers of the last map a scale made, a scale-in's only once the
+    emptied server was stopped."""
+    through, shrinking = 0, 0
+    for e in events(run_dir):
+        if e["kind"] != "ps_scale":
+            continue
+        if e["phase"] == "done" and e["servers"] < through:
+            shrinking = e["servers"]
+        elif e["phase"] == "done":
+            through = e["servers"]
+        elif e["phase"] == "drained" and shrinking:
+            through, shrinking = shrinking, 0
+    return through

@@ -155,7 +155,7 @@ def _with_limits(memory: int) -> JobState:
 def test_a_server_out_of_memory_with_even_memory_gives_the_job_more_servers_once():
     state = _with_limits(1 << 30)
     up(state)
-    state.ps_map_servers = 1  # the workers registered the blocks
+    state.ps_map_servers, state.ps_map_blocks = 1, 8  # the workers registered the blocks
     state.procs["server-0"].rss_bytes = 1 << 30
     out = _oom_killed(state, "server-0", 1.0)
     # Alone, its memory is even with itself: DLRover doubles the servers, and it
@@ -178,12 +178,20 @@ def test_a_server_that_uses_clearly_more_than_the_others_gets_more_memory():
     state = _with_limits(1 << 30)
     up(state)
     running(state, state.scale_servers(2, 1.0))
-    state.ps_map_servers = 2
+    state.ps_map_servers, state.ps_map_blocks = 2, 8
     state.procs["server-1"].rss_bytes = 200 << 20  # its blocks are small
     out = _oom_killed(state, "server-0", 2.0)
     assert not events(out, "oom_servers") and state.server_target == 2
     (grown,) = events(out, "memory_limit")
     assert grown.data["new"] == 2 << 30
+
+
+def test_a_model_in_as_many_blocks_as_servers_gets_more_memory_not_servers():
+    state = _with_limits(1 << 30)
+    up(state)
+    state.ps_map_servers, state.ps_map_blocks = 1, 1  # one block: a second server holds nothing
+    out = _oom_killed(state, "server-0", 1.0)
+    assert not events(out, "oom_servers") and events(out, "memory_limit")
 
 
 def test_before_the_workers_registered_their_blocks_a_server_gets_more_memory():

@@ -40,6 +40,14 @@ def test_a_block_larger_than_the_gap_stays():
     assert spread_blocks([100], [0], 2) == (0,)
 
 
+def test_an_added_server_gets_a_block_even_when_balance_would_not_move_one():
+    # One big block and two small: balancing moves the big one to server 1 and
+    # stops; server 2 would stay empty, so it takes the smallest block.
+    owner = spread_blocks([32, 4, 1600], [0, 0, 0], 3)
+    assert sorted(set(owner)) == [0, 1, 2]
+    assert owner[2] != owner[0] and owner[2] != owner[1]
+
+
 def test_unchanged_servers_and_an_even_map_move_nothing():
     assert spread_blocks([5, 5, 5, 5], [0, 1, 0, 1], 2) == (0, 1, 0, 1)
 
@@ -54,10 +62,13 @@ def test_random_maps_stay_put_where_they_can_and_end_balanced(seed):
     new = spread_blocks(sizes, owner, after)
     assert all(0 <= s < after for s in new)
     final = loads(sizes, new, after)
-    # No single block move lowers the larger of two loads any more.
-    heavy, light = max(final), min(final)
-    on_heavy = [s for s, o in zip(sizes, new, strict=True) if o == final.index(heavy)]
-    assert not any(0 < s < heavy - light for s in on_heavy)
+    # Every server holds a block while there are blocks enough.
+    assert len(set(new)) == min(after, len(sizes))
+    if len(sizes) >= 2 * after:  # (the last fill may undo a move on few blocks)
+        # No single block move lowers the larger of two loads any more.
+        heavy, light = max(final), min(final)
+        on_heavy = [s for s, o in zip(sizes, new, strict=True) if o == final.index(heavy)]
+        assert not any(0 < s < heavy - light for s in on_heavy)
     # Spread again, it stays: nothing moves that balance does not need.
     assert spread_blocks(sizes, new, after) == new
 

@@ -293,9 +293,11 @@ class PsServer(Migrations):
         if msg.version < 0:
             raise ConfigError(f"PsInit.version {msg.version} must be 0 or more")
         store = self.store
-        if self.config.await_import and not store.seeded:
+        if self.config.await_import and not store.seeded and msg.blocks:
             # A migration's target: its blocks come with the import, not from a
-            # worker's initial copy (that would be version 0).
+            # worker's initial copy (that would be version 0). An init naming no
+            # block (a server a scale-out added that the map gives none yet) has
+            # nothing to wait for.
             self._waiting_inits.append(incoming)
             return
         if store.seeded:

@@ -22,14 +22,17 @@ servers that carry ``N_w·ŝ`` cores, within the slots the hosts have.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dtlaunch.errors import InfeasibleError
+from dtlaunch.solvers.spread import spread_blocks
 
 __all__ = [
     "JobPlan",
     "WorkerPlan",
     "added_workers",
+    "busiest_share",
     "hot_server_cores",
     "plan_job",
     "plan_workers",
@@ -104,14 +107,46 @@ class JobPlan:
 
 
 def servers_for(
-    workers: int, server_cores_per_worker: float, server_limit: float, *, load: float, at_least: int
-) -> int:
-    """The servers that carry ``workers``' updates (``N_w·ŝ`` cores) each at
-    ``load`` of its ``server_limit`` cores; never fewer than ``at_least``."""
+    workers: int,
+    server_cores_per_worker: float,
+    server_limit: float,
+    *,
+    load: float,
+    at_least: int,
+    block_bytes: Sequence[int] = (),
+    at_most: int | None = None,
+) -> int | None:
+    """The fewest servers, not fewer than ``at_least`` nor more than ``at_most``,
+    whose busiest carries its share of ``workers``' updates (``N_w·ŝ`` cores) at
+    ``load`` of its ``server_limit`` cores; None when none do. The share is
+    ``1 / N_s`` for a model in fine blocks; with ``block_bytes`` it is the
+    busiest server's bytes once the blocks are spread (``spread_blocks``): a
+    block is never split, so servers beyond what the largest block allows help
+    nobody."""
     if server_cores_per_worker <= 0 or server_limit <= 0 or load <= 0:
         return at_least
-    need = workers * server_cores_per_worker / (load * server_limit)
-    return max(at_least, math.ceil(need - 1e-9))
+    demand = workers * server_cores_per_worker
+    even = math.ceil(demand / (load * server_limit) - 1e-9)  # enough for a model in fine blocks
+    top = at_most if at_most is not None else max(at_least, even)
+    if block_bytes:
+        top = min(top, max(at_least, len(block_bytes)))
+    for servers in range(max(1, at_least), top + 1):
+        if demand * busiest_share(block_bytes, servers) <= load * server_limit + 1e-9:
+            return servers
+    return None
+
+
+def busiest_share(block_bytes: Sequence[int], servers: int) -> float:
+    """The share of the bytes the busiest of ``servers`` servers holds once the
+    blocks are spread over them (``1 / servers`` without ``block_bytes``)."""
+    total = sum(block_bytes)
+    if not block_bytes or total <= 0:
+        return 1.0 / servers
+    owner = spread_blocks(block_bytes, [0] * len(block_bytes), servers)
+    loads = [0] * servers
+    for size, server in zip(block_bytes, owner, strict=True):
+        loads[server] += size
+    return max(loads) / total
 
 
 def plan_job(
@@ -126,12 +161,14 @@ def plan_job(
     load: float = 0.9,
     min_workers: int = 1,
     max_workers: int | None = None,
+    block_bytes: Sequence[int] = (),
 ) -> JobPlan:
     """Eq. 10 (``N_w = C_total / (ŵ + ŝ)``, rounded down, within ``[min_workers,
     max_workers]``) with the servers that feed them (:func:`servers_for`, at
-    ``load`` of ``server_limit`` each, never fewer than now): the most workers
-    for which workers and servers fit the slots (``free_slots`` more processes
-    than the ``workers_now`` and ``servers_now`` running).
+    ``load`` of ``server_limit`` each, never fewer than now, the model's blocks
+    ``block_bytes`` spread over them): the most workers for which workers and
+    servers fit the slots (``free_slots`` more processes than the
+    ``workers_now`` and ``servers_now`` running).
 
     Raises:
         InfeasibleError: as :func:`plan_workers`, or a server limit that is not
@@ -148,9 +185,15 @@ def plan_job(
     slots = workers_now + servers_now + max(0, free_slots)
     for workers in range(top.workers, min_workers - 1, -1):
         servers = servers_for(
-            workers, server_cores_per_worker, server_limit, load=load, at_least=servers_now
+            workers,
+            server_cores_per_worker,
+            server_limit,
+            load=load,
+            at_least=servers_now,
+            block_bytes=block_bytes,
+            at_most=slots - workers,
         )
-        if workers + servers <= slots:
+        if servers is not None and workers + servers <= slots:
             return JobPlan(
                 workers=workers,
                 servers=servers,

@@ -7,7 +7,9 @@ it elsewhere: the blocks of removed servers go first, largest first to the
 least loaded server that stays (LPT), then single blocks move from the most to
 the least loaded server while that lowers the larger of the two loads. On equal
 speeds this is the least bytes a balanced placement needs to move, up to the
-greedy's granularity (a block larger than the gap stays).
+greedy's granularity (a block larger than the gap stays). Last, a server left
+without a block takes the smallest block of one that holds several (an added
+server must receive something to be brought to the others' step).
 """
 
 from __future__ import annotations
@@ -64,4 +66,16 @@ def spread_blocks(
         placed[block] = light
         loads[heavy] -= sizes[block]
         loads[light] += sizes[block]
+    # Every server holds a block while there are blocks enough: a server added
+    # empty would join the map without ever being brought to the others' step
+    # (its blocks are what an import brings it to). It takes the smallest block
+    # of a server that holds two or more.
+    for empty in range(servers):
+        if any(server == empty for server in placed):
+            continue
+        held = [placed.count(j) for j in range(servers)]
+        donors = [b for b, server in enumerate(placed) if held[server] > 1]
+        if not donors:
+            break
+        placed[min(donors, key=lambda b: (sizes[b], b))] = empty
     return tuple(placed)

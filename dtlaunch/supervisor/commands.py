@@ -45,14 +45,15 @@ class ControlCommands:
         reply: Reply,
         workers: WorkerPeers,
         workers_changed: Callable[[list[int], list[int]], None],
-        servers_refusal: Callable[[], str | None] = lambda: None,
+        servers_refusal: Callable[[int], str | None] = lambda count: None,
         group: RegroupDriver | None = None,
         global_batch: Callable[[], int] = lambda: 0,
         spawn: Callable[[Coroutine[Any, Any, None], str], object] | None = None,
     ) -> None:
         """``workers_changed(before, after)``: told the worker ranks after a scale
         changed them (the parameter servers' membership follows them).
-        ``servers_refusal()``: why the built-in servers cannot be scaled now.
+        ``servers_refusal(count)``: why the built-in servers cannot be scaled to
+        ``count`` now.
         ``group``: an allreduce job's regroups, which a scale resizes (run as a
         task by ``spawn``); ``global_batch``: the data set's, which bounds it."""
         self._state = state
@@ -100,7 +101,7 @@ class ControlCommands:
         when the job refuses, and then nothing changed."""
         before = self._state.server_target
         try:
-            refusal = self._servers_refusal() if count != before else None
+            refusal = self._servers_refusal(count) if count != before else None
             if refusal is not None:
                 raise ConfigError(refusal)
             commands = self._state.scale_servers(count, now, reason=reason)

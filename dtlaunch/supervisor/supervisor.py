@@ -158,7 +158,7 @@ class Supervisor:
             reply=router.send,
             workers=self._workers,
             workers_changed=self._fleet.workers_changed if self._fleet else lambda *_: None,
-            servers_refusal=self._fleet.servers_refusal if self._fleet else lambda: None,
+            servers_refusal=self._fleet.servers_refusal if self._fleet else lambda _: None,
             group=self._regroup if self._rounds is None else None,  # rna: groups of its own
             global_batch=lambda: self._dds.spec.global_batch if self._dds.spec else 0,
             spawn=self._spawn_task,

@@ -217,6 +217,7 @@ class JobState:
         # (``server_drained``); a scale-out adds their slots.
         self.server_target = sum(1 for a in assignments if a.role == ROLE_SERVER)
         self.ps_map_servers = 0  # the servers of the job's block map (0: none registered yet)
+        self.ps_map_blocks = 0  # and its blocks: more servers than blocks hold nothing
         self._scale_restart = False  # a scale restarts the group: the new one starts together
         # Spare hosts get an agent too, so a KILL_RESTART onto one starts at once.
         self.agents: dict[str, AgentSlot] = {
@@ -1079,7 +1080,7 @@ class JobState:
             return None
         was = self.server_target
         room = sum(free for _, free in self._room_for_workers(gpu=False))
-        count = min(2 * was, was + room)
+        count = min(2 * was, was + room, self.ps_map_blocks)
         if count <= was:
             return None
         why = f"server {slot.rank} ran out of memory with the servers' memory about even"

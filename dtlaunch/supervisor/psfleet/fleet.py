@@ -216,15 +216,24 @@ class ServerFleet:
         the dead one had not updated yet; the job's workers are the members."""
         self._members = set(ranks)
 
-    def servers_refusal(self) -> str | None:
-        """Why the servers cannot be scaled now (None: they can): a new server
-        takes its blocks from the job's map, which the first worker registers."""
+    def servers_refusal(self, count: int) -> str | None:
+        """Why the servers cannot be scaled to ``count`` now (None: they can): a
+        new server takes its blocks from the job's map, which the first worker
+        registers, and a server needs a block to hold."""
         if self._placements is None:
             return "this job's servers are not dtlaunch's built-in ones"
-        if self._placements.placement is None:
+        placement = self._placements.placement
+        if placement is None:
             return (
                 "no worker has registered the model's parameter blocks yet (the first "
                 "dtlaunch.ps.Client does); scale the servers once the workers train"
+            )
+        if count > len(placement.blocks):
+            return (
+                f"the model is cut into {len(placement.blocks)} parameter block(s), and a "
+                f"server beyond them would hold nothing: ask for at most "
+                f"{len(placement.blocks)} servers (a job started with a smaller "
+                "--ps-block-bytes cuts the model finer)"
             )
         return None
 
@@ -362,6 +371,7 @@ class ServerFleet:
         """The node table learns how many servers hold blocks (an OOM of a server
         may add servers only once there is a map to spread)."""
         self._state.ps_map_servers = placement.servers
+        self._state.ps_map_blocks = len(placement.blocks)
 
     def _scale_event(self, phase: str, **data: Any) -> None:
         self._recorder.emit("ps_scale", role="supervisor", rank=0, phase=phase, **data)

@@ -38,12 +38,14 @@ import dataclasses
 import math
 import statistics
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dtlaunch.errors import InfeasibleError
 from dtlaunch.solvers.dlrover import (
     WorkerPlan,
     added_workers,
+    busiest_share,
     hot_server_cores,
     plan_job,
     plan_workers,
@@ -221,7 +223,10 @@ class AutoPolicy:
             "predicted_rate": round(predicted, 3),
         }
         if plan.bound == "servers" and res.servers_scalable and self.scale_servers:
-            both = self._with_servers(now, res, w_hat, s_hat, one_rate, rate, plan, inputs)
+            blocks = snap.ps_layout.block_bytes if snap.ps_layout is not None else ()
+            both = self._with_servers(
+                now, res, w_hat, s_hat, one_rate, rate, plan, inputs, blocks=blocks
+            )
             if both:
                 return both
         if plan.workers == current:
@@ -254,10 +259,14 @@ class AutoPolicy:
         rate: float,
         bounded: WorkerPlan,
         inputs: dict[str, object],
+        *,
+        blocks: Sequence[int],
     ) -> list[Action]:
         """Eq. 10-11 with the servers' count free: more servers (each given what
         a server has now) and the workers they feed, when that beats the plan the
-        servers bound; [] when it does not."""
+        servers bound; [] when it does not. ``blocks``: the model's block sizes,
+        which no server can split: a model in one big block gains nothing from
+        more servers."""
         current, servers = len(res.workers), len(res.servers)
         server_limit = statistics.median(use.cpu_limit for use in res.servers.values())
         try:
@@ -272,21 +281,24 @@ class AutoPolicy:
                 load=self.hot,
                 min_workers=min(self.min_workers, current + res.free_worker_slots),
                 max_workers=self.max_workers or None,
+                block_bytes=blocks,
             )
         except InfeasibleError:
             return []
         if plan.workers <= bounded.workers or plan.servers == servers:
             return []
+        share = busiest_share(blocks, plan.servers)
         predicted = predicted_throughput(
             one_worker_rate=one_rate,
             workers=plan.workers,
-            server_cores_given=plan.servers * server_limit,
+            server_cores_given=server_limit / share,  # the busiest server bounds the steps
             server_cores_per_worker=s_hat,
         )
         inputs = {
             **inputs,
             "plan_workers": plan.workers,
             "plan_servers": plan.servers,
+            "busiest_server_share": round(share, 3),
             "bound": plan.bound,
             "server_cores_plan": round(plan.server_cores, 3),
             "server_limit": round(server_limit, 3),
@@ -297,8 +309,9 @@ class AutoPolicy:
             f"auto: {current} -> {plan.workers} workers and {servers} -> {plan.servers} "
             f"servers: C_total {res.total_cores:g} cores / (w {w_hat:.2f} + s {s_hat:.2f}) = "
             f"{plan.model_workers:.1f} (eq. 10; bound: {plan.bound}), their updates "
-            f"{plan.workers * s_hat:.2f} cores on servers of {server_limit:g} at {self.hot:g} "
-            f"(the {servers} server(s) fed {bounded.workers}); predicted {predicted:.1f} "
+            f"{plan.workers * s_hat:.2f} cores on servers of {server_limit:g} at {self.hot:g}, "
+            f"the busiest with {share:.0%} of the bytes (the {servers} server(s) fed "
+            f"{bounded.workers}); predicted {predicted:.1f} "
             f"samples/s against {rate:.1f} measured"
         )
         actions: list[Action] = [ScaleServers(count=plan.servers, reason=reason, inputs=inputs)]
