@@ -17,7 +17,7 @@ from dtlaunch.supervisor.jobstate.scaling import rescaled_servers
 from dtlaunch.supervisor.placement import place
 from dtlaunch.supervisor.psfleet.scaling import Drain, Rescale, Wait, next_server_step
 from dtlaunch.wire.messages import Exited, Kill, Spawn
-from tests.test_jobstate import TIMING, exited, sent
+from tests.test_jobstate import exited, sent
 from tests.test_scaling import HOSTS, events, make_state, running, up
 
 
@@ -132,24 +132,8 @@ def test_a_resumed_state_takes_the_target_of_the_log():
     assert all(s.state is ProcState.PENDING for s in state.procs.values())
 
 
-def _spawn(slot, addr, port) -> Spawn:
-    return Spawn(proc_id=slot.proc_id, role=slot.role, rank=slot.rank, attempt=slot.attempt,
-                 argv=["x"], env={}, cwd="/", memory_limit=slot.memory_limit)  # fmt: skip
-
-
 def _with_limits(memory: int) -> JobState:
-    return JobState(
-        place(HOSTS, workers=2, servers=1),
-        timing=TIMING,
-        max_restarts=5,
-        restart_scope="process",
-        build_spawn=_spawn,
-        master_addr_of=lambda label, reported: label + "-addr",
-        builtin_ps=True,
-        spare_hosts=["s1"],
-        host_slots={h.label: h.slots for h in HOSTS},
-        limits=LimitRules(memory_limit=memory),
-    )
+    return make_state(workers=2, limits=LimitRules(memory_limit=memory))
 
 
 def test_a_server_out_of_memory_with_even_memory_gives_the_job_more_servers_once():

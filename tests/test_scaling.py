@@ -11,6 +11,7 @@ import pytest
 from dtlaunch.errors import ConfigError
 from dtlaunch.hostfile import HostSpec
 from dtlaunch.supervisor.jobstate import AskToLeave, LaunchAgent, WorkerGone
+from dtlaunch.supervisor.jobstate.limits import LimitRules
 from dtlaunch.supervisor.jobstate.machine import LEAVE_GRACE_S, EmitEvent, JobState, ProcState
 from dtlaunch.supervisor.jobstate.scaling import added_assignment, plan_scale, rescaled
 from dtlaunch.supervisor.placement import place
@@ -25,10 +26,12 @@ HOSTS = [
 ]
 
 
-def make_state(*, builtin_ps: bool = True, workers: int = 2) -> JobState:
+def make_state(
+    *, builtin_ps: bool = True, workers: int = 2, limits: LimitRules | None = None
+) -> JobState:
     def build_spawn(slot, addr, port):
-        return Spawn(proc_id=slot.proc_id, role=slot.role, rank=slot.rank,
-                     attempt=slot.attempt, argv=["x"], env={}, cwd="/")  # fmt: skip
+        return Spawn(proc_id=slot.proc_id, role=slot.role, rank=slot.rank, attempt=slot.attempt,
+                     argv=["x"], env={}, cwd="/", memory_limit=slot.memory_limit)  # fmt: skip
 
     return JobState(
         place(HOSTS, workers=workers, servers=1 if builtin_ps else 0),
@@ -40,6 +43,7 @@ def make_state(*, builtin_ps: bool = True, workers: int = 2) -> JobState:
         builtin_ps=builtin_ps,
         spare_hosts=["s1"],
         host_slots={h.label: h.slots for h in HOSTS},
+        limits=limits,
     )
 
 
