@@ -58,6 +58,7 @@ from dtlaunch.supervisor.jobstate.machine import Command, JobState, ProcState
 from dtlaunch.supervisor.psfleet.placement import PlacementKeeper
 from dtlaunch.supervisor.psfleet.reassign import BlockReassigner, Reassigned
 from dtlaunch.supervisor.psfleet.scaling import Drain, Rescale, Wait, next_server_step
+from dtlaunch.supervisor.psfleet.told import STATS_TIMEOUT_S, wait_until_told
 from dtlaunch.wire.keys import PeerKeys
 from dtlaunch.wire.messages import PsPlacementMap, PsStats, PsUpdate
 
@@ -65,10 +66,8 @@ __all__ = ["ServerFleet"]
 
 log = logging.getLogger(__name__)
 
-STATS_TIMEOUT_S = 5.0  # a server sleeping an injected delay still answers within it
 START_TIMEOUT_S = 180.0  # a new server process: Python and torch on a busy host
 MOVE_TIMEOUT_S = 600.0  # the straggler's next step boundary (as long as a BSP pull waits)
-REDIRECT_POLL_S = 0.2
 SCALE_RETRY_S = 5.0  # after a scale step failed (rolled back), the next try
 # A server a scale-in emptied is stopped once its members were told, or after this
 # (a worker waiting for data asks it nothing until data comes).
@@ -333,18 +332,15 @@ class ServerFleet:
         had not asked it since would wait for an answer from a stopped server),
         or after ``DRAIN_WAIT_S``."""
         endpoint = self._state.server_endpoint(rank)
-        stop = threading.Event()
+        wait = functools.partial(
+            wait_until_told, endpoint, endpoint, self._keys, stop=self._stop, timeout_s=DRAIN_WAIT_S
+        )
         try:
-            told = (
-                await self._blocking(self._wait_told, endpoint, stop, pool=self._move_pool)
-                if endpoint
-                else False
-            )
+            told = bool(endpoint) and await self._blocking(wait, pool=self._move_pool)
         except Exception as exc:  # gone or silent: stopping it loses nothing
             log.info("server %d: waiting for its members to be told: %s", rank, exc)
             told = False
         finally:
-            stop.set()
             self._draining.discard(rank)
         commands = self._state.server_drained(rank)
         if not commands:  # scaled back up meanwhile: it serves on
@@ -354,18 +350,6 @@ class ServerFleet:
             self._controller.server_removed(rank)
         self._pool.submit(self._forget, rank)
         self._scale_event("drained", servers=[rank], all_told=told)
-
-    def _wait_told(self, endpoint: str, stop: threading.Event) -> bool:
-        """Until every member of the server at ``endpoint`` was told its blocks'
-        new map (False after ``DRAIN_WAIT_S``)."""
-        deadline = time.monotonic() + DRAIN_WAIT_S
-        with ServerControl(endpoint, self._keys, timeout=STATS_TIMEOUT_S, stop=stop) as server:
-            while time.monotonic() < deadline and not self._stop.is_set():
-                stats = server.stats()
-                if set(stats.workers) <= set(stats.redirected):
-                    return True
-                stop.wait(REDIRECT_POLL_S)
-        return False
 
     def _map_changed(self, placement: PsPlacementMap) -> None:
         """The node table learns how many servers hold blocks (an OOM of a server
@@ -471,9 +455,8 @@ class ServerFleet:
         try:
             # The old server answers "moved" until every member of the new one
             # has heard it; a member still computing a long step asks later.
-            everyone = await self._blocking(
-                self._wait_redirects, old, new, stop, pool=self._move_pool
-            )
+            wait = functools.partial(wait_until_told, old, new, self._keys, stop=stop)
+            everyone = await self._blocking(wait, pool=self._move_pool)
         except Exception as exc:  # it holds nothing now: stop it anyway
             log.warning("server %d: waiting for the redirects: %s", rank, exc)
             everyone = False
@@ -499,20 +482,6 @@ class ServerFleet:
                 pause_s=time.monotonic() - boundary,
                 members=exported.message.workers,
             )
-
-    def _wait_redirects(self, old_endpoint: str, new_endpoint: str, stop: threading.Event) -> bool:
-        """Until every member of the new server was redirected by the old one (a
-        member that left is a member no more); False when stopped first."""
-        keys = self._keys
-        with (
-            ServerControl(old_endpoint, keys, timeout=STATS_TIMEOUT_S, stop=stop) as old,
-            ServerControl(new_endpoint, keys, timeout=STATS_TIMEOUT_S, stop=stop) as new,
-        ):
-            while not stop.is_set():
-                if set(new.stats().workers) <= set(old.stats().redirected):
-                    return True
-                stop.wait(REDIRECT_POLL_S)
-        return False
 
     def _event(self, rank: int, phase: str, **data: Any) -> None:
         self._recorder.emit("ps_move", role="server", rank=rank, phase=phase, **data)
