@@ -22,7 +22,12 @@ def batch_sizes(ledger, rank):
     "slowness",
     [
         ["", "0:1,1:1,2:4"],  # a slow worker (its own sleep per step)
-        ["--inject", "persistent:role=worker,ranks=2,delay=0.06", ""],  # injected straggler
+        # An injected straggler (12 s; make test-slow: injection is covered by the
+        # straggler and regroup jobs of make test).
+        pytest.param(
+            ["--inject", "persistent:role=worker,ranks=2,delay=0.06", ""],
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=["slow-worker", "injected"],
 )
