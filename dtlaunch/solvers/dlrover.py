@@ -21,8 +21,9 @@ servers that carry ``N_w·ŝ`` cores, within the slots the hosts have.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dtlaunch.errors import InfeasibleError
@@ -115,6 +116,7 @@ def servers_for(
     at_least: int,
     block_bytes: Sequence[int] = (),
     at_most: int | None = None,
+    share: Callable[[int], float] | None = None,
 ) -> int | None:
     """The fewest servers, not fewer than ``at_least`` nor more than ``at_most``,
     whose busiest carries its share of ``workers``' updates (``N_w·ŝ`` cores) at
@@ -122,7 +124,8 @@ def servers_for(
     ``1 / N_s`` for a model in fine blocks; with ``block_bytes`` it is the
     busiest server's bytes once the blocks are spread (``spread_blocks``): a
     block is never split, so servers beyond what the largest block allows help
-    nobody."""
+    nobody. ``share``: that share by server count, when the caller keeps it
+    (``plan_job`` asks for the same counts for every number of workers)."""
     if server_cores_per_worker <= 0 or server_limit <= 0 or load <= 0:
         return at_least
     demand = workers * server_cores_per_worker
@@ -130,8 +133,9 @@ def servers_for(
     top = at_most if at_most is not None else max(at_least, even)
     if block_bytes:
         top = min(top, max(at_least, len(block_bytes)))
+    busiest = share or functools.partial(busiest_share, block_bytes)
     for servers in range(max(1, at_least), top + 1):
-        if demand * busiest_share(block_bytes, servers) <= load * server_limit + 1e-9:
+        if demand * busiest(servers) <= load * server_limit + 1e-9:
             return servers
     return None
 
@@ -183,6 +187,8 @@ def plan_job(
         max_workers=max_workers,
     )
     slots = workers_now + servers_now + max(0, free_slots)
+    # One spread of the blocks per server count, whatever the workers tried.
+    share = functools.cache(functools.partial(busiest_share, block_bytes))
     for workers in range(top.workers, min_workers - 1, -1):
         servers = servers_for(
             workers,
@@ -192,6 +198,7 @@ def plan_job(
             at_least=servers_now,
             block_bytes=block_bytes,
             at_most=slots - workers,
+            share=share,
         )
         if servers is not None and workers + servers <= slots:
             return JobPlan(
