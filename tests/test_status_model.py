@@ -293,3 +293,28 @@ def test_a_straggler_moved_to_a_spare_host_names_both_hosts():
     [moved] = [n for n in snap.nodes if n.role == "worker" and n.rank == 2]
     assert moved.host == "spare1"
     assert moved.straggler.endswith("KILL_RESTART at 15 s from h2 onto spare1")
+
+
+def test_a_drained_server_leaves_the_table_and_a_replaced_process_does_not_mark_its_rank():
+    events = [ev("job_start", 0.0, run_id="r1", mode="ps", workers=2, servers=2)]
+    for role, rank in (("worker", 0), ("worker", 1), ("server", 0), ("server", 1)):
+        events.append(ev("running", 0.2, role=role, rank=rank, host=f"h{rank}", attempt=0))
+    # Worker 1 is replaced by a prewarmed process on a spare host: the old one's
+    # exit comes after the new one runs.
+    events += [
+        ev("spawn", 5.0, role="worker", rank=1, host="spare", attempt=1),
+        ev("running", 5.1, role="worker", rank=1, host="spare", attempt=1),
+        ev("exit", 6.0, role="worker", rank=1, host="h1", exit_code=None, signal=15, retired=True),
+        # A scale-in drains server 1: removed, then its process exits.
+        ev("removed", 7.0, role="server", rank=1, host="h1", attempt=0),
+        ev("exit", 7.5, role="server", rank=1, host="h1", exit_code=0, signal=None, retired=True),
+    ]
+    fold = StatusFold(policy="none")
+    fold.emit_all(events)
+    snap = fold.snapshot(now=8.0, source="events", stragglers={})
+    rows = {(n.role, n.rank): (n.proc_state, n.host) for n in snap.nodes}
+    assert rows == {
+        ("worker", 0): ("running", "h0"),
+        ("worker", 1): ("running", "spare"),
+        ("server", 0): ("running", "h0"),
+    }

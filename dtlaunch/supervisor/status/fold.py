@@ -69,6 +69,7 @@ class NodeTrack:
     action_note: str = ""  # the latest policy action that touched this node
     # From the latest "resources" sample (a live status gets them first-hand).
     resources: Resources | None = None
+    removed: bool = False  # a scale took it out of the job (a drained server)
 
     def recent(self) -> list[BptPoint]:
         mine = [p for p in self.points if p.t >= self.since]
@@ -166,12 +167,20 @@ class StatusFold:
 
     def _exit(self, event: Event) -> None:
         data = event.data
-        if data.get("removed"):  # a scale-down's worker: no longer one of the job's
+        track = self.nodes.get((event.role, event.rank))
+        if data.get("removed") or (data.get("retired") and track is not None and track.removed):
+            # A scale-down's worker, or a server a scale-in drained: no longer the job's.
             self.nodes.pop((event.role, event.rank), None)
+        elif data.get("retired"):
+            return  # a replaced process: its successor's row is the rank's
         elif data.get("exit_code") == 0:
             self._proc(event, "succeeded")
         else:
             self._proc(event, "stopped" if data.get("requested") else "failed")
+
+    def _removed(self, event: Event) -> None:
+        if (track := self._proc(event, "stopping")) is not None:
+            track.removed = True
 
     def _restart(self, event: Event) -> None:
         track = self._proc(event, "pending")
@@ -580,7 +589,7 @@ _HANDLERS: dict[str, Callable[[StatusFold, Event], object]] = {
     "unresponsive": lambda fold, e: fold._proc(e, "unresponsive"),
     "kill_restart": lambda fold, e: fold._proc(e, "stopping"),
     "added": lambda fold, e: fold._proc(e, "pending"),
-    "removed": lambda fold, e: fold._proc(e, "stopping"),
+    "removed": StatusFold._removed,
     "exit": StatusFold._exit,
     "failure": lambda fold, e: fold._proc(e, "failed"),
     "spawn_failed": lambda fold, e: fold._proc(e, "failed"),
