@@ -103,9 +103,10 @@ def _train_with(
     keeper = _keeper(run_dir)
     with serving(keys, 3) as endpoints:
 
-        def source() -> Placement:
+        def source() -> tuple[Placement, list[str]]:
             assert keeper.placement is not None
-            return from_wire(keeper.placement)
+            placement = from_wire(keeper.placement)  # a scale-in's map has fewer servers
+            return placement, endpoints[: placement.servers]
 
         with training(endpoints, keys, source=source) as run:
             keeper.register(0, to_wire(run.clients[0].placement))
@@ -146,13 +147,21 @@ def _check_reassigned(run, endpoints, keeper, done, unmoved, keys, tmp_path) -> 
     assert_same_run(run, endpoints, keys, new, unmoved)
 
 
-def _begin_and_hold(keeper: PlacementKeeper, endpoints: list[str], keys: PeerKeys, *, commit: bool):
+def _begin_and_hold(
+    keeper: PlacementKeeper,
+    endpoints: list[str],
+    keys: PeerKeys,
+    *,
+    commit: bool,
+    servers: int | None = None,
+):
     """What a supervisor killed mid-way left: the pending record, the sources'
-    blocks on hold at the fence, and (``commit``) the imports and the new map."""
+    blocks on hold at the fence, and (``commit``) the imports and the new map
+    (of ``servers`` servers: a scale-in; default: as many as now)."""
     assert keeper.placement is not None
     with ServerControl(endpoints[0], keys, timeout=TIMEOUT_S) as ctl:
         fence = ctl.stats().version + 2
-    pending = keeper.begin(_moves(from_wire(keeper.placement)), fence)
+    pending = keeper.begin(_moves(from_wire(keeper.placement)), fence, servers)
     exported = {}
     giving: dict[int, list[int]] = {}
     for move in pending.moves:
@@ -210,7 +219,7 @@ def _check_recovered(run, endpoints, keeper, outcome, committed, unmoved, keys) 
     assert placement.version == (1 if committed else 0)
     assert [c.placement.version for c in run.clients] == [placement.version] * 2
     assert run.dropped == []
-    for j, endpoint in enumerate(endpoints):
+    for j, endpoint in enumerate(endpoints[: placement.servers]):  # a scale-in's stay behind
         with ServerControl(endpoint, keys, timeout=TIMEOUT_S) as ctl:
             stats = ctl.stats()
             assert stats.version == STEPS

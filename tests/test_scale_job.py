@@ -29,6 +29,10 @@ from tests.jobs import (
 pytest.importorskip("torch")
 
 DATASET, SHARD = 16000, 200
+# Seconds a step while the test scales and kills the supervisor: the job must not
+# run out of data before the test is through (800 steps would take 160 s); then
+# 0, and the job trains the rest at full speed.
+HELD_STEP_S = 0.2
 
 
 def trained_records(out: Path) -> list[int]:
@@ -39,7 +43,7 @@ def trained_records(out: Path) -> list[int]:
     return records
 
 
-def job_args(sshd, tmp_path: Path, out: Path, run_dir: Path) -> list[str]:
+def job_args(sshd, tmp_path: Path, out: Path, run_dir: Path, step_file: Path) -> list[str]:
     a0, a1, a2 = sshd.addresses
     hosts = hostfile(
         sshd,
@@ -49,7 +53,7 @@ def job_args(sshd, tmp_path: Path, out: Path, run_dir: Path) -> list[str]:
     return [
         "run", "-H", str(hosts), "--workers", "2", "--servers", "1", "--run-dir", str(run_dir),
         "--dataset-size", str(DATASET), "--shard-size", str(SHARD), "--global-batch", "20",
-        "--output", "0", str(SCRIPTS / "ps_bsp_worker.py"), str(out), "0.02",
+        "--output", "0", str(SCRIPTS / "ps_bsp_worker.py"), str(out), f"@{step_file}",
     ]  # fmt: skip
 
 
@@ -66,8 +70,10 @@ def test_scale_up_kill_the_supervisor_resume_and_scale_down_while_a_ps_job_train
     out.mkdir()
     run_dir = tmp_path / "run"
     a2 = sshd.addresses[2]
+    step_file = tmp_path / "step"
+    step_file.write_text(str(HELD_STEP_S))
     with started(
-        job_args(sshd, tmp_path, out, run_dir), env=sshd.env(), log=tmp_path / "log"
+        job_args(sshd, tmp_path, out, run_dir, step_file), env=sshd.env(), log=tmp_path / "log"
     ) as job:
         wait_until(lambda: steps_of(run_dir, 1) >= 20, timeout=120, what="worker 1 training")
         # Too many: 3 spare slots free, so at most 5; refused, nothing changes.
@@ -113,6 +119,7 @@ def test_scale_up_kill_the_supervisor_resume_and_scale_down_while_a_ps_job_train
         down = scale(run_dir, 2)
         assert down.returncode == 0, down.stdout + down.stderr
         assert "workers 4 -> 2" in down.stdout
+        step_file.write_text("0")
         assert job.wait(timeout=240) == 0, job.output()
     log = events(run_dir)
     [first, second] = [e for e in log if e["kind"] == "scale"]

@@ -208,8 +208,10 @@ class Client(CatchUp):
                 self._exch.endpoints.append(endpoint)
                 self._exch.incarnations.append(0)
             self._seed()
-            # A new process of a rank whose last one was idle is a member again.
-            self._rejoin()
+            # A new process of a rank whose last one was idle is a member again;
+            # under dtlaunch run, one a scale added first waits to be counted.
+            under_job = (job if job is not None else current_job()) is not None
+            self._rejoin(until_counted=under_job)
         except BaseException:
             self.close(notify=False)
             raise

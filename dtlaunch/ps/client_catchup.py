@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,10 @@ __all__ = ["MAX_RESYNCS", "CatchUp"]
 logger = logging.getLogger("dtlaunch.ps.client")
 
 MAX_RESYNCS = 5  # a server that restarts again during a resync is resynced again
+# A rank ``dtlaunch scale`` added is counted by the servers once the supervisor
+# heard its hello; its first push waits for that (asked again this often, so long).
+MEMBER_POLL_S = 0.2
+MEMBER_WAIT_S = 60.0
 
 
 class CatchUp:
@@ -91,7 +96,7 @@ class CatchUp:
         self._idle = False
         self._rejoin()
 
-    def _rejoin(self) -> None:
+    def _rejoin(self, *, until_counted: bool = False) -> None:
         """Be a member again, from one step common to every server.
 
         Each server answers the first step that waits for this worker (its
@@ -99,18 +104,48 @@ class CatchUp:
         trains next on the latest of those; for an earlier step a server
         expects from it, it pushes zeros (once that step is the server's), so
         no step waits for it and the parameters it computes on are one version.
+
+        ``until_counted`` (a new process under ``dtlaunch run``): first wait, up
+        to ``MEMBER_WAIT_S``, until every server counts this worker. A rank a
+        scale added is counted once the supervisor heard its hello; a push
+        before that joins a step only if it comes in time, and a dropped one
+        gives its shard back to be read again, records already trained included.
         """
         n = len(self._exch.links)
         member_from = [0] * n
+        counted = [True] * n
 
         def take(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
-            member_from[j] = expect(PsIdleReply, j, reply, "PsIdle").member_from
+            answer = expect(PsIdleReply, j, reply, "PsIdle")
+            member_from[j], counted[j] = answer.member_from, answer.member
             return 0
 
-        requests: dict[int, Request] = {
-            j: (PsIdle(request_id=0, worker=self.worker, idle=False), []) for j in range(n)
-        }
-        self._exch.run("rejoin", requests, take, on_restart=self._resync)
+        def ask() -> None:
+            requests: dict[int, Request] = {
+                j: (PsIdle(request_id=0, worker=self.worker, idle=False), []) for j in range(n)
+            }
+            self._exch.run("rejoin", requests, take, on_restart=self._resync)
+
+        ask()
+        if until_counted and not all(counted):
+            logger.info(
+                "ps: worker %d waits until servers %s count it (the supervisor tells them "
+                "once it heard this worker's hello)",
+                self.worker,
+                [j for j in range(n) if not counted[j]],
+            )
+            deadline = time.monotonic() + MEMBER_WAIT_S
+            while not all(counted) and time.monotonic() < deadline:
+                time.sleep(MEMBER_POLL_S)
+                ask()
+            if not all(counted):
+                logger.warning(
+                    "ps: servers %s still do not count worker %d after %.0f s; training "
+                    "anyway: a push that comes after its step is dropped and its shard read again",
+                    [j for j in range(n) if not counted[j]],
+                    self.worker,
+                    MEMBER_WAIT_S,
+                )
         common = max(member_from, default=0)
         for step in range(min(member_from, default=0), common):
             behind = [j for j in range(n) if member_from[j] <= step]

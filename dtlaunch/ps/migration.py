@@ -52,6 +52,8 @@ from dtlaunch.wire.messages import (
     PsExported,
     PsHoldEnd,
     PsImport,
+    PsPull,
+    PsPush,
     PsRelease,
 )
 
@@ -70,6 +72,8 @@ class Migrations:
     _export_deadlines: dict[int, float]
     _waiting_inits: list[Incoming]
     _waiting_imports: list[Incoming]
+    _waiting_pulls: list[Incoming]
+    _waiting_pushes: list[Incoming]
 
     if TYPE_CHECKING:  # defined by PsServer
 
@@ -235,6 +239,22 @@ class Migrations:
             logger.info("blocks %s are served here again (reassignment rolled back)", ended)
         self._answer_waiting()
         self._reply(incoming)
+
+    def _held_workers(self) -> list[int]:
+        """Workers whose pull or push waits here only because a block it names is
+        on hold for a reassignment (``moved``): they move on once the hold ends."""
+        held: set[int] = set()
+        for incoming in self._waiting_pulls:
+            msg = incoming.message
+            if isinstance(msg, PsPull) and self._moved.fence_of(msg.blocks) is not None:
+                held.add(msg.worker)
+        for incoming in self._waiting_pushes:
+            msg = incoming.message
+            if isinstance(msg, PsPush):
+                fence = self._moved.fence_of(msg.blocks)
+                if fence is not None and msg.step >= fence:
+                    held.add(msg.worker)
+        return sorted(held)
 
     def _drop_waiting(self, requests: list[Incoming], blocks: Sequence[int], why: str) -> None:
         """Refuse the waiting exports and imports among ``requests`` that name one

@@ -156,12 +156,8 @@ class PsServer(Migrations):
         self._running = True
         logger.info(
             "ps server %d serving on %s (%s, incarnation %d, version %d)",
-            self.config.rank,
-            self.endpoint,
-            self.config.mode,
-            self.incarnation,
-            self.store.version,
-        )
+            self.config.rank, self.endpoint, self.config.mode, self.incarnation, self.store.version,
+        )  # fmt: skip
         try:
             while self._running and not (stop is not None and stop.is_set()):
                 wait_ms = POLL_MS
@@ -544,6 +540,7 @@ class PsServer(Migrations):
                 member_from=member_from,
                 version=self.store.version,
                 incarnation=self.incarnation,
+                member=self.store.counts(msg.worker),
             ),
         )
         self._after_update(update)
@@ -589,8 +586,11 @@ class PsServer(Migrations):
                 redirected=self._moved.redirected,
                 now_s=time.monotonic(),
                 assigned=sorted(store.assigned),
+                waiting_for=store.waiting_for(),
+                held=self._held_workers(),
             ),
         )
+
 
     def _on_shutdown(self, incoming: Incoming) -> None:
         if self.config.snapshot_path is not None and self.store.params:

@@ -206,6 +206,18 @@ class ParamStore:
         """Gradients for the current version are waiting (BSP)."""
         return bool(self._contrib)
 
+    def counts(self, worker: int) -> bool:
+        """Whether this server's steps count ``worker`` (ASP: every worker; BSP: an
+        assigned one). An unassigned worker's push joins a step only if it comes
+        before the step applies, and is dropped after: its records are read again."""
+        return self.mode == "asp" or worker in self.assigned
+
+    def waiting_for(self) -> list[int]:
+        """BSP: the members whose push the coming step still lacks (ASP: none)."""
+        if self.mode != "bsp":
+            return []
+        return sorted(self.members - set(self._contrib))
+
     @property
     def open_samples(self) -> int:
         """Records behind the gradients waiting in the open step (0: none, or

@@ -7,6 +7,9 @@ gradient was applied (one step a line; a step BACKUP_WORKERS dropped is left
 out). EXTRA (default 0) adds a parameter of that many floats with a small L2
 pull toward 0, so the servers' updates cost time in proportion to the bytes they
 hold (``--inject slowdown:role=server`` then slows a server by its share).
+STEP_S may be @FILE holding the seconds instead (re-read every step, so a test
+can hold the job back while it scales and kills supervisors, and let it run
+to its end after).
 usage: ps_bsp_worker.py OUT STEP_S [EXTRA]"""
 
 import hashlib
@@ -20,7 +23,18 @@ import torch
 import dtlaunch
 import dtlaunch.ps
 
-out, step_s = Path(sys.argv[1]), float(sys.argv[2])
+out, step_arg = Path(sys.argv[1]), sys.argv[2]
+
+
+def step_seconds() -> float:
+    if not step_arg.startswith("@"):
+        return float(step_arg)
+    try:
+        return float(Path(step_arg[1:]).read_text())
+    except (OSError, ValueError):
+        return 0.0
+
+
 extra_floats = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 job = dtlaunch.init()
 torch.manual_seed(0)
@@ -42,7 +56,7 @@ for idx in job.batches(wait=0.05):
         if extra_floats:
             loss = loss + 1e-3 * model.extra.square().mean()
         loss.backward()
-        time.sleep(step_s)
+        time.sleep(step_seconds())
     ps.push(len(idx))
     trained += len(idx)
     if ps.dropped and idx:

@@ -12,9 +12,10 @@ their own (those sockets block; the supervisor's loop must not):
 * **KILL_RESTART of a server as a live move** (§VI-A with PSLD §5.2's versioned
   migration). A fresh server starts on a free spare host
   (``JobState.replace_server``) while the straggler serves on. Once the new one
-  listens, the straggler exports every block with its optimizer state at its
-  next step boundary and from then on sends each client that asks it to the
-  new server (``moved_to``); the new server imports the blocks at that version
+  listens (``migrate``: the exchange itself), the straggler exports every
+  block with its optimizer state at its next step boundary and from then on
+  sends each client that asks it to the new server (``moved_to``); the new
+  server imports the blocks at that version
   and takes over the membership. Training waits only from that boundary to the
   import; the clients follow on their own, at whatever point of their step the
   redirect reaches them. The straggler is stopped once every member has been
@@ -27,8 +28,14 @@ job goes on with it.
 
 * **REASSIGN_BLOCKS** (PSLD): some blocks change servers, live, between steps
   (``reassign``), recorded as ``ps_reassign`` events with the pause measured. A
-  reassignment left pending by a supervisor that died is completed or rolled
-  back first thing (``run``).
+  reassignment left pending (by a supervisor that died, or a release that
+  failed after the commit) is completed or rolled back before anything else
+  moves a block or stops a server: at the first poll at which every server it
+  names listens again (a resumed supervisor learns the endpoints only as the
+  agents say hello), and again every ``SCALE_RETRY_S`` while that fails. Until
+  then a source holds the moved blocks and every worker waits for them, so
+  stopping a server of the old map (a scale-in's drain) would leave them
+  waiting for a process that is gone.
 * **Servers added or removed** (``dtlaunch scale --servers``): every poll takes
   the next step ``scaling.next_server_step`` names, a reassignment onto the new
   number of servers or stopping the servers it emptied, recorded as ``ps_scale``
@@ -41,10 +48,8 @@ import asyncio
 import functools
 import logging
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from dtlaunch.events import EventRecorder
@@ -55,6 +60,7 @@ from dtlaunch.supervisor.control.actions import KillRestart, ReassignBlocks
 from dtlaunch.supervisor.control.loop import ReportIntake
 from dtlaunch.supervisor.control.monitor import PsLayout
 from dtlaunch.supervisor.jobstate.machine import Command, JobState, ProcState
+from dtlaunch.supervisor.psfleet.migrate import MOVE_TIMEOUT_S, migrate
 from dtlaunch.supervisor.psfleet.placement import PlacementKeeper
 from dtlaunch.supervisor.psfleet.reassign import BlockReassigner, Reassigned
 from dtlaunch.supervisor.psfleet.scaling import Drain, Rescale, Wait, next_server_step
@@ -66,21 +72,12 @@ __all__ = ["ServerFleet"]
 
 log = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 180.0  # a new server process: Python and torch on a busy host
-MOVE_TIMEOUT_S = 600.0  # the straggler's next step boundary (as long as a BSP pull waits)
 SCALE_RETRY_S = 5.0  # after a scale step failed (rolled back), the next try
 # A server a scale-in emptied is stopped once its members were told, or after this
 # (a worker waiting for data asks it nothing until data comes).
 DRAIN_WAIT_S = 30.0
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class _Moved:
-    version: int  # the blocks' version at the move (the step boundary)
-    pause_s: float  # from that boundary to the import: what the workers waited
-    members: list[int]  # the workers a step waits for, handed over
 
 
 class ServerFleet:
@@ -135,6 +132,8 @@ class ServerFleet:
             else None
         )
         self._reassigning = False
+        self._recover_retry_at = 0.0  # a failed recovery is tried again from then
+        self._recover_waiting = ""  # what the recovery waits for, as last recorded
         self._scale_retry_at = 0.0  # a failed scale step is tried again from then
         self._scale_waiting = ""  # why the scale waits, as last recorded
         self._draining: set[int] = set()  # servers a scale-in emptied, being stopped
@@ -148,12 +147,8 @@ class ServerFleet:
     # --------------------------------------------------------------- public
 
     async def run(self) -> None:
-        """Feed the Monitor every interval until cancelled; then stop every move.
-        First, complete or roll back a reassignment an earlier supervisor left."""
+        """Feed the Monitor every interval until cancelled; then stop every move."""
         try:
-            if self._placements is not None and self._placements.pending is not None:
-                self._reassigning = True
-                self._spawn(self._recover(), "ps-reassign-recover")
             while True:
                 await asyncio.sleep(self._interval)
                 await self.poll()
@@ -186,7 +181,8 @@ class ServerFleet:
             updates = self._new_updates(rank, stats)
             if updates:
                 self._intake.server_updates(rank, updates, server_now=stats.now_s)
-        self._step_servers()
+        if not self._recover_pending():
+            self._step_servers()
 
     def workers_changed(self, before: list[int], after: list[int]) -> None:
         """A scale changed the workers from ``before`` to ``after``: added ones join
@@ -255,6 +251,7 @@ class ServerFleet:
             or target == slot.host
             or rank in self._moves
             or self._reassigning
+            or (self._placements is not None and self._placements.pending is not None)
             or not old
         ):
             return False
@@ -276,6 +273,7 @@ class ServerFleet:
         if (
             keeper is None
             or keeper.placement is None
+            or keeper.pending is not None
             or keeper.placement.version != action.from_version
             or self._reassigning
             or self._moves
@@ -401,14 +399,37 @@ class ServerFleet:
             if self._controller is not None:
                 self._controller.reassignment_over()
 
+    def _recover_pending(self) -> bool:
+        """Start completing or rolling back the reassignment left pending, once
+        every server it names listens; True while one is pending (nothing else
+        may move blocks or stop a server meanwhile: see the module doc)."""
+        keeper = self._placements
+        if keeper is None or keeper.pending is None:
+            return False
+        if self._reassigning or self._clock() < self._recover_retry_at:
+            return True  # under way (a reassignment recovers first), or retried later
+        running = dict(self._running())
+        missing = [s for s in keeper.pending.servers() if s not in running]
+        if missing:
+            why = f"server(s) {missing} not listening yet"
+            if why != self._recover_waiting:
+                self._recover_waiting = why
+                self._reassign_event("recover_waiting", reason=why)
+            return True
+        self._recover_waiting = ""
+        self._reassigning = True
+        self._spawn(self._recover(), "ps-reassign-recover")
+        return True
+
     async def _recover(self) -> None:
         assert self._reassigner is not None
         assert self._placements is not None
         try:
             outcome = await self._blocking(self._reassigner.recover, pool=self._move_pool)
-        except Exception as exc:  # the file stays: the next reassignment tries again
-            log.error("a reassignment left by an earlier supervisor: %s", exc)
+        except Exception as exc:  # the file stays: tried again after SCALE_RETRY_S
+            log.error("a reassignment left pending: %s; trying again", exc)
             self._reassign_event("recover_failed", error=str(exc) or type(exc).__name__)
+            self._recover_retry_at = self._clock() + SCALE_RETRY_S
         else:
             self._reassign_event("recovered", outcome=outcome)
         finally:
@@ -433,7 +454,7 @@ class ServerFleet:
         try:
             if not new:
                 raise PsError(f"no port known for server {rank} on {target}")
-            moved = await self._blocking(self._migrate, old, new, stop, pool=self._move_pool)
+            moved = await self._blocking(migrate, old, new, self._keys, stop, pool=self._move_pool)
         except Exception as exc:  # any failure before the hand-over: undo
             self._moves.pop(rank, None)
             log.error("moving parameter server %d to %s failed: %s", rank, target, exc)
@@ -464,24 +485,6 @@ class ServerFleet:
             self._moves.pop(rank, None)
         self._apply(self._state.retire(f"server-{rank}"))
         self._event(rank, "done", all_redirected=everyone)
-
-    def _migrate(self, old_endpoint: str, new_endpoint: str, stop: threading.Event) -> _Moved:
-        keys = self._keys
-        with (
-            ServerControl(new_endpoint, keys, timeout=START_TIMEOUT_S, stop=stop) as new,
-            ServerControl(old_endpoint, keys, timeout=MOVE_TIMEOUT_S, stop=stop) as old,
-        ):
-            new.stats()  # answers once the new process listens
-            blocks = old.stats().blocks
-            exported = old.export(blocks, remove=True, moved_to=new_endpoint)
-            boundary = time.monotonic()
-            # Membership and b travel with the blocks: set before any push counts.
-            new.import_blocks(exported, with_members=True)
-            return _Moved(
-                version=exported.message.version,
-                pause_s=time.monotonic() - boundary,
-                members=exported.message.workers,
-            )
 
     def _event(self, rank: int, phase: str, **data: Any) -> None:
         self._recorder.emit("ps_move", role="server", rank=rank, phase=phase, **data)

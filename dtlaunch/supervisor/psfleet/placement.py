@@ -73,6 +73,11 @@ class PendingReassignment:
             giving.setdefault(move.source, []).extend(move.blocks)
         return {source: sorted(blocks) for source, blocks in sorted(giving.items())}
 
+    def servers(self) -> list[int]:
+        """Every server a move gives blocks away from or to, ascending: those
+        that must answer before the reassignment can be completed or rolled back."""
+        return sorted({m.source for m in self.moves} | {m.target for m in self.moves})
+
 
 PlacementListener = Callable[[PsPlacementMap], None]
 

@@ -23,6 +23,17 @@ applied on the old owners before the blocks left: nothing is lost or applied
 twice. A source already past ``F`` when its export arrives refuses it; the
 reassignment is rolled back and tried again with a fence further ahead.
 
+A fence can also become unreachable: a server that must get to ``F`` (a source,
+to export; a target holding blocks, to import at its own version) waits for
+the pushes of workers whose pulls are held at a source's fence. BSP servers
+advance in step, but not in the same instant, and a worker whose steps are
+numbered one ahead on the source (it rejoined, or its push there came late)
+wants the source's version ``F`` before it can push the step the other server
+lacks. Nothing would ever move again. While the exports and imports wait, the
+servers are watched (``PsStats.waiting_for`` and ``held``): a server below the
+fence that waits only for held workers rolls the reassignment back, and it is
+tried again further ahead (the workers are in step again by then).
+
 Rolling back (anything fails before the commit): wait until no export is still
 waiting in a source (one answered later would hold blocks for nobody), drop
 what targets imported or may still import (``PsRelease`` with no version), then
@@ -35,17 +46,21 @@ A supervisor killed anywhere in between finds the pending file when it resumes
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from dtlaunch.errors import PsError
 from dtlaunch.ps.control import ExportedBlocks, ServerControl
 from dtlaunch.supervisor.psfleet.placement import (
+    BlockMove,
     PendingReassignment,
     PlacementKeeper,
 )
@@ -60,6 +75,7 @@ log = logging.getLogger(__name__)
 # the next try leads by more (steps of a few milliseconds run many versions
 # while the requests travel).
 FENCE_LEADS = (2, 8, 32)
+WATCH_S = 0.25  # how often waiting exports and imports check the fence can be reached
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +173,10 @@ class BlockReassigner:
             self._keeper.commit()
             self._keeper.finish()
             return Reassigned(pending.placement.version, pending.at_version, 0.0, 0, 0, tries)
-        exported, refused, first_hold = self._export(pending)
+        exported, refused, first_hold, stuck = self._export(pending)
+        if stuck:  # rolled back already: the waiting exports had to be refused
+            self._keeper.finish()
+            return f"fence {pending.at_version} cannot be reached ({stuck})"
         if refused:
             self._roll_back(pending, imported=[])
             self._keeper.finish()
@@ -165,18 +184,15 @@ class BlockReassigner:
             if all(r.fence_passed for r in refused.values()):
                 return f"fence {pending.at_version} passed ({reasons})"
             raise PsError(f"reassignment rolled back: {reasons}")
-        try:
-            for move in pending.moves:
-                part = subset(exported[move.source], move.blocks)
-                with self._control(move.target) as control:
-                    # A server added by the scale learns whose pushes a step waits for.
-                    control.import_blocks(part, with_members=move.target >= placement.servers)
-        except PsError as exc:
-            # Every target: an import that timed out here may still wait there
-            # (a release refuses it), and one that arrived holds the blocks.
+        stuck, failed = self._import(pending, exported, added_from=placement.servers)
+        if stuck or failed:
+            # Every target: an import that timed out (or waits) there is refused
+            # by the release, and one that arrived holds the blocks.
             self._roll_back(pending, imported=[m.target for m in pending.moves])
             self._keeper.finish()
-            raise PsError(f"reassignment rolled back: {exc}") from exc
+            if stuck:
+                return f"fence {pending.at_version} cannot be reached ({stuck})"
+            raise PsError(f"reassignment rolled back: {failed}")
         self._keeper.commit()
         self._release(pending)
         pause = time.monotonic() - first_hold
@@ -194,10 +210,11 @@ class BlockReassigner:
 
     def _export(
         self, pending: PendingReassignment
-    ) -> tuple[dict[int, ExportedBlocks], dict[int, _Refusal], float]:
+    ) -> tuple[dict[int, ExportedBlocks], dict[int, _Refusal], float, str]:
         """Every source's blocks at the fence, all at once (each waits for its own
-        step boundary); returns them, the refusals, and when the first hold began.
-        Returns only once no export waits in any source any more."""
+        step boundary); returns them, the refusals, when the first hold began, and
+        why the fence cannot be reached ("" when it was: else everything is
+        rolled back). Returns only once no export waits in any source any more."""
         giving = pending.by_source()
         done_at: dict[int, float] = {}
 
@@ -224,13 +241,88 @@ class BlockReassigner:
         exported: dict[int, ExportedBlocks] = {}
         refused: dict[int, _Refusal] = {}
         with ThreadPoolExecutor(max_workers=len(giving), thread_name_prefix="ps-fence") as pool:
-            answers = dict(zip(giving, pool.map(export, giving), strict=True))
-        for source, answer in answers.items():
+            futures = {source: pool.submit(export, source) for source in giving}
+            stuck = self._await(pending, futures.values())
+            if stuck:  # the sources' hold ends: the exports still waiting are refused
+                self._roll_back(pending, imported=[])
+        for source, future in futures.items():
+            answer = future.result()
             if isinstance(answer, _Refusal):
                 refused[source] = answer
             else:
                 exported[source] = answer
-        return exported, refused, min(done_at.values(), default=time.monotonic())
+        return exported, refused, min(done_at.values(), default=time.monotonic()), stuck
+
+    def _import(
+        self,
+        pending: PendingReassignment,
+        exported: dict[int, ExportedBlocks],
+        *,
+        added_from: int,
+    ) -> tuple[str, str]:
+        """Every target takes its blocks, all at once (one holding blocks of its
+        own waits until it is at the fence); returns why the fence cannot be
+        reached and what failed ("" and "" when every import was taken). A
+        target ``added_from`` and up (added by a scale) takes the workers'
+        membership with its blocks. Returns once no import waits any more (the
+        caller's roll-back refuses those that still do when it was stuck)."""
+
+        def take(move: BlockMove) -> None:
+            part = subset(exported[move.source], move.blocks)
+            with self._control(move.target) as control:
+                control.import_blocks(part, with_members=move.target >= added_from)
+
+        with ThreadPoolExecutor(
+            max_workers=len(pending.moves), thread_name_prefix="ps-import"
+        ) as pool:
+            futures = [pool.submit(take, move) for move in pending.moves]
+            stuck = self._await(pending, futures)
+            if stuck:  # the targets refuse the imports still waiting
+                for move in pending.moves:
+                    with contextlib.suppress(PsError), self._control(move.target) as control:
+                        control.release(list(move.blocks), 0)
+        failed = [str(f.exception()) for f in futures if f.exception() is not None]
+        return stuck, "" if stuck else "; ".join(failed)
+
+    def _await(self, pending: PendingReassignment, futures: Collection[Future[Any]]) -> str:
+        """Until every one of ``futures`` (exports or imports of ``pending``) is
+        done; returns early with why they never will be ("")."""
+        while True:
+            _, waiting = concurrent.futures.wait(futures, timeout=WATCH_S)
+            if not waiting:
+                return ""
+            why = self._stuck(pending)
+            if why:
+                log.warning("reassignment at fence %d: %s", pending.at_version, why)
+                return why
+
+    def _stuck(self, pending: PendingReassignment) -> str:
+        """Why some server of ``pending`` can never reach its fence ("" while
+        each can): it is below the fence and every push its coming step lacks
+        is from a worker held at a fence (see the module doc). The held workers
+        are read first: a worker held then cannot push before the hold ends, so
+        a server read after it that still lacks its push waits for good."""
+        servers = pending.servers()
+        try:
+            held: set[int] = set()
+            for server in servers:
+                with self._control(server) as control:
+                    held.update(control.stats().held)
+            for server in servers:
+                with self._control(server) as control:
+                    stats = control.stats()
+                lacking = set(stats.waiting_for)
+                if stats.version >= pending.at_version or not stats.blocks or not lacking:
+                    continue
+                if lacking <= held:
+                    return (
+                        f"server {server} is at version {stats.version}, below the fence, "
+                        f"and its next step lacks the pushes of workers {sorted(lacking)}, "
+                        "whose pulls are held at the fence"
+                    )
+        except PsError as exc:  # a silent server: its own request's timeout says so
+            log.debug("reassignment watch: %s", exc)
+        return ""
 
     def _release(self, pending: PendingReassignment) -> None:
         for source, blocks in pending.by_source().items():

@@ -215,13 +215,16 @@ class PsIdle(Message):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PsIdleReply(Message):
     """``member_from``: the first step that waits for this worker's push (a step
-    already under way without it applies without it)."""
+    already under way without it applies without it). ``member``: whether the
+    server's steps count this worker at all (BSP: the supervisor assigned it; a
+    rank ``dtlaunch scale`` added is assigned once it said hello)."""
 
     TYPE: ClassVar[str] = "ps_idle_reply"
     request_id: int
     member_from: int
     version: int
     incarnation: int
+    member: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -325,6 +328,12 @@ class PsStats(Message):
     redirected: list[int] = field(default_factory=list)  # workers told where blocks went
     now_s: float = 0.0  # the server's monotonic clock now: ``now_s - ended_s`` is an age
     assigned: list[int] = field(default_factory=list)  # the membership it was given
+    # BSP: the members whose push the coming step still lacks; and the workers
+    # whose pull or push waits here only because a reassignment holds a block
+    # at its fence. A server below a fence that waits only for held workers
+    # never reaches it (``psfleet.reassign``).
+    waiting_for: list[int] = field(default_factory=list)
+    held: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
