@@ -33,15 +33,18 @@ from dtlaunch.errors import PsError
 from dtlaunch.inject import parse_injections
 from dtlaunch.ps import Client, Placement
 from dtlaunch.ps.control import ExportedBlocks, ServerControl
+from dtlaunch.ps.placement_map import to_wire
 from dtlaunch.ps.server import PsServer, ServerConfig
 from dtlaunch.ps.transport import ServerLink, new_context
-from dtlaunch.supervisor.psfleet.reassign import subset
+from dtlaunch.supervisor.psfleet.placement import BlockMove, PendingReassignment, PlacementKeeper
+from dtlaunch.supervisor.psfleet.reassign import BlockReassigner, subset
 from dtlaunch.wire.keys import PeerKeys, create_run_keys, load_peer_keys, write_peer_keys
 from dtlaunch.wire.messages import (
     Message,
     PsExport,
     PsHoldEnd,
     PsImport,
+    PsPull,
     PsPush,
     PsPushAck,
     PsRelease,
@@ -513,6 +516,57 @@ def test_a_seeded_target_behind_the_fence_takes_the_import_once_there(keys, tmp_
             assert ps.versions == [5, 5]
         for p, q in zip(model.parameters(), expected.parameters(), strict=True):
             assert torch.equal(p.detach(), q.detach())
+
+
+def test_a_fence_that_only_held_workers_could_bring_the_target_to_is_seen_as_stuck(keys):
+    """Target server 1's step 1 waits for worker 7, and worker 7's pull waits at
+    source server 0's fence 2: the target never gets to the fence, so the import
+    would wait for good. The servers say so (``waiting_for``, ``held``) and the
+    reassigner's watch names it, as soon as the pull is held and not before."""
+    model = make_model()
+    with (
+        serving(keys, 2, workers=(0,)) as endpoints,
+        control(endpoints[0], keys) as source,
+        control(endpoints[1], keys) as target,
+        client(model, endpoints, keys, 0) as ps,
+    ):
+        old = ps.placement
+        step(ps, model)
+        target.membership([0, 7])
+        step(ps, model)
+        assert (source.stats().version, target.stats().version) == (2, 1)
+        moving = [b.block_id for b in old.blocks_on(0)]
+        source.export(moving, at_version=2, remove=False, hold=True)
+        pending = PendingReassignment(
+            placement=to_wire(old.reassign({b: 1 for b in moving})),
+            at_version=2,
+            moves=(BlockMove(source=0, target=1, blocks=tuple(moving)),),
+        )
+        watch = BlockReassigner(
+            keeper=PlacementKeeper.__new__(PlacementKeeper),  # the watch reads no map
+            endpoint_of=lambda j: endpoints[j],
+            keys=keys,
+            timeout=TIMEOUT_S,
+            stop=threading.Event(),
+        )
+        assert target.stats().waiting_for == [7] and source.stats().held == []
+        assert watch._stuck(pending) == ""  # worker 7 may still push
+        ctx = new_context()
+        phantom = ServerLink(ctx, endpoints[0], keys, b"worker-7")
+        try:
+            phantom.send(PsPull(request_id=1, min_version=2, blocks=moving, worker=7))
+            deadline = time.monotonic() + TIMEOUT_S
+            while source.stats().held != [7]:
+                assert time.monotonic() < deadline, "worker 7's pull is not held"
+                time.sleep(0.01)
+            why = watch._stuck(pending)
+            assert "server 1 is at version 1, below the fence" in why and "[7]" in why, why
+            source.hold_end(moving)  # the pull is answered; nothing is stuck any more
+            assert phantom.sock.poll(5000)
+            assert source.stats().held == []
+        finally:
+            phantom.close()
+            ctx.term()
 
 
 def test_a_late_push_meeting_released_blocks_counts_as_dropped(keys):
