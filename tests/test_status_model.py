@@ -13,7 +13,8 @@ from dtlaunch.supervisor.control.controller import Controller
 from dtlaunch.supervisor.control.monitor import Monitor
 from dtlaunch.supervisor.control.policies import parse_policy
 from dtlaunch.supervisor.jobstate.machine import EmitEvent
-from dtlaunch.supervisor.status.fold import SPARK_POINTS, BptPoint, StatusFold, lambda_of
+from dtlaunch.supervisor.status.fold import StatusFold, lambda_of
+from dtlaunch.supervisor.status.nodetrack import SPARK_POINTS, BptPoint
 from dtlaunch.supervisor.status.tracker import StatusTracker, monitor_stragglers
 from dtlaunch.ui.status_model import find_newest_run, open_run
 from dtlaunch.wire.codec import decode, encode

@@ -17,18 +17,22 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from dtlaunch.errors import InfeasibleError
 from dtlaunch.events import Event, resource_samples
 from dtlaunch.solvers.psld import fit_server
 from dtlaunch.supervisor.control.monitor import fast_reference
+from dtlaunch.supervisor.status.nodetrack import (
+    SPARK_POINTS,
+    NodeTrack,
+    Resources,
+    report_point,
+    server_point,
+)
 from dtlaunch.supervisor.status.rounds import RoundRates
 from dtlaunch.wire.messages import ActionStatus, NodeStatus, StatusSnapshot
 
-SPARK_POINTS = 40  # BPT points kept per node (one per "reports" event)
-RECENT_POINTS = 10  # the newest points behind "recent" BPT, throughput and ratios
 ACTIONS_KEPT = 20
 ETA_WINDOW_S = 60.0  # shard completion rate over this much recent time
 STALE_S = 10.0  # live: a worker silent this long counts as not running
@@ -40,63 +44,6 @@ DEFAULT_LAMBDA = 1.5  # as the built-in policies (policies.base.DEFAULT_LAMBDA)
 EXCHANGES_KEPT = 64  # per server: (bytes held, seconds) of the newest worker steps
 
 NodeKey = tuple[str, int]  # (role, rank)
-
-
-@dataclass(frozen=True, slots=True)
-class BptPoint:
-    """One batch of step reports of a worker."""
-
-    t: float  # event-log seconds when its last step ended
-    bpt: float  # mean compute + comm per step
-    compute_per_sample: float  # mean compute_s / batch_size (for the equal-share BPT)
-    comm: float  # mean comm_s per step
-    samples: int
-    busy_s: float  # sum of the steps' times
-    injected_s: float  # mean injected delay per step
-
-
-@dataclass(slots=True)
-class NodeTrack:
-    role: str
-    rank: int
-    host: str = ""
-    state: str = "pending"
-    restarts: int = 0
-    batch_size: int = 0
-    shards_done: int = 0
-    since: float = 0.0  # the current process's start: ratios use only its own points
-    points: deque[BptPoint] = field(default_factory=lambda: deque(maxlen=SPARK_POINTS))
-    action_note: str = ""  # the latest policy action that touched this node
-    # From the latest "resources" sample (a live status gets them first-hand).
-    resources: Resources | None = None
-    removed: bool = False  # a scale took it out of the job (a drained server)
-
-    def recent(self) -> list[BptPoint]:
-        mine = [p for p in self.points if p.t >= self.since]
-        return mine[-RECENT_POINTS:]
-
-    def bpt_eq(self, batch_ref: float) -> float:
-        """Recent BPT as if this node had ``batch_ref`` samples a step (see monitor)."""
-        recent = self.recent()
-        if not recent:
-            return 0.0
-        return sum(p.compute_per_sample * batch_ref + p.comm for p in recent) / len(recent)
-
-    def recent_means(self) -> tuple[float, float, float]:
-        """(bpt, throughput, injected) from one pass over the recent points: a
-        snapshot of 1,000 nodes asks for all three of each."""
-        bpt = busy = injected = 0.0
-        samples = 0
-        recent = self.recent()
-        for p in recent:
-            bpt += p.bpt
-            busy += p.busy_s
-            injected += p.injected_s
-            samples += p.samples
-        if not recent:
-            return 0.0, 0.0, 0.0
-        n = len(recent)
-        return bpt / n, samples / busy if busy > 0 else 0.0, injected / n
 
 
 class StatusFold:
@@ -189,7 +136,7 @@ class StatusFold:
 
     def _reports(self, event: Event) -> None:
         track = self._proc(event)
-        point = _point(event.data, event.mono)
+        point = report_point(event.data, event.mono)
         if track is None or point is None:
             return
         track.points.append(point)
@@ -255,7 +202,7 @@ class StatusFold:
     def _server_reports(self, event: Event) -> None:
         """A server's update times (T_s) stand in for its BPT."""
         track = self._proc(event)
-        point = _server_point(event.data, event.mono)
+        point = server_point(event.data, event.mono)
         if track is not None and point is not None:
             track.points.append(point)
 
@@ -496,15 +443,6 @@ class StatusFold:
         )
 
 
-class Resources(NamedTuple):
-    """A process's use at its last heartbeat beside its limits (0: none)."""
-
-    memory_bytes: int
-    memory_limit: int
-    cpu_percent: float
-    cpu_limit: float
-
-
 def action_target(data: Mapping[str, Any]) -> str:
     """Whom a decision touches, in a few characters."""
     action = data.get("action")
@@ -531,53 +469,6 @@ def lambda_of(policy: str) -> float:
             except ValueError:
                 break
     return DEFAULT_LAMBDA
-
-
-def _point(data: Mapping[str, Any], at: float) -> BptPoint | None:
-    """A ``reports`` event's columns as one point (None if they are malformed)."""
-    try:
-        compute = [float(x) for x in data["compute_s"]]
-        comm = [float(x) for x in data.get("comm_s") or [0.0] * len(compute)]
-        sizes = [max(1, int(x)) for x in data["batch_size"]]
-        samples = sum(int(x) for x in data.get("samples") or sizes)
-        injected = [float(x) for x in data.get("injected_s") or [0.0] * len(compute)]
-        ends = data.get("t") or [at]
-    except (KeyError, TypeError, ValueError):
-        return None
-    n = len(compute)
-    if n == 0 or len(comm) != n or len(sizes) != n:
-        return None
-    times = [c + m for c, m in zip(compute, comm, strict=True)]
-    return BptPoint(
-        t=float(ends[-1]),
-        bpt=sum(times) / n,
-        compute_per_sample=sum(c / b for c, b in zip(compute, sizes, strict=True)) / n,
-        comm=sum(comm) / n,
-        samples=samples,
-        busy_s=sum(times),
-        injected_s=sum(injected) / max(1, len(injected)),
-    )
-
-
-def _server_point(data: Mapping[str, Any], at: float) -> BptPoint | None:
-    """A ``server_reports`` event's update times as one point (None if malformed)."""
-    try:
-        updates = [float(x) for x in data["update_s"]]
-        injected = [float(x) for x in data.get("injected_s") or [0.0] * len(updates)]
-        ends = data.get("t") or [at]
-    except (KeyError, TypeError, ValueError):
-        return None
-    if not updates:
-        return None
-    return BptPoint(
-        t=float(ends[-1]),
-        bpt=sum(updates) / len(updates),
-        compute_per_sample=0.0,
-        comm=0.0,
-        samples=0,
-        busy_s=sum(updates),
-        injected_s=sum(injected) / max(1, len(injected)),
-    )
 
 
 _HANDLERS: dict[str, Callable[[StatusFold, Event], object]] = {

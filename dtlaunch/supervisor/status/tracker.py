@@ -25,7 +25,8 @@ from dtlaunch.supervisor.control.controller import Controller
 from dtlaunch.supervisor.control.monitor import MonitorSnapshot, WindowStats
 from dtlaunch.supervisor.dds.service import DdsService
 from dtlaunch.supervisor.jobstate.machine import JobState, ProcState
-from dtlaunch.supervisor.status.fold import NodeKey, Resources, StatusFold, lambda_of
+from dtlaunch.supervisor.status.fold import NodeKey, StatusFold, lambda_of
+from dtlaunch.supervisor.status.nodetrack import Resources
 from dtlaunch.wire.messages import StatusReply, StatusRequest, StatusSnapshot
 
 log = logging.getLogger(__name__)
