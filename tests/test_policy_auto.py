@@ -11,6 +11,7 @@ import pytest
 
 from dtlaunch.config import JobSpec
 from dtlaunch.errors import ConfigError
+from dtlaunch.hostfile import HostSpec
 from dtlaunch.supervisor.control.actions import (
     KillRestart,
     NoAction,
@@ -18,8 +19,11 @@ from dtlaunch.supervisor.control.actions import (
     ScaleWorkers,
     action_name,
 )
+from dtlaunch.supervisor.control.loop import job_resources
 from dtlaunch.supervisor.control.monitor import JobResources, Monitor, ProcessUse
 from dtlaunch.supervisor.control.policies import AutoPolicy, parse_policy
+from dtlaunch.supervisor.jobstate.limits import LimitRules
+from tests.test_jobstate import bring_up, make_state
 from tests.test_policies import run
 
 PARAMS = {"sample_s": "10", "interval_s": "20", "l_trans": "5", "l_per": "10"}
@@ -258,3 +262,51 @@ def test_servers_that_bound_the_plan_are_scaled_with_the_workers_when_they_can_b
     for now in (5.0, 10.0):
         decide(fixed, feed, now, res)
     assert decide(fixed, feed, 15.1, res).count == 5
+
+
+def test_on_hosts_of_different_sizes_the_plan_counts_each_slot_s_cores():
+    """One CPU-bound worker on a 1-core slot; the next free slots are a 4-core
+    host's two, then 1-core ones. Eq. 10 would start 5 workers (the server feeds
+    2 / 0.4 = 5 sampled workers), which on these slots would be 1 + 4 + 4 + 1 + 1
+    = 11 sampled workers' updates: 2.2x what the server carries. The slot plan
+    starts one: the 4-core slot's worker brings the work to the 5 fed."""
+    pol = AutoPolicy(PARAMS)
+    mon = Feed(1)
+    mixed = dataclasses.replace(
+        resources(1, worker_cores=1.0), free_worker_shares=(4.0, 4.0, 1.0, 1.0), free_worker_slots=4
+    )
+    for now in (5.0, 10.0):
+        assert isinstance(decide(pol, mon, now, mixed), NoAction)
+    plan = decide(pol, mon, 15.1, mixed)
+    assert isinstance(plan, ScaleWorkers), plan
+    assert plan.count == 2
+    assert plan.inputs["plan"] == "slots" and plan.inputs["shares"] == [1.0, 4.0]
+    assert plan.inputs["work"] == 5.0 and plan.inputs["bound"] == "servers"
+    assert plan.inputs["predicted_rate"] == pytest.approx(5 * 320, rel=0.01)
+    assert "hosts of different sizes" in plan.reason
+    # The same job on equal slots plans by eq. 10, as before.
+    pol, mon = AutoPolicy(PARAMS), Feed(1)
+    equal = dataclasses.replace(resources(1, worker_cores=1.0), free_worker_shares=(1.0,) * 4)
+    for now in (5.0, 10.0):
+        decide(pol, mon, now, equal)
+    plan = decide(pol, mon, 15.1, equal)
+    assert isinstance(plan, ScaleWorkers) and plan.count == 5 and "plan" not in plan.inputs
+
+
+def test_the_job_s_resources_give_each_free_slot_s_share_in_the_order_a_scale_fills_them():
+    hosts = [
+        HostSpec(label="small", hostname="127.0.0.2", slots=2, cpus=2.0),
+        HostSpec(label="plain", hostname="127.0.0.3", slots=2),  # no cpus=: a core a slot
+        HostSpec(label="big", hostname="127.0.0.4", slots=2, cpus=8.0, spare=True),
+    ]
+    limits = LimitRules(
+        host_cpus={"small": 2.0, "big": 8.0}, host_slots={h.label: h.slots for h in hosts}
+    )
+    state = make_state(workers=1, hosts=hosts, spare_hosts=("big",), limits=limits)
+    bring_up(state)
+    res = job_resources(state)
+    # Spare hosts first (4 cores a slot), then the job's hosts in hostfile order.
+    assert state.free_worker_hosts() == ["big", "big", "small", "plain", "plain"]
+    assert res.free_worker_shares == (4.0, 4.0, 1.0, 1.0, 1.0)
+    assert res.free_worker_slots == 5
+    assert [use.cpu_limit for use in res.workers.values()] == [1.0]

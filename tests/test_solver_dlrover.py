@@ -12,6 +12,7 @@ from dtlaunch.solvers.dlrover import (
     hot_server_cores,
     plan_job,
     plan_workers,
+    plan_workers_on_slots,
     predicted_throughput,
     servers_for,
     workers_for,
@@ -122,3 +123,80 @@ def test_servers_for_carries_the_updates_at_the_load_asked():
     assert servers_for(5, 0.12, 0.25, load=1.0, at_least=1) == 3  # 2.4 -> 3
     assert servers_for(1, 0.12, 0.25, load=0.9, at_least=2) == 2
     assert servers_for(3, 0.0, 0.25, load=0.9, at_least=1) == 1
+
+
+# ------------------------------------------------- hosts of different sizes
+
+
+@pytest.mark.parametrize("cores", [4.0, 8.0, 12.0, 30.0])
+@pytest.mark.parametrize("given", [None, 1.0, 2.5])
+def test_with_equal_shares_the_slot_plan_is_eq_10(cores, given):
+    """Every slot gives ŵ: each worker is one sampled worker, and the plan is
+    eq. 10 with its bounds (the servers' CPU, the cores, the slots)."""
+    for running, free in ((1, 11), (3, 2), (2, 0)):
+        slots = plan_workers_on_slots(
+            running=[0.5] * running, free=[0.5] * free, worker_cores=0.5,
+            worker_demand=math.inf, server_cores_per_worker=0.2, server_cores_given=given,
+            total_cores=cores,
+        )  # fmt: skip
+        closed = plan_workers(
+            total_cores=cores, worker_cores=0.5, server_cores_per_worker=0.2,
+            server_cores_given=given, max_workers=running + free,
+        )  # fmt: skip
+        assert slots.workers == max(closed.workers, 1), (running, free)
+        assert slots.sampled_workers == pytest.approx(slots.workers)
+
+
+def test_a_big_host_s_slots_count_for_more_workers_than_a_small_one_s():
+    # One sampled worker on a 1-core slot used all of it (CPU-bound). The next free
+    # slots: two of a 4-core host (4 cores each), then four of a 1-core one.
+    # The server's 2 cores carry 0.25 cores per sampled worker: 8 sampled workers.
+    args = dict(
+        running=[1.0], worker_cores=1.0, worker_demand=math.inf,
+        server_cores_per_worker=0.25, server_cores_given=2.0, total_cores=40.0,
+    )  # fmt: skip
+    plan = plan_workers_on_slots(free=[4.0, 4.0, 1.0, 1.0, 1.0, 1.0], **args)
+    # 1 + 4 = 5 sampled workers with 2 workers; + 4 = 9 > 8 fed with 3: 2 workers.
+    assert (plan.workers, plan.bound) == (2, "servers")
+    assert plan.sampled_workers == pytest.approx(5.0) and plan.fed == pytest.approx(8.0)
+    # Eq. 10 counts workers alike: 40 / 1.25 = 32, the server feeds 8: 8 workers, which
+    # on these slots would be 1 + 4 + 4 + 4 x 1 = 13 sampled workers, 1.6x what it feeds.
+    assert plan_workers(total_cores=40.0, worker_cores=1.0, server_cores_per_worker=0.25,
+                        server_cores_given=2.0).workers == 8  # fmt: skip
+    # Small slots first: each adds one sampled worker, up to the 8 the server feeds.
+    small_first = plan_workers_on_slots(free=[1.0] * 4 + [4.0, 4.0], **args)
+    assert (small_first.workers, small_first.sampled_workers) == (5, pytest.approx(5.0))
+
+
+def test_a_worker_that_needs_less_than_its_share_is_worth_what_it_uses():
+    # The sampled worker used 0.6 of its 2 cores: a 4-core slot adds 0.6 cores of work.
+    plan = plan_workers_on_slots(
+        running=[2.0], free=[4.0, 4.0, 0.3], worker_cores=0.6, worker_demand=0.6,
+        server_cores_per_worker=0.1, server_cores_given=None, total_cores=3.0,
+    )  # fmt: skip
+    # Eq. 3: 3 workers use 1.8 cores + 0.3 of servers' load = 2.1; the 0.3-core slot
+    # adds half a sampled worker: 2.1 + 0.3 + 0.05 = 2.45 <= 3 (and > 2.3 below).
+    assert (plan.workers, plan.bound) == (4, "slots")
+    assert plan.sampled_workers == pytest.approx(3.5)
+    tight = plan_workers_on_slots(
+        running=[2.0], free=[4.0, 4.0, 0.3], worker_cores=0.6, worker_demand=0.6,
+        server_cores_per_worker=0.1, server_cores_given=None, total_cores=2.3,
+    )  # fmt: skip
+    assert (tight.workers, tight.bound) == (3, "model")
+
+
+def test_running_workers_that_overload_the_servers_are_planned_fewer():
+    plan = plan_workers_on_slots(
+        running=[4.0, 4.0, 4.0], free=[], worker_cores=4.0, worker_demand=math.inf,
+        server_cores_per_worker=1.0, server_cores_given=2.0, total_cores=64.0,
+    )  # fmt: skip
+    assert (plan.workers, plan.bound) == (2, "servers")
+    assert plan_workers_on_slots(
+        running=[4.0], free=[8.0], worker_cores=4.0, worker_demand=math.inf,
+        server_cores_per_worker=1.0, server_cores_given=0.5, total_cores=64.0, min_workers=1,
+    ).workers == 1  # fmt: skip
+    with pytest.raises(InfeasibleError, match="share"):
+        plan_workers_on_slots(
+            running=[-1.0], free=[], worker_cores=1.0, worker_demand=1.0,
+            server_cores_per_worker=0.1, server_cores_given=None, total_cores=4.0,
+        )  # fmt: skip

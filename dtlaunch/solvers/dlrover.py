@@ -10,6 +10,15 @@ more workers, at most ``√N_w`` more at a time (§4.2's √K cap, with K the
 workers running: a small job grows by one, a job of 16 by four), and a *hot*
 server needs ``min(ŝ_hot / ŝ_total · ŝ · N_w, C_max)`` cores to keep up.
 
+On hosts of different sizes the workers are not alike: a process's CPU share is
+its host's cores over its slots, so a worker added on a big host trains faster
+than one on a small host, and eq. 10's ``N_w`` counts them as equal.
+:func:`plan_workers_on_slots` solves the problem (2)-(4) behind it for
+dtlaunch's placement instead: the slots a scale fills next, in its order, each
+with its share, each worker worth ``min(share, demand) / ŵ`` sampled workers
+(eq. 1's ``min(w_i, ŵ)``), the servers' CPU bounding the sum (eq. 4), the
+cores the hostfile declares bounding workers and servers together (eq. 3).
+
 A server's CPU limit is fixed while it runs, so with a fixed number of servers
 ``s_total`` is also bounded by the CPU the servers were given
 (:func:`workers_for`), and the model's throughput is the one-worker rate times
@@ -31,12 +40,14 @@ from dtlaunch.solvers.spread import spread_blocks
 
 __all__ = [
     "JobPlan",
+    "SlotPlan",
     "WorkerPlan",
     "added_workers",
     "busiest_share",
     "hot_server_cores",
     "plan_job",
     "plan_workers",
+    "plan_workers_on_slots",
     "predicted_throughput",
     "servers_for",
     "workers_for",
@@ -94,6 +105,86 @@ def plan_workers(
         server_cores=max(0.0, total_cores - workers * worker_cores),
         bound=bound,
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlotPlan:
+    """:func:`plan_workers_on_slots`' answer, with what bounded it."""
+
+    workers: int  # N_w: the running ones and the first added slots
+    sampled_workers: float  # their work in sampled workers (sum of min(share, demand) / ŵ)
+    fed: float | None  # sampled workers the servers' CPU feeds (s_given / ŝ; None: no bound)
+    bound: str  # "servers" | "model" | "slots" | "max_workers" | "min_workers"
+
+
+def plan_workers_on_slots(
+    *,
+    running: Sequence[float],
+    free: Sequence[float],
+    worker_cores: float,
+    worker_demand: float,
+    server_cores_per_worker: float,
+    server_cores_given: float | None,
+    total_cores: float,
+    min_workers: int = 1,
+    max_workers: int | None = None,
+) -> SlotPlan:
+    """The workers to run when their CPU shares differ (hosts of different sizes).
+
+    ``running``: the CPU share of each running worker; ``free``: the share a
+    worker would get in each free slot, in the order a scale fills them.
+    ``worker_cores`` (ŵ): what a sampled worker used; ``worker_demand``: what a
+    worker uses when its share is no limit (``inf`` when the sampled workers
+    used all they were given: a CPU-bound worker uses any share). A worker on a
+    share ``c`` does ``min(c, demand) / ŵ`` of a sampled worker's work (eq. 1)
+    and its updates load the servers as much (``ŝ`` cores per sampled worker).
+
+    The answer is the most workers, the running ones first and then the free
+    slots in their order, whose work the servers' CPU feeds (eq. 4: ``work · ŝ
+    ≤ s_given``) and whose cores with the servers' load fit ``total_cores``
+    (eq. 3; the running workers count whatever they use), within
+    ``[min_workers, max_workers]``. With equal shares it is eq. 10-11's
+    ``N_w``. It is fewer than run now when the running ones overload the servers.
+
+    Raises:
+        InfeasibleError: a measurement or bound that is not a finite number > 0,
+            or a share below 0.
+    """
+    _positive("worker_cores", worker_cores)
+    _positive("total_cores", total_cores)
+    if not worker_demand > 0:
+        raise InfeasibleError(f"worker_demand must be > 0, got {worker_demand}")
+    if not (math.isfinite(server_cores_per_worker) and server_cores_per_worker >= 0):
+        raise InfeasibleError(
+            f"server_cores_per_worker must be >= 0, got {server_cores_per_worker}"
+        )
+    if any(not (math.isfinite(c) and c >= 0) for c in (*running, *free)):
+        raise InfeasibleError("a worker's CPU share must be a finite number >= 0")
+    if min_workers < 1 or (max_workers is not None and max_workers < min_workers):
+        raise InfeasibleError(f"worker bounds [{min_workers}, {max_workers}] are empty")
+    fed = None
+    if server_cores_given is not None and server_cores_per_worker > 0:
+        fed = server_cores_given / server_cores_per_worker
+    shares = [*running, *free]
+    top = len(shares) if max_workers is None else min(len(shares), max_workers)
+    bound = "max_workers" if top < len(shares) else "slots"
+    n, work, cores = 0, 0.0, 0.0
+    while n < top:
+        used = min(shares[n], worker_demand)
+        more = used / worker_cores
+        if fed is not None and work + more > fed + 1e-9:
+            bound = "servers"
+            break
+        if n >= len(running) and (
+            cores + used + (work + more) * server_cores_per_worker > total_cores + 1e-9
+        ):
+            bound = "model"
+            break
+        n, work, cores = n + 1, work + more, cores + used
+    if n < min_workers:
+        n, bound = min_workers, "min_workers"
+        work = sum(min(c, worker_demand) / worker_cores for c in shares[:n])
+    return SlotPlan(workers=n, sampled_workers=work, fed=fed, bound=bound)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

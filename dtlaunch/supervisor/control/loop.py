@@ -106,12 +106,14 @@ def job_resources(state: JobState) -> JobResources:
         host: state.limits.host_cpus.get(host) or float(n) for host, n in state.host_slots.items()
     }
 
+    def share(host: str) -> float:
+        return cores.get(host, 1.0) / max(1, state.host_slots.get(host, 1))
+
     def use(slot: ProcSlot) -> ProcessUse:
-        share = cores.get(slot.host, 1.0) / max(1, state.host_slots.get(slot.host, 1))
         return ProcessUse(
             host=slot.host,
             cpu_cores=slot.cpu_percent / 100.0 if slot.rss_bytes else -1.0,
-            cpu_limit=slot.cpu_limit or share,
+            cpu_limit=slot.cpu_limit or share(slot.host),
             rss_bytes=slot.rss_bytes,
             memory_limit=slot.memory_limit,
             cpu_throttled=slot.cpu_throttled,
@@ -123,6 +125,9 @@ def job_resources(state: JobState) -> JobResources:
         servers={s.rank: use(s) for s in running if s.role == "server"},
         host_cores=cores,
         free_worker_slots=state.free_worker_slots(),
+        free_worker_shares=tuple(
+            state.limits.first_cpus(host) or share(host) for host in state.free_worker_hosts()
+        ),
         servers_scalable=state.builtin_ps and not state.tf_tasks and state.ps_map_servers > 0,
     )
 

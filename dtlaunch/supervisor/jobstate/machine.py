@@ -1701,6 +1701,10 @@ class JobState:
         """How many more workers a scale-up could start now (``_room_for_workers``)."""
         return sum(free for _, free in self._room_for_workers())
 
+    def free_worker_hosts(self) -> list[str]:
+        """The host of each free worker slot, in the order a scale-up fills them."""
+        return [host for host, free in self._room_for_workers() for _ in range(max(0, free))]
+
     def _room_for_workers(self, *, gpu: bool = True) -> list[tuple[str, int]]:
         """(host, free slots) where new workers (``gpu``; else servers) may start:
         spare hosts first, then the job's other hosts, then hostfile hosts that

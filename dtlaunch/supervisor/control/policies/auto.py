@@ -8,7 +8,9 @@ The job starts with the workers ``--workers`` names (one is DLRover's start).
   N_w``) and of the samples/s a worker trains.
 * **optimize**: a server at ``hot`` of its CPU or more is moved first (below),
   and the sample is taken again on its new host; then eq. 10-11
-  (``solvers.dlrover.plan_workers``) with ``C_total``
+  (``solvers.dlrover.plan_workers``; on hosts of different sizes, where a
+  worker's CPU share depends on the slot it gets, the problem behind them over
+  the slots a scale fills next, ``plan_workers_on_slots``) with ``C_total``
   the cores the hostfile declares (``cpus=``; one a slot where it declares
   none), bounded by the servers' CPU (a server's limit is fixed while it
   runs), the free slots and ``max_workers``: ``SCALE_WORKERS(N_w)``. When the
@@ -49,6 +51,7 @@ from dtlaunch.solvers.dlrover import (
     hot_server_cores,
     plan_job,
     plan_workers,
+    plan_workers_on_slots,
     predicted_throughput,
 )
 from dtlaunch.supervisor.control.actions import (
@@ -64,6 +67,9 @@ from dtlaunch.supervisor.control.policies.base import ParamReader, read_windows
 __all__ = ["AutoPolicy"]
 
 PHASES = ("sample", "adjust")
+# Workers' CPU shares further apart than this (the largest over the smallest) are
+# hosts of different sizes: eq. 10's equal workers no longer hold.
+MIXED_SHARES = 1.01
 
 
 @dataclass(slots=True)
@@ -198,22 +204,16 @@ class AutoPolicy:
         if self.max_workers:
             ceiling = min(ceiling, self.max_workers)
         try:
-            plan = plan_workers(
-                total_cores=res.total_cores,
-                worker_cores=w_hat,
-                server_cores_per_worker=s_hat,
-                server_cores_given=res.server_cores_given or None,
+            plan, predicted, how = self._worker_plan(
+                res,
+                w_hat,
+                s_hat,
+                one_rate,
                 min_workers=min(self.min_workers, ceiling),
                 max_workers=max(ceiling, 1),
             )
         except InfeasibleError as err:
             return [NoAction(reason=f"auto: no plan ({err})", inputs=inputs)]
-        predicted = predicted_throughput(
-            one_worker_rate=one_rate,
-            workers=plan.workers,
-            server_cores_given=res.server_cores_given or math.inf,
-            server_cores_per_worker=s_hat,
-        )
         inputs = {
             **inputs,
             "model_workers": round(plan.model_workers, 3),
@@ -221,6 +221,7 @@ class AutoPolicy:
             "bound": plan.bound,
             "server_cores_plan": round(plan.server_cores, 3),
             "predicted_rate": round(predicted, 3),
+            **how,
         }
         if plan.bound == "servers" and res.servers_scalable and self.scale_servers:
             blocks = snap.ps_layout.block_bytes if snap.ps_layout is not None else ()
@@ -236,18 +237,94 @@ class AutoPolicy:
                 )
             ]
         self._acted(now, rate if plan.workers > current else None)
+        if how:
+            why = (
+                f"on hosts of different sizes the workers' shares are {how['shares']} cores, "
+                f"worth {how['work']:g} sampled workers of w {w_hat:.2f} (eq. 1-4; bound: "
+                f"{plan.bound})"
+            )
+        else:
+            why = (
+                f"C_total {res.total_cores:g} cores / (w {w_hat:.2f} + s {s_hat:.2f}) = "
+                f"{plan.model_workers:.1f} (eq. 10; bound: {plan.bound})"
+            )
         return [
             ScaleWorkers(
                 count=plan.workers,
                 reason=(
-                    f"auto: {current} -> {plan.workers} workers: C_total {res.total_cores:g} "
-                    f"cores / (w {w_hat:.2f} + s {s_hat:.2f}) = {plan.model_workers:.1f} "
-                    f"(eq. 10; bound: {plan.bound}); predicted {predicted:.1f} samples/s "
-                    f"against {rate:.1f} measured"
+                    f"auto: {current} -> {plan.workers} workers: {why}; predicted "
+                    f"{predicted:.1f} samples/s against {rate:.1f} measured"
                 ),
                 inputs=inputs,
             )
         ]
+
+    def _worker_plan(
+        self,
+        res: JobResources,
+        w_hat: float,
+        s_hat: float,
+        one_rate: float,
+        *,
+        min_workers: int,
+        max_workers: int,
+    ) -> tuple[WorkerPlan, float, dict[str, object]]:
+        """Eq. 10-11 when every worker's CPU share is alike; on hosts of different
+        sizes the problem behind them (eq. 1-4) over the slots a scale fills next
+        (``plan_workers_on_slots``). The plan, its predicted samples/s, and the
+        slot plan's inputs ({} for eq. 10).
+
+        Raises:
+            InfeasibleError: from the solvers.
+        """
+        given = res.server_cores_given or None
+        running = [use.cpu_limit for use in res.workers.values()]
+        shares = [*running, *res.free_worker_shares]
+        if not running or max(shares) <= MIXED_SHARES * min(shares):
+            plan = plan_workers(
+                total_cores=res.total_cores,
+                worker_cores=w_hat,
+                server_cores_per_worker=s_hat,
+                server_cores_given=given,
+                min_workers=min_workers,
+                max_workers=max_workers,
+            )
+            predicted = predicted_throughput(
+                one_worker_rate=one_rate,
+                workers=plan.workers,
+                server_cores_given=given or math.inf,
+                server_cores_per_worker=s_hat,
+            )
+            return plan, predicted, {}
+        # A worker that left part of its share unused needs no more than it used;
+        # one that used it all (CPU-bound) uses whatever share it gets.
+        demand = w_hat if w_hat < self.hot * statistics.median(running) else math.inf
+        slots = plan_workers_on_slots(
+            running=running,
+            free=res.free_worker_shares,
+            worker_cores=w_hat,
+            worker_demand=demand,
+            server_cores_per_worker=s_hat,
+            server_cores_given=given,
+            total_cores=res.total_cores,
+            min_workers=min_workers,
+            max_workers=max_workers,
+        )
+        used = sum(min(c, demand) for c in shares[: slots.workers])
+        plan = WorkerPlan(
+            workers=slots.workers,
+            model_workers=res.total_cores / (w_hat + s_hat),
+            server_cores=max(0.0, res.total_cores - used),
+            bound=slots.bound,
+        )
+        work = slots.sampled_workers if slots.fed is None else min(slots.sampled_workers, slots.fed)
+        how: dict[str, object] = {
+            "plan": "slots",
+            "shares": [round(c, 3) for c in shares[: slots.workers]],
+            "work": round(slots.sampled_workers, 3),
+            "worker_demand": "inf" if math.isinf(demand) else round(demand, 3),
+        }
+        return plan, one_rate * work, how
 
     def _with_servers(
         self,
