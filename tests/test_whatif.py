@@ -144,6 +144,11 @@ def test_bad_policy_and_interval_are_refused() -> None:
         what_if([], "nd", control_interval=0.0, tick_s=0.5)
 
 
+def test_auto_is_refused_with_the_reason_and_where_its_plans_are() -> None:
+    with pytest.raises(ConfigError, match="cannot re-decide a run: auto plans from"):
+        what_if([], "auto:sample_s=5", control_interval=1.0, tick_s=0.5)
+
+
 def test_initial_remaining_steps_counts_whole_shards() -> None:
     spec = {"dataset_size": 1050, "shard_size": 100, "epochs": 2, "global_batch": 30}
     assert initial_remaining_steps(spec) == 11 * 2 * 100 // 30

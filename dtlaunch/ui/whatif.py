@@ -34,6 +34,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from dtlaunch.errors import ConfigError
 from dtlaunch.events import Event
 from dtlaunch.supervisor.control.actions import Action, action_fields
 from dtlaunch.supervisor.control.controller import Controller
@@ -163,6 +164,13 @@ def what_if(
     recorded_policy = recorded_policy or run.policy
     policy_text = inherit_params(policy_text, recorded_policy)
     policy = parse_policy(policy_text)
+    if policy.name == "auto":
+        raise ConfigError(
+            "replay --policy auto cannot re-decide a run: auto plans from every "
+            "process's CPU use at each decision, which the event log keeps only as a "
+            "sample every 15 s; each plan auto made is a decision event with its "
+            "inputs and predicted throughput (dtlaunch replay RUN_DIR lists them)"
+        )
     controller = Controller(
         policy,
         interval=control_interval,
