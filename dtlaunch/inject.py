@@ -21,7 +21,11 @@ Spec forms (DESIGN.md "Straggler injection")::
   agrees. A host-bound spec tosses per host (all its processes suffer together);
   otherwise per (role, rank).
 - ``slowdown`` makes a node ``factor`` times slower: ``(factor - 1) x`` the
-  step's compute time.
+  step's compute time. On a server with ``link=RATE`` (bytes a second a healthy
+  server's link moves, a size: ``link=200M``), its transfers are ``factor``
+  times slower too: every pull it answers and every push it takes costs ``(factor
+  - 1) x bytes / RATE`` more, one transfer after another, as on a slow link
+  (PSLD's slow server is slow at both).
 - ``after=S`` / ``until=S`` (any kind) limit a spec to the time from ``S`` seconds
   after the job started (start-up included) / before ``S``: a straggler that
   appears mid-run, or a slow host that recovers by itself.
@@ -37,6 +41,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from dtlaunch.errors import ConfigError
+from dtlaunch.quantities import parse_size
 
 __all__ = ["InjectionSpec", "injected_delay", "parse_injection", "parse_injections"]
 
@@ -46,7 +51,7 @@ _COMMON_KEYS = ("role", "ranks", "hosts", "after", "until")
 _KIND_KEYS: dict[str, tuple[str, ...]] = {
     "persistent": ("delay",),
     "transient": ("prob", "period", "duration", "sleep", "intensity"),
-    "slowdown": ("factor",),
+    "slowdown": ("factor", "link"),
 }
 _REQUIRED: dict[str, tuple[str, ...]] = {
     "persistent": ("delay",),
@@ -71,6 +76,7 @@ class InjectionSpec:
     sleep: float = 0.0
     intensity: float = 1.0
     factor: float = 1.0
+    link: float = 0.0  # slowdown of a server: a healthy link's bytes/s (0: no transfer delay)
     after: float = 0.0  # seconds since the job started: active from here...
     until: float = math.inf  # ...until here
     text: str = ""
@@ -127,6 +133,7 @@ def parse_injection(text: str) -> InjectionSpec:
         )
     ranks = _parse_ranks(text, raw.pop("ranks")) if "ranks" in raw else None
     hosts = frozenset(raw.pop("hosts")) if "hosts" in raw else None
+    link = _link_rate(text, raw.pop("link"), role) if "link" in raw else 0.0
     nums = {key: _number(text, key, items) for key, items in raw.items()}
     spec = InjectionSpec(
         kind=kind,
@@ -140,6 +147,7 @@ def parse_injection(text: str) -> InjectionSpec:
         sleep=nums.get("sleep", 0.0),
         intensity=nums.get("intensity", 1.0),
         factor=nums.get("factor", 1.0),
+        link=link,
         after=nums.get("after", 0.0),
         until=nums.get("until", math.inf),
         text=text.strip(),
@@ -236,6 +244,24 @@ def _parse_ranks(text: str, items: list[str]) -> frozenset[int]:
             raise ConfigError(f"--inject {text!r}: bad rank {item!r}; write ranks like 3 or 1,3-5")
         ranks.update(range(first, last + 1))
     return frozenset(ranks)
+
+
+def _link_rate(text: str, items: list[str], role: str) -> float:
+    if role != "server":
+        raise ConfigError(
+            f"--inject {text!r}: link= slows a parameter server's transfers; use it with "
+            "role=server"
+        )
+    try:
+        rate = parse_size(items[0]) if len(items) == 1 else 0
+    except ValueError:
+        rate = 0
+    if rate <= 0:
+        raise ConfigError(
+            f"--inject {text!r}: link must be the bytes a second a healthy server's link "
+            f"moves, a size such as 200M, got {','.join(items)!r}"
+        )
+    return float(rate)
 
 
 def _number(text: str, key: str, items: list[str]) -> float:

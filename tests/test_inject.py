@@ -76,6 +76,9 @@ def test_rank_ranges_and_host_lists():
         ("persistent:delay=1,after=-2", "after must be seconds >= 0 since the job started"),
         ("persistent:delay=1,after=20,until=10", "until must be seconds since the job started"),
         ("slowdown:factor=", "key 'factor' has no value"),
+        ("slowdown:factor=2,link=100M", "link= slows a parameter server's transfers"),
+        ("slowdown:role=server,factor=2,link=fast", "link must be the bytes a second"),
+        ("slowdown:role=server,factor=2,link=0", "link must be the bytes a second"),
     ],
 )
 def test_bad_specs_name_the_problem(text, message):
@@ -183,3 +186,19 @@ def test_a_server_straggler_holds_each_update_and_reports_it():
     assert elsewhere.apply(update) == (update, 0.0)
     workers_only = ServerSlowdown(specs[1:], rank=0, host="h1")  # worker specs never apply
     assert not workers_only and workers_only.apply(update) == (update, 0.0)
+
+
+def test_a_slow_link_delays_each_transfer_after_the_ones_before_it():
+    from dtlaunch.ps.slowdown import ServerSlowdown
+
+    [spec] = parse_injections(["slowdown:role=server,ranks=1,factor=5,link=1M"])
+    assert spec.link == 1 << 20
+    link = ServerSlowdown((spec,), rank=1, host="h")
+    # 4 x 256 KiB / 1 MiB/s = 1 s more for the first, and the second waits for it.
+    first = link.transfer_delay(256 << 10)
+    second = link.transfer_delay(256 << 10)
+    assert first == pytest.approx(1.0, abs=0.01)
+    assert second == pytest.approx(2.0, abs=0.02)
+    assert ServerSlowdown((spec,), rank=0, host="h").transfer_delay(256 << 10) == 0.0
+    updates_only = parse_injections(["slowdown:role=server,factor=5"])
+    assert ServerSlowdown(updates_only, rank=1, host="h").transfer_delay(1 << 30) == 0.0

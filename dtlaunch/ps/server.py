@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import secrets
 import threading
@@ -50,6 +51,7 @@ from dtlaunch.ps.frames import (
     optimizer_from_wire,
     tensor_from_frame,
 )
+from dtlaunch.ps.membership import Membership
 from dtlaunch.ps.migration import Migrations
 from dtlaunch.ps.moved import MovedBlocks
 from dtlaunch.ps.slowdown import ServerSlowdown
@@ -63,7 +65,6 @@ from dtlaunch.wire.messages import (
     PsExport,
     PsHoldEnd,
     PsIdle,
-    PsIdleReply,
     PsImport,
     PsInit,
     PsInitReply,
@@ -92,7 +93,7 @@ UPDATES_KEPT = 10_000
 SHUTDOWN_LINGER_MS = 1000
 
 
-class PsServer(Migrations):
+class PsServer(Migrations, Membership):
     """See the module docstring. ``serve()`` runs until shutdown or ``stop``."""
 
     def __init__(self, config: ServerConfig, keys: PeerKeys) -> None:
@@ -160,13 +161,14 @@ class PsServer(Migrations):
         )  # fmt: skip
         try:
             while self._running and not (stop is not None and stop.is_set()):
-                wait_ms = POLL_MS
+                wait_ms = self._slowdown.wait_ms(POLL_MS)
                 if self._hold_until:  # an injected delay ends sooner than a poll
                     left_ms = int((self._hold_until - time.monotonic()) * 1000)
-                    wait_ms = max(1, min(POLL_MS, left_ms))
+                    wait_ms = max(1, min(wait_ms, left_ms))
                 incoming = self._sock.recv(wait_ms)
                 if incoming is not None:
-                    self._handle(incoming)
+                    self._arrived(incoming)
+                self._slowdown.run_due()  # transfers a slow link held back
                 if self._hold_until and time.monotonic() >= self._hold_until:
                     self._hold_until = 0.0
                     self._answer_pulls()
@@ -205,6 +207,16 @@ class PsServer(Migrations):
         return path
 
     # ---------------------------------------------------------------- dispatch
+
+    def _arrived(self, incoming: Incoming) -> None:
+        """A request off the socket; a push on a slow link only once it came over."""
+        delay = 0.0
+        if isinstance(incoming.message, PsPush):
+            delay = self._slowdown.transfer_delay(incoming.payload_bytes)
+        if delay > 0:
+            self._slowdown.defer(delay, incoming, functools.partial(self._handle, incoming))
+        else:
+            self._handle(incoming)
 
     def _handle(self, incoming: Incoming) -> None:
         handler = self._handlers.get(type(incoming.message))
@@ -360,7 +372,7 @@ class PsServer(Migrations):
             self._waiting_exports,
             self._waiting_imports,
         )
-        return any(
+        return self._slowdown.holds(peer, request_id) or any(
             w.peer == peer and getattr(w.message, "request_id", 0) == request_id
             for queue in waiting
             for w in queue
@@ -391,10 +403,24 @@ class PsServer(Migrations):
             self._waiting_pulls.append(incoming)
             return
         version_at = self._pull_version_at.pop(incoming)
-        self._send_params(incoming, msg, waited_s=max(0.0, version_at - incoming.received))
+        waited_s = max(0.0, version_at - incoming.received)
+        # Answered now: no hold may begin for this version any more (``moved``),
+        # though a slow link sends it later.
+        self._moved.sent(msg.blocks, store.version)
+        nbytes = sum(store.params[b].nbytes for b in msg.blocks)
+        delay = self._slowdown.transfer_delay(nbytes)
+        if delay > 0:
+            send = functools.partial(self._send_params, incoming, msg, waited_s=waited_s)
+            self._slowdown.defer(delay, incoming, send)
+        else:
+            self._send_params(incoming, msg, waited_s=waited_s)
 
     def _send_params(self, incoming: Incoming, msg: PsPull, *, waited_s: float) -> None:
         store = self.store
+        if any(b not in store.params for b in msg.blocks):  # gone while a slow link held it
+            self._waiting_pulls.append(incoming)
+            self._answer_pulls()
+            return
         tracker = self._sock.send(
             incoming.peer,
             PsParams(
@@ -511,46 +537,6 @@ class PsServer(Migrations):
         self._answer_pulls()
 
     # ------------------------------------------------------------ control plane
-
-    def _on_membership(self, incoming: Incoming) -> None:
-        msg = incoming.message
-        assert isinstance(msg, PsMembership)
-        workers = self.store.assigned if msg.backup_only else msg.workers
-        update = self.store.set_members(sorted(workers), msg.backup)
-        self._reply(incoming)
-        self._after_update(update)
-
-    def _on_idle(self, incoming: Incoming) -> None:
-        msg = incoming.message
-        assert isinstance(msg, PsIdle)
-        was_idle = msg.worker in self.store.idle
-        if msg.idle:
-            update, member_from = self.store.set_idle(msg.worker), self.store.version
-            if not was_idle:
-                logger.info("worker %d waits for data; steps go on without it", msg.worker)
-        else:
-            update, member_from = None, self.store.activate(msg.worker)
-            if was_idle:
-                logger.info("worker %d has data again: a member from step %d", msg.worker,
-                            member_from)  # fmt: skip
-        self._sock.send(
-            incoming.peer,
-            PsIdleReply(
-                request_id=msg.request_id,
-                member_from=member_from,
-                version=self.store.version,
-                incarnation=self.incarnation,
-                member=self.store.counts(msg.worker),
-            ),
-        )
-        self._after_update(update)
-
-    def _on_leave(self, incoming: Incoming) -> None:
-        msg = incoming.message
-        assert isinstance(msg, PsLeave)
-        update = self.store.leave(msg.worker)
-        self._reply(incoming)
-        self._after_update(update)
 
     def _on_snapshot(self, incoming: Incoming) -> None:
         if not self.store.seeded:
