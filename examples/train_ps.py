@@ -164,10 +164,17 @@ def evaluate(model: nn.Module, features: Features, test: CtrData, size: int) -> 
             scores.append(model(dense, buckets).numpy())
             labels.append(y.numpy())
             teacher.append(test.batch(indices).teacher_logits)
-    y_all = np.concatenate(labels)
-    model_auc = auc(y_all, np.concatenate(scores))
+    y_all, logits = np.concatenate(labels), np.concatenate(scores)
+    model_auc = auc(y_all, logits)
     teacher_auc = auc(y_all, np.concatenate(teacher))
-    return {"auc": model_auc, "teacher_auc": teacher_auc, "gap": teacher_auc - model_auc}
+    # The test set's mean log loss (binary cross-entropy of the logits).
+    logloss = float(np.mean(np.logaddexp(0.0, logits) - y_all * logits))
+    return {
+        "auc": model_auc,
+        "teacher_auc": teacher_auc,
+        "gap": teacher_auc - model_auc,
+        "logloss": logloss,
+    }
 
 
 def train(args: argparse.Namespace, ps_options: dict[str, object]) -> None:

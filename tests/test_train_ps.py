@@ -16,7 +16,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from tests.jobs import REPO, run, summary
+from tests.jobs import REPO, events, run, summary
 
 TRAIN_PS = str(REPO / "examples" / "train_ps.py")
 RESULT_LINE = re.compile(r"AUC test=(\S+) teacher=(\S+) gap=(\S+)$", re.MULTILINE)
@@ -156,11 +156,13 @@ def test_standalone_run_refuses_local_servers_under_dtlaunch(tmp_path):
     assert proc.returncode == 2 and "--servers M" in proc.stderr
 
 
-def dtlaunch_train(tmp_path: Path, *script_args: str, timeout: float) -> dict[str, float]:
+def dtlaunch_train(
+    tmp_path: Path, *script_args: str, timeout: float, run_args: tuple[str, ...] = ()
+) -> dict[str, float]:
     run_dir, out = tmp_path / "run", tmp_path / "result.json"
     args = [
         "run", "--workers", "4", "--servers", "2",
-        "--run-dir", str(run_dir), "--output", "0",
+        "--run-dir", str(run_dir), "--output", "0", *run_args,
         TRAIN_PS, *script_args, "--result", str(out),
     ]  # fmt: skip
     proc = run(args, env={"OMP_NUM_THREADS": "1"}, timeout=timeout)
@@ -193,3 +195,32 @@ def test_four_workers_two_servers_under_dtlaunch_run(tmp_path):
 def test_acceptance_four_workers_two_servers_reach_the_teacher_within_001(tmp_path):
     result = dtlaunch_train(tmp_path, timeout=540)  # the defaults: 200k records, 2 epochs
     assert result["gap"] < 0.01, result
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_psld_moves_blocks_off_a_slow_server_and_the_model_is_as_good(tmp_path):
+    """PSLD's acceptance on a real model: server 1 ten times slower (its updates
+    and its link), --policy psld reassigns its blocks while the job trains, and
+    the final AUC and test log loss are those of the undisturbed run within
+    0.003 (BSP: a reassignment changes where blocks live, not the arithmetic;
+    what differs between two runs is which worker read which shard when)."""
+    data = ("--train-records", "40000", "--shard-size", "4096", "--epochs", "1",
+            "--test-records", "20000")  # fmt: skip
+    undisturbed = dtlaunch_train(tmp_path / "none", *data, timeout=240)
+    slowed = dtlaunch_train(
+        tmp_path / "psld", *data, timeout=300,
+        run_args=(
+            "--policy", "psld:l_trans=2,l_per=20,settle=3,min_samples=8",
+            "--inject", "slowdown:role=server,ranks=1,factor=10,link=20M",
+            "--control-interval", "1",
+        ),
+    )  # fmt: skip
+    log = events(tmp_path / "psld" / "run")
+    done = [e for e in log if e["kind"] == "ps_reassign" and e["phase"] == "done"]
+    assert done, [e for e in log if e["kind"] in ("ps_reassign", "decision")]
+    final = [e for e in log if e["kind"] == "ps_placement"][-1]
+    assert final["bytes_per_server"][1] < final["bytes_per_server"][0]  # the slow one holds less
+    assert slowed["auc"] == pytest.approx(undisturbed["auc"], abs=0.003), (slowed, undisturbed)
+    assert slowed["logloss"] == pytest.approx(undisturbed["logloss"], abs=0.003)
