@@ -12,12 +12,12 @@ from typing import Any
 
 from tests.jobs import REPO, SCRIPTS, hostfile, run
 
-# nd decides the first KILL_RESTART a few seconds into training; each
-# replacement then imports torch on the spare host while the group trains on
-# (4.5 s on an idle machine, 6-8 s or more under make test), and the second
-# follows the first. With too little data the group could finish first: then
-# the regroup is cancelled (tested on its own in test_elastic). 7200 records
-# (180 steps of 40) leave the two hand-overs room.
+# nd decides the KILL_RESTART of both of the slow host's workers a few seconds
+# into training; their replacements then import torch on the spare host while
+# the group trains on (4.5 s on an idle machine, 6-8 s or more under make
+# test), and the group re-forms once both are warm. With too little data the
+# group could finish first: then the regroup is cancelled (tested on its own in
+# test_elastic). 7200 records (180 steps of 40) leave the hand-over room.
 DATASET = 7200
 WORKERS = 4
 POLICY = "nd:l_trans=2,l_per=4,restart_cost=1,min_batch=6"

@@ -185,8 +185,9 @@ def test_nd_moves_both_workers_of_a_slow_host_onto_the_spare_without_restarting_
 ):
     """Issue 13: every process on host a1 loses 0.07 s a step. After one ADJUST_BS
     the fitted lines show that no batch split hides it, and since both of a1's
-    workers are slow the host is the straggler: both move to the two-slot spare,
-    one regroup after the other, while ranks 0 and 1 train on."""
+    workers are slow the host is the straggler: both move to the two-slot spare
+    in one regroup (their replacements warm up there together), while ranks 0
+    and 1 train on."""
     _, a1, a2 = elastic_run.hosts
     run_dir, ledger, result = elastic_run.run_dir, elastic_run.ledger, elastic_run.result
     assert result.returncode == 0, result.stdout + result.stderr
@@ -194,24 +195,22 @@ def test_nd_moves_both_workers_of_a_slow_host_onto_the_spare_without_restarting_
     kills = [e for e in log if e["kind"] == "decision" and e.get("action") == "KILL_RESTART"]
     assert sorted(e["rank"] for e in kills) == [2, 3], kills
     assert all(f"slow host {a1}" in e["reason"] for e in kills), kills
+    assert len({e["mono"] for e in kills}) == 1, kills  # one decision names both
     regroups = [e for e in log if e["kind"] == "regroup"]
     # Another host: each replacement starts first and warms up while its
-    # predecessor trains on; the group pauses only from "begin" to "done". The
-    # second KILL_RESTART waits for the first regroup to be done.
-    assert [e["phase"] for e in regroups] == ["prewarm", "begin", "store", "done"] * 2, regroups
-    assert regroups[4]["mono"] >= regroups[3]["mono"]
-    assert [e["target_host"] for e in regroups if e["phase"] == "prewarm"] == [a2, a2]
-    first, second = regroups[0]["rank"], regroups[4]["rank"]
-    assert {first, second} == {2, 3}
+    # predecessor trains on; the group pauses only from "begin" to "done", once.
+    assert [e["phase"] for e in regroups] == ["prewarm", "begin", "store", "done"], regroups
+    assert [regroups[i]["ranks"] for i in (0, 1, 3)] == [[2, 3]] * 3
+    assert regroups[0]["target_hosts"] == {"2": a2, "3": a2}
     retired = [e for e in log if e["kind"] == "exit" and e.get("retired")]
-    assert [(e["rank"], e["host"]) for e in retired] == [(first, a1), (second, a1)]
+    assert sorted((e["rank"], e["host"]) for e in retired) == [(2, a1), (3, a1)]
     for rank in (2, 3):
         spawn = [e for e in log if e["kind"] == "spawn" and e["rank"] == rank][-1]
         assert spawn["host"] == a2 and "dtlaunch.runtime.prewarm" in spawn["argv"]
     moved = [e for e in log if e["kind"] == "moved"]
-    assert [(e["rank"], e["old_host"], e["new_host"]) for e in moved] == [
-        (first, a1, a2),
-        (second, a1, a2),
+    assert sorted((e["rank"], e["old_host"], e["new_host"]) for e in moved) == [
+        (2, a1, a2),
+        (3, a1, a2),
     ]
     # No group restart: ranks 0 and 1 ran in one process each from start to end.
     assert {e["rank"] for e in log if e["kind"] == "restart"} == {2, 3}
@@ -219,9 +218,9 @@ def test_nd_moves_both_workers_of_a_slow_host_onto_the_spare_without_restarting_
     for rank in (0, 1):
         assert len(list(ledger.glob(f"{rank}-*.txt"))) == 1
         assert finals[rank]["first_step"] == 0
-    for rank, regroup in ((first, regroups[2]), (second, regroups[6])):
+    for rank in (2, 3):
         assert finals[rank]["host"] == a2
-        assert finals[rank]["first_step"] == regroup["step"] > 0
+        assert finals[rank]["first_step"] == regroups[2]["step"] > 0
     assert len({f["last_step"] for f in finals.values()}) == 1
     # The newcomers got the model and optimizer state: every rank ends identical.
     assert len({json.dumps(f["params"]) for f in finals.values()}) == 1

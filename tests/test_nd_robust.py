@@ -101,29 +101,62 @@ def slow_host_monitor(pol: NdPolicy, end: int = 300) -> Monitor:
     return mon
 
 
-def test_a_slow_host_has_all_its_workers_moved_without_waiting_out_the_cooldown() -> None:
+def test_a_slow_host_has_all_its_workers_named_in_one_decision() -> None:
+    """Both of host b's workers are slow: one decision names both (one regroup
+    moves them together), the larger gain first, each to the spare hosts."""
     pol = NdPolicy({"margin": "100"})
     mon = slow_host_monitor(pol)
     on = {0: "a", 1: "a", 2: "b", 3: "b"}
     mon.set_spare_capacity(1, ["spare1"])
     snap = mon.snapshot(300.0, remaining_steps=1000, restart_cost_s=30.0, devices=devices(on))
-    [first] = pol.decide(snap)
-    assert isinstance(first, KillRestart) and first.target_host == "spare1"
-    assert first.rank == 2 and "slow host b" in first.reason
-    assert first.inputs["slow_host"] == "b"
+    kills = pol.decide(snap)
+    assert [type(k) for k in kills] == [KillRestart, KillRestart]
+    assert sorted(k.rank for k in kills) == [2, 3]
+    for kill in kills:
+        assert kill.target_host == "spare1" and "slow host b" in kill.reason
+        assert kill.inputs["slow_host"] == "b"
     # While the regroup is in flight nothing else is killed.
     busy = mon.snapshot(301.0, remaining_steps=999, restart_cost_s=30.0, restart_pending=True,
                         devices=devices(on))  # fmt: skip
     [wait] = pol.decide(busy)
     assert isinstance(wait, NoAction) and "a restart is still settling" in wait.reason
-    # Worker 2 now runs on the spare (its windows start over); worker 3 is left
-    # alone on host b, within the cooldown (l_per) of the first kill: moved too.
-    mon.worker_gone(2)
+
+
+def test_a_slow_host_s_worker_whose_window_is_not_full_yet_moves_with_the_other() -> None:
+    """Worker 3 on slow host b (re)started 5 s ago: slow, but its long window is
+    not full, so it is no candidate of its own. Worker 2 is, and since every
+    worker on b is slow the host is the straggler: both go in one decision."""
+    pol = NdPolicy({"margin": "100"})
+    mon = monitor_for(pol)
+    for step in range(301):
+        for rank in range(3):
+            report(mon, rank, float(step), step, 32, 2.0 if rank == 2 else 1.0)
+        if step >= 295:
+            report(mon, 3, float(step), step, 32, 2.0)
+    on = {0: "a", 1: "a", 2: "b", 3: "b"}
+    mon.set_spare_capacity(1, ["spare1"])
+    snap = mon.snapshot(300.0, remaining_steps=1000, restart_cost_s=30.0, devices=devices(on))
+    kills = [a for a in pol.decide(snap) if isinstance(a, KillRestart)]
+    assert [k.rank for k in kills] == [2, 3], [a.reason for a in kills]
+    assert kills[1].inputs["t_slow_s"] == pytest.approx(2.0)
+    assert all("slow host b" in k.reason for k in kills)
+
+
+def test_a_slow_host_s_worker_left_behind_follows_without_waiting_out_the_cooldown() -> None:
+    """Only worker 2 could move (the spare had one slot): worker 3, alone on host
+    b and still slow, goes next, within the cooldown (l_per) of the first kill."""
+    pol = NdPolicy({"margin": "100"})
+    mon = slow_host_monitor(pol)
+    on = {0: "a", 1: "a", 2: "b", 3: "b"}
+    mon.set_spare_capacity(1, ["spare1"])
+    pol.decide(mon.snapshot(300.0, remaining_steps=1000, restart_cost_s=30.0, devices=devices(on)))
+    mon.worker_gone(2)  # its replacement runs on the spare: its windows start over
     on[2] = "spare1"
+    mon.set_spare_capacity(1, ["spare2"])
     snap = mon.snapshot(302.0, remaining_steps=998, restart_cost_s=30.0, devices=devices(on))
     [second] = pol.decide(snap)
     assert isinstance(second, KillRestart) and second.rank == 3
-    assert "slow host b" in second.reason
+    assert "slow host b" in second.reason and second.target_host == "spare2"
 
 
 def test_two_slow_workers_on_different_hosts_wait_out_the_cooldown() -> None:
@@ -150,8 +183,8 @@ def test_the_controller_holds_kills_while_a_replacement_joins() -> None:
             report(controller.monitor, rank, float(step), step, 32, 2.0 if rank >= 2 else 1.0)
     on = {0: "a", 1: "a", 2: "b", 3: "b"}
     assert controller.decide(300.0, remaining_steps=1000, worker_hosts=on, replacing=True) == []
-    [kill] = controller.decide(301.0, remaining_steps=1000, worker_hosts=on)
-    assert isinstance(kill, KillRestart)
+    kills = controller.decide(301.0, remaining_steps=1000, worker_hosts=on)
+    assert kills and all(isinstance(kill, KillRestart) for kill in kills)
 
 
 def test_the_scenario_matrix_holds_each_scenario_to_its_own_target() -> None:

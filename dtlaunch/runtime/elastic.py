@@ -186,7 +186,7 @@ class ElasticGroup:
         if msg is None or msg.gen != gen:
             raise RuntimeError(f"regroup generation {gen} agreed but never heard here")
         self._heard = None
-        if self._rank == msg.leaving_rank or (msg.world_size and self._rank >= msg.world_size):
+        if msg.leaves(self._rank):
             self._leave(msg)
         before = self._world_size
         if msg.world_size:
@@ -234,7 +234,7 @@ class ElasticGroup:
         change = (
             f"{before} -> {self._world_size} workers"
             if msg.world_size
-            else f"rank {msg.leaving_rank} replaced"
+            else f"rank(s) {sorted({msg.leaving_rank, *msg.replaced})} replaced"
         )
         logger.info(
             "rank %d re-formed the group (generation %d, %s) in %.2fs",

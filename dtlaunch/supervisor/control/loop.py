@@ -137,6 +137,10 @@ class WorkerReplacer(Protocol):
 
     async def kill_restart(self, action: KillRestart, now: float) -> None: ...
 
+    async def kill_restart_many(self, actions: list[KillRestart], now: float) -> None:
+        """Several workers replaced together (a slow host's): one regroup."""
+        ...
+
     def check_timeout(self, now: float) -> None: ...
 
     def replacing(self) -> bool:
@@ -323,10 +327,18 @@ class ControlLoop:
             replacing=self._targets.workers is not None and self._targets.workers.replacing(),
             resources=job_resources(self._targets.state),
         )
+        replaced: list[KillRestart] = []  # workers around survivors: one regroup for all
         for action in decided:
             self._recorder.emit(
                 "decision", policy=self.controller.policy.name, **action_fields(action)
             )
+            if (
+                isinstance(action, KillRestart)
+                and action.role == "worker"
+                and self._targets.workers is not None
+            ):
+                replaced.append(action)
+                continue
             if isinstance(action, AdjustBatchSize):
                 message = to_message(action)
                 for rank in action.sizes:
@@ -357,6 +369,8 @@ class ControlLoop:
                 if servers is None or not servers.reassign(action, now):
                     log.warning("REASSIGN_BLOCKS cannot start now; the policy decides again")
                     self.controller.reassignment_over()
+        if replaced and self._targets.workers is not None:
+            await self._targets.workers.kill_restart_many(replaced, now)
 
     async def _kill_restart(self, action: KillRestart, now: float) -> None:
         servers, workers, state = self._targets.servers, self._targets.workers, self._targets.state

@@ -5,10 +5,13 @@ which workers can hand their state to a newcomer (they called ``job.attach``),
 the one regroup in flight, and how long it may take before the supervisor falls
 back to restarting the group. The supervisor sends and receives the messages.
 
-A regroup either replaces one rank (KILL_RESTART) or resizes the group
-(``dtlaunch scale``): ranks from the new size up leave, new ranks join. The
-group's size changes when the resize is done: when every newcomer has attached
-(received the state), or, with none, when the survivors' store is up.
+A regroup either replaces ranks (KILL_RESTART: one, or several at once, as a
+slow host's workers moved together) or resizes the group (``dtlaunch scale``):
+ranks from the new size up leave, new ranks join. The group's size changes
+when the resize is done: when every newcomer has attached (received the
+state), or, with none, when the survivors' store is up. Several ranks replaced
+at once are one regroup: their replacements start prewarmed, the workers hear
+it once every one is warm, and it is done when every one has attached.
 """
 
 from __future__ import annotations
@@ -42,6 +45,21 @@ class PendingRegroup:
     leaving: frozenset[int] = frozenset()
     warm: frozenset[int] = frozenset()
     joined: frozenset[int] = frozenset()
+    # Several ranks replaced at once (world_size 0; leaving_rank is the first),
+    # and each one's local batch size in the plan in force, for its replacement.
+    replaced: frozenset[int] = frozenset()
+    batch_sizes: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def replacing(self) -> frozenset[int]:
+        """The ranks this KILL_RESTART replaces (none for a resize)."""
+        if self.world_size:
+            return frozenset()
+        return self.replaced or frozenset({self.leaving_rank})
+
+    def batch_size_of(self, rank: int) -> int:
+        """The local batch size ``rank``'s replacement starts with (0: its share)."""
+        return dict(self.batch_sizes).get(rank, self.batch_size)
 
     def message(self) -> Regroup:
         return Regroup(
@@ -49,6 +67,7 @@ class PendingRegroup:
             leaving_rank=self.leaving_rank,
             store_rank=self.store_rank,
             world_size=self.world_size,
+            replaced=sorted(self.replaced),
         )
 
     def join_env(self) -> dict[str, str]:
@@ -83,6 +102,16 @@ class RegroupCoordinator:
             done = replace(done, joined=done.joined | {rank})
             self.pending = done
             return self._complete(done) if done.joined == done.joining else None
+        if done.replaced:
+            if rank not in done.replaced:
+                return None
+            done = replace(done, joined=done.joined | {rank})
+            self.pending = done
+            if done.joined != done.replaced:
+                return None
+            self.pending = None
+            self.store_port = 0
+            return done
         if rank == done.leaving_rank:
             self.pending = None
             self.store_port = 0
@@ -95,10 +124,16 @@ class RegroupCoordinator:
 
     def can_regroup(self, rank: int) -> bool:
         """Whether replacing ``rank`` can keep the others running."""
+        return self.can_replace([rank])
+
+    def can_replace(self, ranks: list[int]) -> bool:
+        """Whether replacing ``ranks`` at once can keep the others running: one
+        worker at least stays to hand the state over, and every worker attached."""
         return (
             self.pending is None
-            and self.world_size >= 2
-            and 0 <= rank < self.world_size
+            and bool(ranks)
+            and len(set(ranks)) < self.world_size
+            and all(0 <= rank < self.world_size for rank in ranks)
             and len(self._attached) == self.world_size
         )
 
@@ -229,12 +264,43 @@ class RegroupCoordinator:
         self.store_addr = ""
         return Regroup(gen=self.gen, leaving_rank=rank, store_rank=store_rank)
 
+    def begin_replacing(
+        self,
+        ranks: list[int],
+        *,
+        reason: str,
+        now: float,
+        batch_sizes: dict[int, int],
+    ) -> None:
+        """Replace several ranks at once, each by a replacement the caller starts
+        prewarmed on another host; the Regroup goes out once every one is warm
+        (``announce``). ``batch_sizes``: each rank's share of the plan in force."""
+        self.gen += 1
+        replaced = frozenset(ranks)
+        self.pending = PendingRegroup(
+            gen=self.gen,
+            leaving_rank=min(replaced),
+            store_rank=min(r for r in range(self.world_size) if r not in replaced),
+            target_host=None,
+            reason=reason,
+            started=now,
+            batch_size=0,
+            prewarmed=True,
+            announced=False,
+            announced_at=now,
+            joining=replaced,
+            replaced=replaced,
+            batch_sizes=tuple(sorted(batch_sizes.items())),
+        )
+        self.store_port = 0
+        self.store_addr = ""
+
     def announce(self, rank: int, now: float) -> Regroup | None:
         """The prewarmed replacement of ``rank`` is ready: the Regroup to send now."""
         pending = self.pending
         if pending is None or pending.announced:
             return None
-        if pending.world_size:  # a resize goes out once every newcomer is warm
+        if pending.world_size or pending.replaced:  # once every newcomer is warm
             if rank not in pending.joining:
                 return None
             pending = replace(pending, warm=pending.warm | {rank})
@@ -283,21 +349,22 @@ class RegroupCoordinator:
         """Where the prewarmed replacement of ``rank`` meets the survivors, once its
         predecessor is gone and the store listens."""
         pending = self.pending
-        if pending is None or not pending.prewarmed or rank != pending.leaving_rank:
+        if pending is None or not pending.prewarmed or rank not in pending.replacing:
             return None
         if not self.store_port:
             return None
-        return self._go(pending)
+        return self._go(pending, rank)
 
-    def _go(self, pending: PendingRegroup) -> RegroupGo:
-        """Where a newcomer of ``pending`` meets the survivors (the store is up),
-        who sends it the state, and its batch (0: its equal share)."""
+    def _go(self, pending: PendingRegroup, rank: int = -1) -> RegroupGo:
+        """Where a newcomer of ``pending`` (``rank``'s, when several ranks are
+        replaced) meets the survivors (the store is up), who sends it the state,
+        and its batch (0: its equal share)."""
         return RegroupGo(
             gen=pending.gen,
             master_addr=self.store_addr,
             master_port=self.store_port,
             source_rank=pending.store_rank,
-            batch_size=pending.batch_size,
+            batch_size=pending.batch_size_of(rank),
         )
 
     def expired(self, now: float) -> PendingRegroup | None:
@@ -325,7 +392,7 @@ class RegroupCoordinator:
     def cancel(self, rank: int) -> PendingRegroup | None:
         """Drop the pending regroup of ``rank`` (the group ended before it re-formed)."""
         pending = self.pending
-        if pending is None or rank != pending.leaving_rank:
+        if pending is None or rank not in pending.replacing:
             return None
         self.pending = None
         self.store_port = 0
@@ -338,4 +405,4 @@ class RegroupCoordinator:
             return list(range(self.world_size))
         if pending.world_size:
             return list(range(min(self.world_size, pending.world_size)))
-        return [r for r in range(self.world_size) if r != pending.leaving_rank]
+        return [r for r in range(self.world_size) if r not in pending.replacing]

@@ -13,6 +13,11 @@ Two ways to replace worker ``r``:
   side): ``Regroup`` at once; when the store is up, ``r`` is killed and its
   replacement started with the store in its environment.
 
+Several workers replaced at once (``kill_restart_many``: a slow host's, which
+the policy names in one decision) are one regroup: each replacement starts
+prewarmed on a free spare slot, the workers hear the Regroup once every one is
+warm, and the group re-forms once, instead of once per worker.
+
 A group that does not get its store up within the coordinator's timeout falls
 back to a plain restart (its peers then restart through the group scope).
 
@@ -120,6 +125,63 @@ class RegroupDriver:
         else:
             await self._to_all_workers(msg)
 
+    async def kill_restart_many(self, actions: list[KillRestart], now: float) -> None:
+        """Replace several workers in one regroup, each onto a free spare slot of
+        another host, as many as there are slots for (the rest wait for the
+        policy's next decision); a single one, or none that can move, goes the
+        ``kill_restart`` way."""
+        coord = self.coordinator
+        workers = [a for a in actions if a.role == "worker"]
+        if len(workers) < 2 or not coord.can_replace([a.rank for a in workers]):
+            for action in actions[:1]:
+                await self.kill_restart(action, now)
+            return
+        moving: list[tuple[KillRestart, str]] = []
+        for action in workers:
+            if len(moving) + 1 >= coord.world_size:
+                break  # one worker at least stays to hand the state over
+            target = self._state.free_spare(action.target_host)
+            slot = self._state.procs[f"worker-{action.rank}"]
+            if target is None or target == slot.host:
+                continue
+            # Started now, the replacement holds the spare slot the next one may not take.
+            self._apply(self._state.replace_prewarmed(action.rank, target, action.reason, now))
+            moving.append((action, target))
+        if len(moving) < 2:
+            if moving:  # one could move: begun as a single replacement, already started
+                action, target = moving[0]
+                msg = coord.begin(
+                    action.rank,
+                    target_host=target,
+                    reason=action.reason,
+                    now=now,
+                    prewarmed=True,
+                    batch_size=self._planned_batch(action.rank),
+                )
+                self._recorder.emit(
+                    "regroup", phase="prewarm", gen=msg.gen, rank=action.rank,
+                    store_rank=msg.store_rank, target_host=target,
+                )  # fmt: skip
+            else:
+                await self.kill_restart(workers[0], now)
+            return
+        ranks = [a.rank for a, _ in moving]
+        coord.begin_replacing(
+            ranks,
+            reason="; ".join(dict.fromkeys(a.reason for a, _ in moving)),
+            now=now,
+            batch_sizes={rank: self._planned_batch(rank) for rank in ranks},
+        )
+        assert coord.pending is not None
+        self._recorder.emit(
+            "regroup",
+            phase="prewarm",
+            gen=coord.gen,
+            ranks=ranks,
+            store_rank=coord.pending.store_rank,
+            target_hosts={str(a.rank): target for a, target in moving},
+        )
+
     def resize_refusal(self, count: int, *, global_batch: int) -> str | None:
         """Why the group cannot be resized to ``count`` workers now (None: it can)."""
         return self.coordinator.resize_refusal(count, global_batch=global_batch)
@@ -187,14 +249,16 @@ class RegroupDriver:
                 await self._send(JOIN_PREFIX + str(rank).encode(), go)
             return
         pending = self.coordinator.pending
-        self._recorder.emit(
-            "regroup",
-            phase="begin",
-            gen=msg.gen,
-            rank=rank,
-            store_rank=msg.store_rank,
-            warmed_s=round(self._clock() - pending.started, 3) if pending else 0.0,
-        )
+        data: dict[str, Any] = {
+            "phase": "begin",
+            "gen": msg.gen,
+            "rank": rank,
+            "store_rank": msg.store_rank,
+            "warmed_s": round(self._clock() - pending.started, 3) if pending else 0.0,
+        }
+        if msg.replaced:
+            data["ranks"] = msg.replaced
+        self._recorder.emit("regroup", **data)
         await self._to_all_workers(msg)
 
     async def store_ready(self, rank: int, msg: RegroupReady) -> None:
@@ -220,9 +284,9 @@ class RegroupDriver:
         if pending.world_size:
             await self._resize_ready(pending.leaving, pending.reason)
             return
-        proc_id = f"worker-{pending.leaving_rank}"
         if pending.prewarmed:
-            self._apply(self._state.retire(proc_id))
+            for rank in sorted(pending.replacing):
+                self._apply(self._state.retire(f"worker-{rank}"))
             return
         join = JoinSpec(master_addr=addr, master_port=msg.store_port, env=pending.join_env())
         self._apply(
@@ -306,11 +370,14 @@ class RegroupDriver:
         }
         if done.world_size:
             data["workers"] = done.world_size
+        if done.replaced:
+            data["ranks"] = sorted(done.replaced)
         self._recorder.emit("regroup", **data)
         if done.world_size:
             self._resized()
         elif self._measured is not None:
-            self._measured(done.leaving_rank, now - done.announced_at)
+            for rank in sorted(done.replacing):
+                self._measured(rank, now - done.announced_at)
 
     def check_timeout(self, now: float) -> None:
         """A group whose store never came up (not a bsp_batches loop? a replacement
@@ -332,23 +399,24 @@ class RegroupDriver:
             self._apply(self._state.stalled(["worker-0"], why, now))
             self._resize_given_up(expired, why)
             return
+        ranks = sorted(expired.replacing)
         log.warning(
-            "the group did not re-form within %.0fs; restarting worker %d the plain way",
+            "the group did not re-form within %.0fs; restarting worker(s) %s the plain way",
             self.coordinator.timeout_s,
-            expired.leaving_rank,
+            ranks,
         )
-        proc_id = f"worker-{expired.leaving_rank}"
-        if expired.prewarmed:
-            self._apply(self._state.retire(proc_id))
-        self._apply(
-            self._state.kill_restart(
-                "worker",
-                expired.leaving_rank,
-                expired.reason,
-                now,
-                target_host=None if expired.prewarmed else expired.target_host,
+        for rank in ranks:
+            if expired.prewarmed:
+                self._apply(self._state.retire(f"worker-{rank}"))
+            self._apply(
+                self._state.kill_restart(
+                    "worker",
+                    rank,
+                    expired.reason,
+                    now,
+                    target_host=None if expired.prewarmed else expired.target_host,
+                )
             )
-        )
 
     async def _to_all_workers(self, msg: Message) -> None:
         for rank in range(self.coordinator.world_size):

@@ -141,13 +141,24 @@ class Regroup(Message):
 
     A resize (``dtlaunch scale``) has ``world_size`` > 0 and ``leaving_rank`` -1:
     the group re-forms with ``world_size`` workers; ranks from ``world_size`` up
-    leave once the shard they read is trained, and new ranks join (prewarmed)."""
+    leave once the shard they read is trained, and new ranks join (prewarmed).
+
+    Several ranks replaced at once (a slow host's workers, moved together) are
+    ``replaced``, ``leaving_rank`` the first of them: they all leave, and their
+    newcomers join the survivors in the one re-formed group."""
 
     TYPE: ClassVar[str] = "regroup"
     gen: int
     leaving_rank: int
     store_rank: int
     world_size: int = 0  # 0: the size stays (a KILL_RESTART replaces leaving_rank)
+    replaced: list[int] = field(default_factory=list)  # [] : leaving_rank alone
+
+    def leaves(self, rank: int) -> bool:
+        """Whether ``rank`` leaves the group at this regroup."""
+        if rank == self.leaving_rank or rank in self.replaced:
+            return True
+        return self.world_size > 0 and rank >= self.world_size
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

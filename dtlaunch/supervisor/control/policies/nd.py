@@ -48,10 +48,12 @@ Every interval, from one ``MonitorSnapshot``:
 
    *A slow host*: when every worker on a host with two or more is slow
    (``>= lambda x`` the reference in its long window, full or not) and one of
-   them is a candidate, the host is the straggler. Its workers are moved one
-   KILL_RESTART at a time, each to a spare host with a free slot, and the
-   cooldown does not hold back the rest of that host's workers while any of
-   them is still slow (each still waits for the previous restart to settle).
+   them is a candidate, the host is the straggler. Every one of its workers
+   that is a candidate worth its restart is named in the same decision (one
+   KILL_RESTART each, to the spare hosts): in an allreduce job they move in one
+   regroup, their replacements prewarmed on the spare slots together. Those
+   left (no room, not yet a candidate) follow later: the cooldown does not hold
+   back the rest of that host's workers while any of them is still slow.
 2. Transient stragglers (short window ``l_trans``): ADJUST_BS (eq. 3, via the
    shared ``Balancer``) whenever the optimal batch split beats the current one's
    makespan by more than ``margin``. Workers whose short-window equal-share BPT
@@ -138,10 +140,9 @@ class NdPolicy:
         inputs = window_inputs(snap, self.lam)
         notes: list[str] = []
         actions: list[Action] = []
-        kill = self._persistent(snap, inputs, notes)
-        if kill is not None:
-            actions.append(kill)
-        if kill is None or kill.role != "worker":
+        kills = self._persistent(snap, inputs, notes)
+        actions.extend(kills)
+        if not any(kill.role == "worker" for kill in kills):
             plan = self._transient(snap, inputs, notes)
             if plan is not None:
                 actions.append(plan)
@@ -287,7 +288,7 @@ class NdPolicy:
 
     def _persistent(
         self, snap: MonitorSnapshot, inputs: dict[str, Any], notes: list[str]
-    ) -> KillRestart | None:
+    ) -> list[KillRestart]:
         remaining = snap.remaining_steps if snap.remaining_steps is not None else 0
         step_s = snap.mean_bpt_long  # the workers' step: what a saving is measured against
         workers = self._worker_candidates(snap, remaining, notes, step_s)
@@ -297,30 +298,30 @@ class NdPolicy:
         )  # fmt: skip
         slow_host = self._slow_host(snap, workers)
         if not found:
-            return None
+            return []
         names = ", ".join(f"{c.role} {c.rank} ({c.ratio:.2f}x)" for c in found)
         if slow_host:
             names += f"; every worker on host {slow_host} is slow"
         if snap.restart_pending:
             notes.append(f"persistent straggler {names}; a restart is still settling")
-            return None
+            return []
         on_slow_host = [c for c in workers if slow_host and c.host == slow_host]
         if snap.now < self._next_kill_at and not (on_slow_host and self._moving_host):
             notes.append(
                 f"persistent straggler {names}; KILL_RESTART cooldown until "
                 f"t={self._next_kill_at:.0f} s"
             )
-            return None
+            return []
         if snap.remaining_steps is None:
             notes.append(f"persistent straggler {names}; remaining steps unknown, not killing")
-            return None
+            return []
         target = snap.spare_hosts[0] if snap.spare_hosts else None
         if target is None and not self.in_place:
             notes.append(
                 f"persistent straggler {names}; no free spare host (the cluster is busy), "
                 "not killing (in_place=1 restarts on the same host)"
             )
-            return None
+            return []
         # A slow host's workers go first: moving some of them leaves the host slow.
         worth = [c for c in on_slow_host or found if c.gain_s > self._cost(snap, c.role)]
         if not worth:
@@ -330,11 +331,57 @@ class NdPolicy:
                 f"{snap.remaining_steps} steps does not exceed restart cost "
                 f"{self._cost(snap, best.role):.1f} s"
             )
-            return None
+            return []
         best = max(worth, key=lambda c: c.gain_s)
-        cost = self._cost(snap, best.role)
         self._next_kill_at = snap.now + self.cooldown
         self._moving_host = slow_host if best.host == slow_host else ""
+        # A slow host's workers go together (one regroup); any other straggler alone.
+        chosen = [best]
+        if self._moving_host:
+            mates = self._host_mates(snap, slow_host, worth)
+            chosen = sorted(worth + mates, key=lambda c: -c.gain_s)
+        return [self._kill(snap, c, target, slow_host, inputs, found=found) for c in chosen]
+
+    def _host_mates(
+        self, snap: MonitorSnapshot, host: str, named: list[_Candidate]
+    ) -> list[_Candidate]:
+        """The other workers on slow ``host``: every one of them is slow (that is
+        what made the host the straggler) though its own window may not be full
+        yet, and they move with the named ones, in the same regroup."""
+        ref = self._reference(snap, short=False)
+        remaining = snap.remaining_steps or 0
+        taken = {c.rank for c in named}
+        mates: list[_Candidate] = []
+        for rank, device in sorted(snap.devices.items()):
+            st = snap.worker_long.get(rank)
+            if device.host != host or rank in taken or st is None or not ref:
+                continue
+            mates.append(
+                _Candidate(
+                    role="worker",
+                    rank=rank,
+                    ratio=st.mean_bpt_eq / ref,
+                    t_slow=st.mean_bpt_eq,
+                    t_mean=ref,
+                    gain_s=max(0.0, st.mean_bpt_eq - ref) * remaining,
+                    host=host,
+                )
+            )
+        return mates
+
+    def _kill(
+        self,
+        snap: MonitorSnapshot,
+        best: _Candidate,
+        target: str | None,
+        slow_host: str,
+        inputs: dict[str, Any],
+        *,
+        found: list[_Candidate],
+    ) -> KillRestart:
+        """The KILL_RESTART of candidate ``best`` (``found``: every candidate), with
+        the reason and inputs."""
+        cost = self._cost(snap, best.role)
         if best.fixed:
             why = (
                 f"{best.role} {best.rank} takes {best.t_slow * 1000:.0f} ms a step even at "
