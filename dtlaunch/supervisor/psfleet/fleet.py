@@ -388,10 +388,12 @@ class ServerFleet:
                 version=done.version,
                 at_version=done.at_version,
                 pause_s=round(done.pause_s, 4),
+                hold_s=round(done.hold_s, 4),
                 blocks=done.blocks,
                 bytes=done.nbytes,
                 tries=done.tries,
                 took_s=round(self._clock() - began, 3),
+                phases_s=done.phases_s,
             )
         finally:
             self._reassigning = False

@@ -84,10 +84,19 @@ class Reassigned:
 
     version: int  # the job's map version it made
     at_version: int  # the servers' version at which the blocks moved
-    pause_s: float  # from the first source holding its blocks to the last release
+    # What the reassignment added to the step: from every source at the fence
+    # (the last export in) to the last release. Before that the step waited for
+    # the slowest server to reach the fence anyway (as a whole server's move
+    # measures from its boundary, ``migrate``).
+    pause_s: float
     blocks: int  # blocks moved
     nbytes: int  # their parameter bytes
     tries: int  # fences tried (a refused fence is rolled back and tried further ahead)
+    hold_s: float = 0.0  # from the first source holding its blocks to the last release
+    # Where the pause went, seconds from the first hold: every export in (the
+    # last source at the fence), every import taken (the last target at the
+    # fence), the map committed, the sources released.
+    phases_s: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 class BlockReassigner:
@@ -184,6 +193,7 @@ class BlockReassigner:
             if all(r.fence_passed for r in refused.values()):
                 return f"fence {pending.at_version} passed ({reasons})"
             raise PsError(f"reassignment rolled back: {reasons}")
+        exported_at = time.monotonic()
         stuck, failed = self._import(pending, exported, added_from=placement.servers)
         if stuck or failed:
             # Every target: an import that timed out (or waits) there is refused
@@ -193,19 +203,31 @@ class BlockReassigner:
             if stuck:
                 return f"fence {pending.at_version} cannot be reached ({stuck})"
             raise PsError(f"reassignment rolled back: {failed}")
+        imported_at = time.monotonic()
         self._keeper.commit()
+        committed_at = time.monotonic()
         self._release(pending)
-        pause = time.monotonic() - first_hold
+        released_at = time.monotonic()
         self._keeper.finish()
         sizes = [b.nbytes for b in pending.placement.blocks]
         moved = [b for m in pending.moves for b in m.blocks]
         return Reassigned(
             version=pending.placement.version,
             at_version=pending.at_version,
-            pause_s=pause,
+            pause_s=released_at - exported_at,
             blocks=len(moved),
             nbytes=sum(sizes[b] for b in moved),
             tries=tries,
+            hold_s=released_at - first_hold,
+            phases_s={
+                name: round(at - first_hold, 4)
+                for name, at in (
+                    ("exported", exported_at),
+                    ("imported", imported_at),
+                    ("committed", committed_at),
+                    ("released", released_at),
+                )
+            },
         )
 
     def _export(

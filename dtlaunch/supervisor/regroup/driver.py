@@ -177,7 +177,7 @@ class RegroupDriver:
             "regroup",
             phase="prewarm",
             gen=coord.gen,
-            ranks=ranks,
+            ranks=sorted(ranks),
             store_rank=coord.pending.store_rank,
             target_hosts={str(a.rank): target for a, target in moving},
         )
