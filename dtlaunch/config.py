@@ -311,12 +311,6 @@ class JobSpec:
                 f"--policy psld spreads the blocks over the servers by their speed; with "
                 f"--servers {self.servers} there is nowhere to move them: use --servers 2 or more"
             )
-        if self.ps_consistency != "bsp":
-            raise ConfigError(
-                "--policy psld moves blocks at a step boundary every server agrees on, which "
-                "--ps-consistency asp does not have; use --ps-consistency bsp, or --policy nd "
-                "to move a slow server whole"
-            )
 
     def _validate_limits(self) -> None:
         if self.memory_limit and self.memory_limit < MIN_MEMORY_LIMIT:

@@ -237,7 +237,6 @@ def test_bad_parameters_are_refused_with_the_fix(text: str, problem: str) -> Non
         ({"workers": 2, "servers": 0}, "built-in parameter servers"),
         ({"workers": 2, "servers": 2, "ps_server": "script"}, "built-in parameter servers"),
         ({"workers": 2, "servers": 1}, "--servers 2 or more"),
-        ({"workers": 2, "servers": 2, "ps_consistency": "asp"}, "--ps-consistency bsp"),
     ],
 )
 def test_psld_is_refused_where_it_cannot_move_blocks(spec: dict[str, Any], problem: str) -> None:
@@ -248,6 +247,14 @@ def test_psld_is_refused_where_it_cannot_move_blocks(spec: dict[str, Any], probl
     )  # fmt: skip
     with pytest.raises(ConfigError, match=problem):
         job.validate()
+
+
+def test_psld_composes_with_asp() -> None:
+    job = JobSpec(
+        run_id="r", run_dir=Path("/nonexistent"), script="train.py", mode="ps", policy="psld",
+        workers=2, servers=2, ps_consistency="asp",
+    )  # fmt: skip
+    job.validate()
 
 
 # ------------------------------------------------------ the keeper's record

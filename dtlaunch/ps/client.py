@@ -201,6 +201,7 @@ class Client(CatchUp):
         self._closed = False
         self._left = False  # told the servers it takes no more steps
         self._idle = False  # told the servers it waits for data
+        self._asp = False  # the servers apply each push at once (their PsInitReply says)
         self._job_listened: Any = None  # the job this client listens to for data waits
         try:
             for endpoint in endpoints:
@@ -342,14 +343,20 @@ class Client(CatchUp):
         try:
             self._exch.run("push", requests, take, on_restart=self._resync)
         except PlacementChanged as changed:
-            # Only a late push meets blocks that left (their fence is after its
-            # step, which went on without it): dropped, as a late push is
+            if self._asp:
+                # Held for the new map while the blocks moved: sent on to their
+                # new servers (ASP applies a push whenever it comes).
+                self._push_moved(changed, samples)
+                changed = PlacementChanged(changed.version, [])
+            # BSP: only a late push meets blocks that left (their fence is after
+            # its step, which went on without it): dropped, as a late push is
             # anywhere; the next pull takes what is there.
             for j in changed.servers:
                 self._want[j] = 0
                 self._applied_by[j] = 0
             self.dropped += changed.servers
-            self._follow_placement(changed)
+            if changed.servers:
+                self._follow_placement(changed)
         finally:
             self._pushing = False
         self._pushed_samples, self._pushed_grads = samples, marks
@@ -481,8 +488,10 @@ class Client(CatchUp):
         )
         return msg, [as_buffer(v) for v in views] if with_data else []
 
-    def _push_request(self, j: int, step: int, samples: int, *, zeros: bool) -> Request:
-        ids = self._ids(j)
+    def _push_request(
+        self, j: int, step: int, samples: int, *, zeros: bool, blocks: Sequence[int] = ()
+    ) -> Request:
+        ids = list(blocks) or self._ids(j)
         grad = self._tensors.zero_grad if zeros else self._tensors.grad_view
         payloads = [as_buffer(grad(self.placement.blocks[b])) for b in ids]
         msg = PsPush(request_id=0, worker=self.worker, step=step, samples=samples, blocks=ids)
@@ -497,7 +506,9 @@ class Client(CatchUp):
         unseeded: list[int] = []
 
         def take(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
-            if not expect(PsInitReply, j, reply, "PsInit").seeded:
+            answer = expect(PsInitReply, j, reply, "PsInit")
+            self._asp = self._asp or answer.mode == "asp"
+            if not answer.seeded:
                 unseeded.append(j)
             return 0
 

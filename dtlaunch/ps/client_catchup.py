@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import zmq
 
 from dtlaunch.errors import PlacementChanged, PsError, ServerRestarted
+from dtlaunch.ps.blocks import Placement
 from dtlaunch.ps.exchange import Exchanger, Request, expect, expecting
 from dtlaunch.ps.model_blocks import GradMark, ModelTensors
 from dtlaunch.wire.messages import (
@@ -58,6 +59,7 @@ class CatchUp:
     _closed: bool
     _left: bool
     _idle: bool
+    placement: Placement
 
     if TYPE_CHECKING:  # defined by Client
 
@@ -66,7 +68,11 @@ class CatchUp:
 
         def _init_request(self, j: int, with_data: bool) -> Request: ...
 
-        def _push_request(self, j: int, step: int, samples: int, *, zeros: bool) -> Request: ...
+        def _push_request(
+            self, j: int, step: int, samples: int, *, zeros: bool, blocks: Sequence[int] = ()
+        ) -> Request: ...
+
+        def _ids(self, server: int) -> list[int]: ...
 
         def _note_applied(self, j: int, ack: PsPushAck) -> None: ...
 
@@ -166,6 +172,31 @@ class CatchUp:
             for j in behind:
                 member_from[j] = step + 1
         self._want = [max(w, common) for w in self._want]
+
+    def _push_moved(self, changed: PlacementChanged, samples: int) -> None:
+        """ASP: the push that servers ``changed.servers`` held while a reassignment
+        moved their blocks goes on to the blocks' new servers (only those blocks:
+        the new servers applied this push's other blocks already), following the
+        job's map, again if it moves on meanwhile."""
+        moved = sorted(b for j in changed.servers for b in self._ids(j))
+        self._follow_placement(changed)
+
+        def requests() -> dict[int, Request]:
+            owners: dict[int, list[int]] = {}
+            for block in moved:
+                owners.setdefault(self.placement.owner[block], []).append(block)
+            return {
+                j: self._push_request(j, self._versions[j], samples, zeros=False, blocks=ids)
+                for j, ids in owners.items()
+            }
+
+        def take(j: int, reply: Message, frames: list[zmq.Frame]) -> int:
+            expect(PsPushAck, j, reply, "a push")  # ASP takes every push
+            return 0
+
+        self._exch.run_following(
+            "push", requests, take, follow=self._follow_placement, on_restart=self._resync
+        )
 
     def _zero_pushes(self, servers: Sequence[int], step: int) -> dict[int, Request]:
         return {j: self._push_request(j, step, 0, zeros=True) for j in servers}

@@ -98,18 +98,21 @@ class Migrations:
         missing = [b for b in msg.blocks if b not in self.store.params]
         if missing:
             raise ConfigError(f"cannot export blocks {missing}: not on this server")
+        asp = self.store.mode == "asp"
         if msg.hold:
             # Checked on arrival and each time it waits on: the fence passes while
             # a step is open at it (that step's pushes were computed on the fence's pull).
+            # ASP has no step boundary: the blocks are held from the export on, and
+            # every push for them waits for the new map (``moved.holds_push``).
             if msg.remove:
                 raise ConfigError("an export on hold keeps its blocks: send it with remove=False")
             too_late = self._moved.fence_passed(msg.blocks, msg.at_version, self.store.version)
-            if too_late:
+            if too_late and not asp:
                 raise ConfigError(f"cannot hold blocks from version {msg.at_version}: {too_late}")
             already = self._moved.held(msg.blocks)
             if already:
                 raise ConfigError(f"blocks {already} are on hold for another reassignment")
-        if self.store.version < msg.at_version or self.store.step_open:
+        if not asp and (self.store.version < msg.at_version or self.store.step_open):
             if incoming not in self._waiting_exports:
                 self._waiting_exports.append(incoming)
                 self._export_deadlines[id(incoming)] = (
@@ -172,7 +175,8 @@ class Migrations:
         # A server that holds no block has no steps a block could miss: it takes
         # the import at the blocks' version (a server added by a scale-out whose
         # first try was rolled back, one every block was moved off).
-        if store.seeded and store.params and msg.version != store.version:
+        # ASP versions count pushes, each server its own: an import is taken as it comes.
+        if store.seeded and store.params and msg.version != store.version and store.mode != "asp":
             if msg.version > store.version:  # a target still finishing the step before
                 if incoming not in self._waiting_imports:
                     self._waiting_imports.append(incoming)
@@ -250,10 +254,10 @@ class Migrations:
                 held.add(msg.worker)
         for incoming in self._waiting_pushes:
             msg = incoming.message
-            if isinstance(msg, PsPush):
-                fence = self._moved.fence_of(msg.blocks)
-                if fence is not None and msg.step >= fence:
-                    held.add(msg.worker)
+            if isinstance(msg, PsPush) and self._moved.holds_push(
+                msg, asp=self.store.mode == "asp"
+            ):
+                held.add(msg.worker)
         return sorted(held)
 
     def _drop_waiting(self, requests: list[Incoming], blocks: Sequence[int], why: str) -> None:

@@ -27,6 +27,10 @@ Blocks leave a server in one of two ways:
   server sent of each block (``sent``).
 
 A block imported back later is served here again (``returned``).
+
+Under ASP there is no step boundary: the source exports at once and holds the
+blocks from then on, and every push naming them waits (``holds_push``), to be
+sent on by its client to the blocks' new servers once the map is committed.
 """
 
 from __future__ import annotations
@@ -130,6 +134,14 @@ class MovedBlocks:
         """The earliest fence of the held blocks among ``blocks`` (None: none held)."""
         fences = [self._fence[b] for b in blocks if b in self._fence]
         return min(fences) if fences else None
+
+    def holds_push(self, msg: PsPush, *, asp: bool) -> bool:
+        """Whether push ``msg`` must wait for the hold of a block it names to end:
+        one of step ``F`` or later (BSP: an earlier step is a late push, answered
+        as ever); under ASP any push, since every push applies at once and the
+        blocks' state left with the export."""
+        fence = self.fence_of(msg.blocks)
+        return fence is not None and (asp or msg.step >= fence)
 
     def end_hold(self, blocks: Iterable[int]) -> list[int]:
         """Hold ``blocks`` no longer; returns those that were held."""

@@ -346,6 +346,7 @@ class PsServer(Migrations, Membership):
                 version=store.version,
                 incarnation=self.incarnation,
                 recovered_at=store.recovered_at,
+                mode=store.mode,
             ),
         )
 
@@ -462,8 +463,7 @@ class PsServer(Migrations, Membership):
     def _on_push(self, incoming: Incoming) -> None:
         msg = incoming.message
         assert isinstance(msg, PsPush)
-        fence = self._moved.fence_of(msg.blocks)
-        if not self.store.seeded or (fence is not None and msg.step >= fence):
+        if not self.store.seeded or self._moved.holds_push(msg, asp=self.store.mode == "asp"):
             # Only a migration's target sees the first: a client redirected to it
             # before the supervisor's import arrived. The second: a step a held
             # block may no longer take here (a late push of an earlier step is

@@ -110,7 +110,10 @@ class ParamStore:
         self._acc: dict[int, torch.Tensor] = {}
         self._contrib: dict[int, int] = {}  # worker -> samples, for the open step
         self._last_applied: tuple[int, frozenset[int]] = (-1, frozenset())  # BSP: step, workers
-        self._asp_last_step: dict[int, int] = {}  # worker -> step of its last ASP push
+        # worker -> (step, blocks) of its last ASP push: one sent again is not applied
+        # twice, and a push of other blocks at the same step (blocks a reassignment
+        # moved here, sent on) is another push.
+        self._asp_last: dict[int, tuple[int, frozenset[int]]] = {}
         # Copy-on-write guard: blocks some send may still read (see ``before_write``).
         self.in_flight: dict[int, list[object]] = {}
 
@@ -299,11 +302,12 @@ class ParamStore:
             )
         started = time.perf_counter()
         if self.mode == "asp":
-            self._check_blocks(grads)
-            if samples == 0 or self._asp_last_step.get(worker) == step:
+            self._check_blocks(grads, subset=True)
+            key = (step, frozenset(grads))
+            if samples == 0 or self._asp_last.get(worker) == key:
                 # No records behind it (weight 0, as in a BSP step), or sent again.
                 return PushResult(True, None)
-            self._asp_last_step[worker] = step
+            self._asp_last[worker] = key
             return PushResult(True, self._apply_asp(worker, step, samples, grads, started))
         if worker in self._contrib and step == self.version:
             return PushResult(True, None)  # sent again: the open step holds it already
@@ -330,9 +334,12 @@ class ParamStore:
         self._contrib[worker] = samples
         return PushResult(True, self._maybe_apply(started))
 
-    def _check_blocks(self, grads: Mapping[int, torch.Tensor]) -> None:
-        """Raises: ConfigError when ``grads`` are not for exactly the blocks held."""
-        if set(grads) != set(self.params):
+    def _check_blocks(self, grads: Mapping[int, torch.Tensor], *, subset: bool = False) -> None:
+        """Raises: ConfigError when ``grads`` are not for exactly the blocks held
+        (``subset``, ASP: for some of them; each block is updated on its own)."""
+        named, held = set(grads), set(self.params)
+        fits = named <= held if subset else named == held
+        if not fits:
             raise ConfigError(
                 f"push names blocks {sorted(grads)}, this server holds {sorted(self.params)}; "
                 "the worker's placement is stale: fetch the current one"

@@ -123,6 +123,7 @@ class PsInitReply(Message):
     version: int
     incarnation: int = 0  # the server process's random id: a new one means it restarted
     recovered_at: int = 0  # the version of the copy this process started from (resync)
+    mode: str = "bsp"  # one of PS_MODES: under asp a push a reassignment refused goes again
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
