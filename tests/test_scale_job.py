@@ -1,11 +1,12 @@
 """``dtlaunch scale`` on a live parameter-server job over sshd, in one job: one
-command adds two workers and a server on the spare host (the workers join the
-servers' BSP steps and take data shards, the server takes a block); the server
-is removed and the supervisor SIGKILLed right away, and the resumed one has the
-new workers and finishes the scale-in (the block moves back, the server stops
-once every worker was told); then the added workers are removed: they finish
-their shard and leave. Every record is trained exactly once, and the workers
-end with one model."""
+command adds two workers and a server on the spare host, and the supervisor is
+SIGKILLed right away; the resumed one finishes the scale-out (the workers join
+the servers' BSP steps and take data shards, the server takes a block). Then
+the server is removed and the supervisor SIGKILLed right away again; the
+resumed one has the new workers and finishes the scale-in (the block moves
+back, the server stops once every worker was told); then the added workers are
+removed: they finish their shard and leave. Every record is trained exactly
+once, and the workers end with one model."""
 
 from __future__ import annotations
 
@@ -84,10 +85,16 @@ def test_scale_up_kill_the_supervisor_resume_and_scale_down_while_a_ps_job_train
         # More servers than the model has blocks (2: weight and bias) would hold nothing.
         refused = scale(run_dir, servers=3)
         assert refused.returncode == 1 and "at most 2 servers" in refused.stderr, refused.stderr
-        # Workers and a server in one command.
+        # Workers and a server in one command, and the supervisor killed at once:
+        # the new processes start, or are about to, and no block has moved yet.
         up = scale(run_dir, 4, servers=2)
         assert up.returncode == 0, up.stdout + up.stderr
         assert "servers 1 -> 2; workers 2 -> 4" in up.stdout
+        job.signal(signal.SIGKILL)
+        job.wait(timeout=30)
+    assert not [e for e in events(run_dir) if e["kind"] == "ps_scale" and e["phase"] == "done"]
+    resume = ["run", "--resume", str(run_dir)]
+    with started(resume, env=sshd.env(), log=tmp_path / "resume-out.log") as job:
         wait_until(
             lambda: (
                 min(steps_of(run_dir, 2), steps_of(run_dir, 3)) >= 10 and _scaled_to(run_dir) == 2
@@ -101,7 +108,6 @@ def test_scale_up_kill_the_supervisor_resume_and_scale_down_while_a_ps_job_train
         job.signal(signal.SIGKILL)  # the supervisor; the agents keep the job running
         job.wait(timeout=30)
     assert not [e for e in events(run_dir) if e["kind"] == "ps_scale" and e["phase"] == "drained"]
-    resume = ["run", "--resume", str(run_dir)]
     with started(resume, env=sshd.env(), log=tmp_path / "resume.log") as job:
         # The resumed supervisor has the 4 workers back, and has heard from the two
         # it will remove (a worker it has not heard from cannot be asked to leave);

@@ -93,7 +93,7 @@ from dtlaunch.ps.exchange import (
 from dtlaunch.ps.frames import as_buffer, block_spec, optimizer_to_wire, tensor_from_frame
 from dtlaunch.ps.model_blocks import GradMark, ModelTensors
 from dtlaunch.ps.optim import OptimizerConfig
-from dtlaunch.ps.placement_map import from_wire, to_wire
+from dtlaunch.ps.placement_map import job_map
 from dtlaunch.ps.transport import ServerLink, new_context
 from dtlaunch.runtime.context import current_job
 from dtlaunch.wire.keys import PeerKeys, load_peer_keys
@@ -175,8 +175,8 @@ class Client(CatchUp):
             placement = plan(specs, len(endpoints), size)
             job = job if job is not None else current_job()
             if job is not None:  # under dtlaunch run: follow the supervisor's map
-                placement, told = _job_map(job, placement)
-                endpoints = told or endpoints  # a scale may have changed the servers
+                # A scale may have changed the servers since this process started.
+                placement, endpoints = job_map(job, placement, endpoints)
         self.placement = placement
         check_layout(self.placement, specs, len(endpoints))
         if keys is None:
@@ -579,7 +579,7 @@ class Client(CatchUp):
                 "under dtlaunch run, or give Client(placement_source=...)"
             )
         # Registering the map in use answers with the job's: the owners are not compared.
-        return _job_map(job, self.placement)
+        return job_map(job, self.placement, self.endpoints)
 
     def _record_comm(
         self, seconds: float, timings: list[ServerTiming], *, wait_s: float = 0.0
@@ -591,10 +591,3 @@ class Client(CatchUp):
             for t in timings:
                 job.record_server_comm(t.server, t.bytes, t.seconds)
 
-
-def _job_map(job: Any, planned: Placement) -> tuple[Placement, list[str] | None]:
-    """The job's map (registering ``planned``) and where its servers listen, as
-    the supervisor answered (None when it did not know them all)."""
-    placement = from_wire(job.ps_placement(to_wire(planned)))
-    endpoints = list(getattr(job, "ps_endpoints", ()))
-    return placement, endpoints if len(endpoints) == placement.servers else None
