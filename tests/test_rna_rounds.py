@@ -20,7 +20,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dtlaunch.runtime.rna_rounds import RoundWorker, local_contribution  # noqa: E402
+from torch._C._distributed_c10d import TCPStore  # noqa: E402
+
+from dtlaunch.runtime.rna_rounds import (  # noqa: E402
+    RoundWorker,
+    local_contribution,
+    state_source,
+)
 from dtlaunch.wire.messages import (  # noqa: E402
     RnaFailed,
     RnaFormed,
@@ -60,7 +66,9 @@ class Member:
         )
         self.worker.start()
 
-    def expect(self, kind):
+    def expect(self, kind, *, given_up=()):
+        """The next message of ``kind``; a failure (other than forming one of the
+        generations ``given_up``) is an error."""
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
             try:
@@ -69,7 +77,7 @@ class Member:
                 continue
             if isinstance(msg, kind):
                 return msg
-            if isinstance(msg, RnaFailed):
+            if isinstance(msg, RnaFailed) and not (msg.round == -1 and msg.gen in given_up):
                 raise AssertionError(f"worker {self.worker.rank} failed: {msg.error}")
         raise AssertionError(f"worker {self.worker.rank} sent no {kind.__name__}")
 
@@ -221,6 +229,174 @@ def test_a_member_that_dies_fails_the_round_and_keeps_its_gradients_for_the_next
         expected = before - LR * (1 / 3) * np.ones(DIM)
         for m in members:
             np.testing.assert_allclose(m.global_model(), expected, atol=1e-6, rtol=0)
+    finally:
+        stop(members)
+
+
+def regroup(members: list[Member], gen: int, source: int, given_up=()) -> list[RnaFormed]:
+    """Form generation ``gen`` of ``members`` (already joined), as the
+    coordinator does after a failure; the first member hosts the store."""
+    members[0].inbox.put(RnaOpenStore(gen=gen))
+    port = members[0].expect(RnaStoreReady).port
+    group = RnaGroup(
+        gen=gen, members=[m.worker.rank for m in members], store_addr="127.0.0.1",
+        store_port=port, source_rank=source, timeout_s=WAIT_S,
+    )  # fmt: skip
+    for m in members:
+        m.inbox.put(group)
+    return [m.expect(RnaFormed, given_up=given_up) for m in members]
+
+
+class ResetAfterTheData:
+    """A member's gloo group whose allreduce receives every contribution and
+    then fails: its last send went to a peer that had just been killed. The
+    members that received everything complete the round; this one does not."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def allreduce(self, tensors):
+        work = self.group.allreduce(tensors)
+
+        class Failing:
+            def wait(self):
+                work.wait()
+                raise RuntimeError("Connection reset by peer")
+
+        return Failing()
+
+
+class FailsAtOnce:
+    """A member's gloo group whose peer is gone before the round sends anything."""
+
+    def allreduce(self, tensors):
+        raise RuntimeError("Connection reset by peer")
+
+
+def test_the_state_comes_from_the_member_with_the_most_rounds():
+    assert state_source([7, 7, 7], 1) == 1  # equals: the coordinator's source
+    assert state_source([7, 8, 8], 0) == 1  # a round ended on workers 1 and 2 only
+    assert state_source([8, 7, 8], 2) == 2
+    assert state_source([0, 5, 0], 0) == 1
+
+
+def test_a_round_that_ended_on_some_members_only_is_kept_by_the_next_group():
+    """Worker 1 is killed in round 0: workers 1 and 2 got every contribution and
+    applied it, worker 0's collective failed. The coordinator re-forms [0, 2]
+    and names worker 0 (the first survivor) the source: worker 2 must not be set
+    back a round (it may have trained on, and recorded, the model of round 0's
+    result), and worker 0's gradient, which is in round 0, is not used twice."""
+    members = [Member(rank, 3) for rank in range(3)]
+    try:
+        form(members)
+        for m in members:
+            m.worker.hand_over(0, torch.full((DIM,), m.worker.rank + 1.0, dtype=torch.float64))
+        members[0].worker._group = ResetAfterTheData(members[0].worker._group)
+        for m in members:
+            m.inbox.put(RnaStart(gen=1, round=0, initiator=0))
+        assert members[0].expect(RnaFailed).round == 0
+        members[0].expect(RnaJoin)  # it asks back in
+        deadline = time.monotonic() + WAIT_S
+        while members[1].worker.applied < 1 or members[2].worker.applied < 1:
+            assert time.monotonic() < deadline, "round 0 did not end on workers 1 and 2"
+            time.sleep(0.005)
+        assert members[0].worker.applied == 0
+        ahead = members[2].global_model()
+        published = members[2].worker.published
+        killed = members.pop(1)
+        killed.worker.stop()
+        formed = regroup(members, gen=2, source=0)
+        assert [f.applied for f in formed] == [1, 1], "nobody goes back a round"
+        for m in members:
+            np.testing.assert_array_equal(m.global_model(), ahead)
+        assert members[1].worker.published == published, "worker 2's model did not change"
+        assert not members[0].worker._pending, "its gradient went into round 0 already"
+        run_round(members, 2, 1, initiator=2)  # nothing to add: the model stays
+        for m in members:
+            np.testing.assert_array_equal(m.global_model(), ahead)
+    finally:
+        stop(members)
+
+
+def test_a_failed_round_s_gradients_come_back_when_the_round_ran_without_them():
+    members = [Member(rank, 3) for rank in range(3)]
+    try:
+        form(members)
+        members[0].worker.hand_over(0, torch.ones(DIM, dtype=torch.float64))
+        members[0].worker._group = FailsAtOnce()
+        members[0].inbox.put(RnaStart(gen=1, round=0, initiator=0))
+        assert members[0].expect(RnaFailed).round == 0
+        # The others ran rounds 0 and 1 in a group without it (it did not answer).
+        others = members[1:]
+        regroup(others, gen=2, source=1)
+        run_round(others, 2, 0, initiator=1)
+        run_round(others, 2, 1, initiator=2)
+        before = members[1].global_model()
+        formed = regroup(members, gen=3, source=1)
+        assert [f.applied for f in formed] == [2, 2, 2]
+        assert members[0].worker._pending, "round 0 ran without its gradient: pending again"
+        run_round(members, 3, 2, initiator=0)
+        expected = before - LR * (1 / 3) * np.ones(DIM)
+        for m in members:
+            np.testing.assert_allclose(m.global_model(), expected, atol=1e-9, rtol=0)
+    finally:
+        stop(members)
+
+
+def test_a_group_given_up_while_it_forms_does_not_hold_its_members_up():
+    """A collective failed, so the coordinator formed [0, 1, 2], then heard that
+    worker 1 had died (it never comes) and opened [0, 2]: the living members
+    leave the first formation for the second at once, not after its timeout."""
+    members = [Member(rank, 3) for rank in range(3)]
+    try:
+        for m in members:
+            m.expect(RnaJoin)
+        members[0].inbox.put(RnaOpenStore(gen=1))
+        port = members[0].expect(RnaStoreReady).port
+        doomed = RnaGroup(
+            gen=1, members=[0, 1, 2], store_addr="127.0.0.1", store_port=port,
+            source_rank=0, timeout_s=WAIT_S,
+        )  # fmt: skip
+        members[0].inbox.put(doomed)
+        members[2].inbox.put(doomed)
+        began = time.monotonic()
+        living = [members[0], members[2]]
+        # Worker 0 hosts both stores: opening the second closes the first, so
+        # worker 2 may fail forming generation 1 before it hears of 2 (the
+        # coordinator ignores a failure of a generation it gave up).
+        formed = regroup(living, gen=2, source=0, given_up=(1,))
+        assert [f.gen for f in formed] == [2, 2]
+        assert time.monotonic() - began < WAIT_S / 3
+        run_round(living, 2, 0, initiator=0)
+    finally:
+        stop(members)
+
+
+def test_a_member_that_comes_late_to_a_group_given_up_fails_it_at_once():
+    """Worker 0 gave generation 1 up for generation 2 while worker 2 was not at
+    its store yet; worker 2 comes later, finds both there, and must not form it
+    (worker 0 never will): it fails the formation and asks back in."""
+    stores = [TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False) for _ in range(2)]
+    members = [Member(rank, 3) for rank in (0, 1, 2)]
+    try:
+        for m in members:
+            m.expect(RnaJoin)
+
+        def group(gen: int, ranks: list[int]) -> RnaGroup:
+            return RnaGroup(
+                gen=gen, members=ranks, store_addr="127.0.0.1", store_port=stores[gen - 1].port,
+                source_rank=0, timeout_s=WAIT_S,
+            )  # fmt: skip
+
+        members[0].inbox.put(group(1, [0, 2]))
+        members[0].inbox.put(group(2, [0]))  # alone, say
+        assert members[0].expect(RnaFormed).gen == 2
+        began = time.monotonic()
+        members[2].inbox.put(group(1, [0, 2]))
+        failed = members[2].expect(RnaFailed)
+        assert failed.gen == 1 and "given up" in failed.error
+        assert time.monotonic() - began < WAIT_S / 3
+        members[2].expect(RnaJoin)
     finally:
         stop(members)
 

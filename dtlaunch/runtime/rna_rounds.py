@@ -10,16 +10,35 @@ staleness-weighted mean of the gradients handed over since the last one
 an optimizer for it; the training thread copies the newest model in under
 ``lock``. One round at a time: it reads its messages in order, so a new
 group's message is handled after the round in flight.
+
+A round in flight when a member dies can end on some members and fail on
+others (a member that received every contribution completes it; one whose
+send to the dead peer failed, or that waited on it, does not). So a new
+group does not take the state of the source the coordinator named blindly:
+its members first tell each other how many rounds their models hold, and the
+most advanced one broadcasts (the named source among equals;
+``state_source``). A member's model never goes back to fewer rounds, and
+equal round counts stay equal models. The gradients a member put into a round
+that failed on it are kept aside until then: the state taken says whether that
+round ran in the same generation, with them in it (then they are dropped,
+else they go back to the pending ones).
+
+A group is formed once every member is at its store. Until then the thread
+keeps reading its messages (set aside, handled afterwards in order): a newer
+generation's (the coordinator gave up on this one, e.g. a member of it died
+before it formed) ends the wait at once instead of after ``timeout_s``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import io
 import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,13 +65,20 @@ from dtlaunch.wire.messages import (
     RnaStoreReady,
 )
 
-__all__ = ["Contribution", "PendingGradients", "RoundWorker", "local_contribution"]
+__all__ = [
+    "Contribution",
+    "PendingGradients",
+    "RoundWorker",
+    "local_contribution",
+    "state_source",
+]
 
 logger = logging.getLogger(__name__)
 
 REPORT_EVERY_S = 1.0  # the group's first member reports its rounds this often
 SAMPLE_EVERY_S = 0.5  # and one round in full at most this often
 IDLE_POLL_S = 0.5
+GATHER_POLL_S = 0.02  # forming: how often the store is asked who is there (or a message ends it)
 WAKE = object()  # the training thread handed a gradient over
 STOP = object()
 
@@ -93,6 +119,16 @@ def local_contribution(
         total = term if total is None else total + term
         oldest = max(oldest, current - min(version, current))
     return Contribution(total, oldest)
+
+
+def state_source(applied: Sequence[int], named: int) -> int:
+    """The group index whose state a new group takes: the member whose model
+    holds the most rounds (``applied``, by group index), ``named`` (the
+    coordinator's source) among equals, else the first of them."""
+    most = max(applied)
+    if applied[named] == most:
+        return named
+    return applied.index(most)
 
 
 @dataclass(slots=True)
@@ -155,11 +191,17 @@ class RoundWorker(threading.Thread):
         self._user_optimizer = optimizer
         self._optimizer = _shadow_optimizer(optimizer, params, self.shadow)
         self._inbox = inbox
+        self._deferred: deque[object] = deque()  # read while a group formed, not yet handled
         self._send = send
         self._pending = PendingGradients()
         self.applied = 0  # rounds in the shadow model
         self.published = 0  # bumped whenever the shadow model changed
         self.rounds_joined = 0
+        # round -> the generation it ran in, for the last rounds of the model
+        # (travels with the state: did a round that failed here run elsewhere?)
+        self._lineage: dict[int, int] = {}
+        # (gen, round, gradients) of the round that failed here, until a group forms
+        self._unsettled: tuple[int, int, list[tuple[int, torch.Tensor, int]]] | None = None
         self._group: Any = None  # a ProcessGroupGloo (its stubs lack the collectives)
         self._gen = 0
         self._members: list[int] = []
@@ -202,7 +244,11 @@ class RoundWorker(threading.Thread):
         self._send(RnaJoin(applied=self.applied), repeat_on_rehello=True)
         while not self._stopped.is_set():
             try:
-                item = self._inbox.get(timeout=IDLE_POLL_S)
+                item = (
+                    self._deferred.popleft()
+                    if self._deferred
+                    else self._inbox.get(timeout=IDLE_POLL_S)
+                )
             except queue.Empty:
                 self._maybe_report()
                 continue
@@ -267,7 +313,8 @@ class RoundWorker(threading.Thread):
         self._send(RnaStoreReady(gen=gen, port=self._store_server.port))
 
     def _form(self, msg: RnaGroup) -> None:
-        """Leave the old group, form ``msg.gen``, take the state from its source."""
+        """Leave the old group, form ``msg.gen``, take the state of its most
+        advanced member (``_sync_state``)."""
         self._group = None
         self._probe = None
         self._gen = msg.gen
@@ -280,13 +327,16 @@ class RoundWorker(threading.Thread):
                 store: Any = self._store_server
             else:
                 store = TCPStore(msg.store_addr, msg.store_port, None, False, timeout=timeout)
+            if not self._gather(PrefixStore(f"rna/{msg.gen}/here", store), msg):
+                logger.warning("rna: group %d was given up for a newer one as it formed", msg.gen)
+                return  # the newer generation's message is next
             group = dist.ProcessGroupGloo(
                 PrefixStore(f"rna/{msg.gen}", store),
                 msg.members.index(self.rank),
                 len(msg.members),
                 timeout,
             )
-            self._sync_state(group, msg.members.index(msg.source_rank))
+            self._sync_state(group, msg.members.index(msg.source_rank), msg.gen)
         except Exception as err:
             logger.warning("rna: forming group %d failed: %s", msg.gen, err)
             self._send(RnaFailed(gen=msg.gen, round=-1, error=str(err)[:500]))
@@ -297,9 +347,64 @@ class RoundWorker(threading.Thread):
         self.formed.set()
         self._send(RnaFormed(gen=msg.gen, applied=self.applied))
 
-    def _sync_state(self, group: Any, source_index: int) -> None:
-        """The source's model, optimizer state and round count, to every member."""
-        is_source = self._members.index(self.rank) == source_index
+    def _gather(self, store: Any, msg: RnaGroup) -> bool:
+        """Wait until every member of ``msg.gen`` is at its store (True: form
+        it), or a newer generation's message, or stop(), comes first (False: it
+        was given up). The members agree at the store on one verdict (whoever
+        decides first sets it), so none forms a group another one gave up.
+
+        Raises:
+            TimeoutError: a member did not come in ``timeout_s``, or another
+                member gave the group up meanwhile.
+        """
+        store.set(str(self.rank), "1")
+        keys = [str(m) for m in msg.members]
+        deadline = time.monotonic() + msg.timeout_s
+        while True:
+            if store.check(keys):
+                verdict = store.compare_set("verdict", "", "go")
+            elif self._superseded(msg.gen) or time.monotonic() >= deadline:
+                verdict = store.compare_set("verdict", "", "gone")
+            elif store.check(["verdict"]):
+                verdict = store.get("verdict")
+            else:
+                with contextlib.suppress(queue.Empty):
+                    self._deferred.append(self._inbox.get(timeout=GATHER_POLL_S))
+                continue
+            if verdict == b"go":
+                return True
+            if self._superseded(msg.gen):
+                return False
+            missing = [m for m in msg.members if not store.check([str(m)])]
+            raise TimeoutError(f"group {msg.gen} was given up: members {missing} did not come")
+
+    def _superseded(self, gen: int) -> bool:
+        """stop() was called, or a message of a generation after ``gen`` came."""
+        return self._stopped.is_set() or any(
+            item is STOP or (isinstance(item, RnaGroup | RnaOpenStore) and item.gen > gen)
+            for item in self._deferred
+        )
+
+    def _sync_state(self, group: Any, named_index: int, gen: int) -> None:
+        """The most advanced member's model, optimizer state, round count and
+        lineage, to every member (module docstring); ``named_index``: the
+        coordinator's source, which wins among equals."""
+        index = self._members.index(self.rank)
+        counts = torch.zeros(len(self._members), dtype=torch.int64)
+        counts[index] = self.applied
+        group.allreduce([counts]).wait()
+        source_index = state_source([int(c) for c in counts.tolist()], named_index)
+        if source_index != named_index:
+            logger.warning(
+                "rna: group %d takes the state of worker %d (%d rounds), the most advanced, "
+                "not worker %d's (%d)",
+                gen,
+                self._members[source_index],
+                int(counts[source_index]),
+                self._members[named_index],
+                int(counts[named_index]),
+            )
+        is_source = index == source_index
         payload = torch.zeros(0, dtype=torch.uint8)
         if is_source:
             buffer = io.BytesIO()
@@ -309,6 +414,7 @@ class RoundWorker(threading.Thread):
                         "params": self.shadow,
                         "optimizer": self._optimizer.state_dict(),
                         "applied": self.applied,
+                        "lineage": self._lineage,
                     },
                     buffer,
                 )
@@ -318,16 +424,37 @@ class RoundWorker(threading.Thread):
         if not is_source:
             payload = torch.empty(int(size.item()), dtype=torch.uint8)
         group.broadcast(payload, source_index).wait()
-        if is_source:
+        if not is_source:
+            state = torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=True)
+            with self.lock:
+                with torch.no_grad():
+                    for shadow, value in zip(self.shadow, state["params"], strict=True):
+                        shadow.copy_(value)
+                self._optimizer.load_state_dict(state["optimizer"])
+                self.applied = int(state["applied"])
+                self._lineage = {int(r): int(g) for r, g in state["lineage"].items()}
+                self.published += 1
+        self._settle()
+
+    def _settle(self) -> None:
+        """The gradients of the round that failed here: in the model now if that
+        round ran (in the generation it failed in: with them), else pending again."""
+        unsettled, self._unsettled = self._unsettled, None
+        if unsettled is None:
             return
-        state = torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=True)
+        gen, round_, taken = unsettled
+        if self._lineage.get(round_) == gen:
+            return
         with self.lock:
-            with torch.no_grad():
-                for shadow, value in zip(self.shadow, state["params"], strict=True):
-                    shadow.copy_(value)
-            self._optimizer.load_state_dict(state["optimizer"])
-            self.applied = int(state["applied"])
-            self.published += 1
+            self._pending.put_back(taken)
+            self._pending.prune(current=self.applied, bound=self.staleness)
+
+    def _set_aside(self, gen: int, round_: int, taken: list[tuple[int, torch.Tensor, int]]) -> None:
+        """Hold the failed round's gradients until a group says whether it ran."""
+        if self._unsettled is not None:  # not expected: no round runs between
+            with self.lock:
+                self._pending.put_back(self._unsettled[2])
+        self._unsettled = (gen, round_, taken)
 
     def _run_round(self, start: RnaStart) -> None:
         group = self._group
@@ -349,8 +476,8 @@ class RoundWorker(threading.Thread):
         try:
             group.allreduce([buffer]).wait()
         except Exception as err:
-            with self.lock:
-                self._pending.put_back(taken)  # not lost: the next group uses them
+            # Not lost: the next group uses them, unless the round ran elsewhere.
+            self._set_aside(self._gen, start.round, taken)
             self._group = None
             logger.warning("rna: round %d of group %d failed: %s", start.round, self._gen, err)
             self._send(RnaFailed(gen=self._gen, round=start.round, error=str(err)[:500]))
@@ -364,6 +491,9 @@ class RoundWorker(threading.Thread):
                 self._apply(buffer[:size] / contributors, lr_factor(contributors, self.world_size))
             self.applied = start.round + 1
             self.published += 1
+        self._lineage[start.round] = self._gen
+        for old in [r for r in self._lineage if r < self.applied - self.staleness - 2]:
+            del self._lineage[old]
         self.rounds_joined += 1
         self._note_round(start, weights, buffer[size + members :], comm_s)
 

@@ -10,12 +10,14 @@ it step by step with a fake time.
 Group life: ``WAITING`` for the workers to join (every expected worker, or the
 ones that did within ``join_grace_s``) -> ``OPENING`` (one member opens the
 generation's store) -> ``FORMING`` (every member connects and takes the model
-state from ``source_rank``) -> ``RUNNING`` rounds. A member that dies, fails a
-collective, leaves, or a newcomer that joins, ends the generation: a new one
-is formed from whoever is still there, at once (a member finishes the round
-it is in before it reads the new group: it reads its messages in order). A
-member that does not answer while a group forms is left out after
-``group_timeout_s``.
+state of the member with the most rounds, ``source_rank`` among equals: a round
+under way when a member died may have ended on some members only) ->
+``RUNNING`` rounds. A member that dies, fails a collective, leaves, or a
+newcomer that joins, ends the generation: a new one is formed from whoever is
+still there, at once (a member finishes the round it is in before it reads the
+new group: it reads its messages in order; one still waiting for a given-up
+group's members leaves that wait when the new one's message comes). A member
+that does not answer while a group forms is left out after ``group_timeout_s``.
 
 A round (§3.2): ``probes`` random members are probed; the first that answers
 that it has a gradient becomes the initiator and every member is told to run
@@ -435,8 +437,11 @@ class RoundCoordinator:
             for m in members
             if formed is not None and m in formed.members and m not in self.joined
         ]
+        # The members take the state of whichever of them holds the most rounds
+        # (a round in flight when a member died may have ended on some only,
+        # which only they know); the source named here wins among equals.
         if survivors:
-            source = survivors[0]  # already holds the group's newest model
+            source = survivors[0]  # holds the group's model (maybe a round behind)
         else:
             source = max(members, key=lambda m: (self.joined.get(m, 0), -m))
         self._last_gen += 1
