@@ -71,9 +71,10 @@ class RnaStoreReady(Message):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RnaGroup(Message):
     """To every member: form generation ``gen`` of ``members`` (ranks, in group
-    order) at ``store_addr:store_port``; ``source_rank`` broadcasts its model,
-    optimizer state and round count, so every member starts the generation
-    equal; ``timeout_s`` bounds every collective of the group."""
+    order) at ``store_addr:store_port``; the member whose model holds the most
+    rounds broadcasts its model, optimizer state and round count
+    (``source_rank`` among equals), so every member starts the generation equal;
+    ``timeout_s`` bounds every collective of the group."""
 
     TYPE: ClassVar[str] = "rna_group"
     gen: int
