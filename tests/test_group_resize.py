@@ -124,9 +124,12 @@ def test_a_worker_ending_during_a_resize_ends_it_but_a_removed_one_does_not():
 # ------------------------------------------------------------ the node table
 
 
-def _state(spare_slots: int = 2) -> JobState:
-    hosts = [
-        HostSpec(label="h0", hostname="127.0.0.1", slots=2),
+def _state(
+    spare_slots: int = 2, *, hosts: list[HostSpec] | None = None, workers: int = 2
+) -> JobState:
+    """``workers`` on ``hosts`` (default: two on h0) and a spare host, every
+    process running; a spawn's argv says whether it is prewarmed."""
+    hosts = (hosts or [HostSpec(label="h0", hostname="127.0.0.1", slots=2)]) + [
         HostSpec(label="spare", hostname="127.0.0.3", slots=spare_slots, spare=True),
     ]
 
@@ -143,20 +146,20 @@ def _state(spare_slots: int = 2) -> JobState:
         )
 
     state = JobState(
-        place(hosts, workers=2, servers=0),
+        place(hosts, workers=workers, servers=0),
         timing=TIMING,
         max_restarts=3,
         restart_scope="group",
         build_spawn=build_spawn,
         master_addr_of=lambda label, reported: label + "-addr",
         spare_hosts=["spare"],
-        host_slots={"h0": 2, "spare": spare_slots},
+        host_slots={h.label: h.slots for h in hosts},
     )
     out = state.start(0.0)
     for host in state.agents:
         out += state.agent_hello(host, 0.1, free_ports=[5000], host_addr="", procs=[])
     for spawn in [c.message for c in out if isinstance(getattr(c, "message", None), Spawn)]:
-        state.spawned("h0", spawn.proc_id, spawn.attempt, 100, 0.2)
+        state.spawned(state.procs[spawn.proc_id].host, spawn.proc_id, spawn.attempt, 100, 0.2)
     return state
 
 

@@ -12,10 +12,10 @@ from dtlaunch.events import EventRecorder, MemorySink
 from dtlaunch.hostfile import HostSpec
 from dtlaunch.supervisor.control.actions import KillRestart
 from dtlaunch.supervisor.jobstate.machine import JobState
-from dtlaunch.supervisor.placement import place
 from dtlaunch.supervisor.regroup.driver import JOIN_PREFIX, RegroupDriver
-from dtlaunch.wire.messages import Kill, Regroup, RegroupGo, RegroupReady, Spawn
-from tests.test_group_resize import TIMING, attached_coordinator, spawns
+from dtlaunch.wire.messages import Kill, Regroup, RegroupGo, RegroupReady
+from tests.test_group_resize import _state as resize_state
+from tests.test_group_resize import attached_coordinator, spawns
 
 
 def test_the_regroup_message_names_every_rank_that_leaves():
@@ -62,30 +62,8 @@ def _state(spare_slots: int) -> JobState:
     hosts = [
         HostSpec(label="h0", hostname="127.0.0.1", slots=2),
         HostSpec(label="h1", hostname="127.0.0.2", slots=1),
-        HostSpec(label="spare", hostname="127.0.0.3", slots=spare_slots, spare=True),
     ]
-
-    def build_spawn(slot, addr, port):
-        argv = ["python", "-m", "dtlaunch.runtime.prewarm"] if slot.prewarm else ["python"]
-        return Spawn(proc_id=slot.proc_id, role=slot.role, rank=slot.rank, attempt=slot.attempt,
-                     argv=argv, env={}, cwd="/")  # fmt: skip
-
-    state = JobState(
-        place(hosts, workers=3, servers=0),
-        timing=TIMING,
-        max_restarts=3,
-        restart_scope="group",
-        build_spawn=build_spawn,
-        master_addr_of=lambda label, reported: label + "-addr",
-        spare_hosts=["spare"],
-        host_slots={"h0": 2, "h1": 1, "spare": spare_slots},
-    )
-    out = state.start(0.0)
-    for host in state.agents:
-        out += state.agent_hello(host, 0.1, free_ports=[5000], host_addr="", procs=[])
-    for spawn in spawns(out):
-        state.spawned(state.procs[spawn.proc_id].host, spawn.proc_id, spawn.attempt, 100, 0.2)
-    return state
+    return resize_state(spare_slots, hosts=hosts, workers=3)
 
 
 class Harness:

@@ -43,7 +43,15 @@ from dtlaunch.supervisor.control.actions import KillRestart
 from dtlaunch.supervisor.jobstate.machine import Command, JobState
 from dtlaunch.supervisor.jobstate.nodes import JoinSpec, ProcState
 from dtlaunch.supervisor.regroup.coordinator import PendingRegroup, RegroupCoordinator
-from dtlaunch.wire.messages import Hello, Message, RegroupGo, RegroupReady, Rehello, Welcome
+from dtlaunch.wire.messages import (
+    Hello,
+    Message,
+    Regroup,
+    RegroupGo,
+    RegroupReady,
+    Rehello,
+    Welcome,
+)
 
 __all__ = ["JOIN_PREFIX", "RegroupDriver"]
 
@@ -103,22 +111,7 @@ class RegroupDriver:
             return
         slot = self._state.procs[f"worker-{action.rank}"]
         prewarmed = target is not None and target != slot.host
-        msg = coord.begin(
-            action.rank,
-            target_host=target,
-            reason=action.reason,
-            now=now,
-            prewarmed=prewarmed,
-            batch_size=self._planned_batch(action.rank),
-        )
-        self._recorder.emit(
-            "regroup",
-            phase="prewarm" if prewarmed else "begin",
-            gen=msg.gen,
-            rank=action.rank,
-            store_rank=msg.store_rank,
-            target_host=target,
-        )
+        msg = self._begin_one(action, target, now, prewarmed=prewarmed)
         if prewarmed:
             assert target is not None
             self._apply(self._state.replace_prewarmed(action.rank, target, action.reason, now))
@@ -149,19 +142,7 @@ class RegroupDriver:
             moving.append((action, target))
         if len(moving) < 2:
             if moving:  # one could move: begun as a single replacement, already started
-                action, target = moving[0]
-                msg = coord.begin(
-                    action.rank,
-                    target_host=target,
-                    reason=action.reason,
-                    now=now,
-                    prewarmed=True,
-                    batch_size=self._planned_batch(action.rank),
-                )
-                self._recorder.emit(
-                    "regroup", phase="prewarm", gen=msg.gen, rank=action.rank,
-                    store_rank=msg.store_rank, target_host=target,
-                )  # fmt: skip
+                self._begin_one(*moving[0], now, prewarmed=True)
             else:
                 await self.kill_restart(workers[0], now)
             return
@@ -181,6 +162,28 @@ class RegroupDriver:
             store_rank=coord.pending.store_rank,
             target_hosts={str(a.rank): target for a, target in moving},
         )
+
+    def _begin_one(
+        self, action: KillRestart, target: str | None, now: float, *, prewarmed: bool
+    ) -> Regroup:
+        """Begin replacing ``action.rank`` alone (recorded); its Regroup."""
+        msg = self.coordinator.begin(
+            action.rank,
+            target_host=target,
+            reason=action.reason,
+            now=now,
+            prewarmed=prewarmed,
+            batch_size=self._planned_batch(action.rank),
+        )
+        self._recorder.emit(
+            "regroup",
+            phase="prewarm" if prewarmed else "begin",
+            gen=msg.gen,
+            rank=action.rank,
+            store_rank=msg.store_rank,
+            target_host=target,
+        )
+        return msg
 
     def resize_refusal(self, count: int, *, global_batch: int) -> str | None:
         """Why the group cannot be resized to ``count`` workers now (None: it can)."""
