@@ -43,12 +43,14 @@ Scenarios and columns (same data, steps, model and seed in every run):
     proportional  --policy psld:assign=proportional,WINDOWS  (PSLD's strawman, §7.1)
     nd            --policy nd:ND (moves a slow server whole onto the spare host)
     psld          --policy psld:eps=0.1,WINDOWS  (eps 0.1 is the default)
-    ideal         --policy none, no injection (run once, first: it calibrates c)
+    ideal         --policy none, no injection (first: it calibrates c)
 
 with WINDOWS = ``l_trans=2,l_per=60,settle=3,min_samples=8`` and ND =
 ``l_trans=2,l_per=10,min_reports=5,restart_cost=1``. Scenario d's ``static`` is
 the ``ideal`` configuration again, run right before d's ``psld`` so that the 2 %
-comparison is not one of drift over the twenty minutes between them. In scenario a
+comparison is not one of drift over the twenty minutes between them. The ideal
+the ratios use is the mean of both runs of that configuration (one run of it has
+varied by 20 % from the other in one invocation on this 2-core machine). In scenario a
 psld also runs with eps in {0, 0.05, 0.2, 0.3} (Fig. 19; 0.1 is the psld
 column).
 
@@ -380,6 +382,10 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a and b else None
 
 
+# The runs of the ideal configuration: static placement, no injection, --policy none.
+IDEAL_CONFIGURATION = ("ideal:ideal", "d:static")
+
+
 def summarize(outcomes: list[Outcome], steps: int, quick: bool) -> dict[str, Any]:
     by = {o.spec.key: o for o in outcomes}
 
@@ -387,7 +393,12 @@ def summarize(outcomes: list[Outcome], steps: int, quick: bool) -> dict[str, Any
         o = by.get(key)
         return o.train_s if o and o.ok else None
 
-    ideal = train("ideal:ideal")
+    # Every run of the ideal configuration (static placement, no straggler,
+    # --policy none: ``ideal`` first and d's ``static``) measures the same thing;
+    # on this oversubscribed machine one such run varied by 20 % from another in
+    # one invocation, so the ideal is their mean, each reported beside it.
+    ideal_runs = [t for t in (train(key) for key in IDEAL_CONFIGURATION) if t is not None]
+    ideal = statistics.fmean(ideal_runs) if ideal_runs else None
     ratios: dict[str, dict[str, float | None]] = {}
     for sc in ("a", "b", "c"):
         psld = train(f"{sc}:psld")
@@ -454,6 +465,10 @@ def summarize(outcomes: list[Outcome], steps: int, quick: bool) -> dict[str, Any
         "runs": {
             o.spec.key: {"train_s": o.train_s, "wall_s": round(o.wall_s, 2), "ok": o.ok} | o.detail
             for o in outcomes
+        },
+        "ideal_s": {
+            "mean": round(ideal, 3) if ideal is not None else None,
+            "runs": {key: train(key) for key in IDEAL_CONFIGURATION if key in by},
         },
         "ratios": ratios,
         "pause_s": pause,
@@ -533,9 +548,14 @@ def render_markdown(result: dict[str, Any]) -> str:
             f"{_num(run.get('mean_step_after_s'), '.3f')} | {_mb(run.get('bytes_per_server'))} | "
             f"{_num(run.get('final_loss'), '.5f')} |"
         )
+    ideal = result.get("ideal_s") or {}
     lines += [
         "",
         "## Ratios (train s)",
+        "",
+        f"ideal: {_num(ideal.get('mean'))} s, the mean of every run of its configuration ("
+        + ", ".join(f"{k} {_num(v)}" for k, v in (ideal.get("runs") or {}).items())
+        + ").",
         "",
         "| scenario | static/psld | psld/ideal | proportional/psld | nd/psld "
         "| static/ideal (ceiling) |",

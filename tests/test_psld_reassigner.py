@@ -21,8 +21,14 @@ from dtlaunch.ps import Placement
 from dtlaunch.ps.control import ServerControl
 from dtlaunch.ps.placement_map import from_wire, to_wire
 from dtlaunch.supervisor.psfleet.placement import PENDING_FILE, PlacementKeeper
-from dtlaunch.supervisor.psfleet.reassign import BlockReassigner, subset
+from dtlaunch.supervisor.psfleet.reassign import (
+    PACE_UPDATES,
+    BlockReassigner,
+    step_time,
+    subset,
+)
 from dtlaunch.wire.keys import PeerKeys
+from dtlaunch.wire.messages import PsUpdate
 from tests.test_ps_reassign import (
     STEPS,
     STRAGGLE_S,
@@ -96,10 +102,13 @@ def _train_with(
     keys: PeerKeys,
     run_dir: Path,
     supervisor: Callable[[PlacementKeeper, list[str]], None],
+    *,
+    straggle_s: float = STRAGGLE_S,
 ) -> Iterator[tuple[Any, list[str], PlacementKeeper]]:
     """Two workers train while ``supervisor(keeper, endpoints)`` acts from a thread
-    once the servers are at version 3; the clients follow the keeper's map. The
-    servers serve until the caller's block ends."""
+    once the servers are at version 3 (worker 1 ``straggle_s`` slower a step);
+    the clients follow the keeper's map. The servers serve until the caller's
+    block ends."""
     keeper = _keeper(run_dir)
     with serving(keys, 3) as endpoints:
 
@@ -115,7 +124,7 @@ def _train_with(
                 _wait_for_version(endpoints[0], keys, 3)
                 supervisor(keeper, endpoints)
 
-            run_threads([run.worker(0), run.worker(1, STRAGGLE_S), act])
+            run_threads([run.worker(0), run.worker(1, straggle_s), act])
             yield run, endpoints, keeper
 
 
@@ -134,10 +143,44 @@ def test_the_reassigner_moves_blocks_mid_training_and_the_run_is_unchanged(
         _check_reassigned(run, endpoints, keeper, done, unmoved, keys, tmp_path)
 
 
+def test_with_slow_steps_the_blocks_move_at_the_very_next_version(peer_keys, unmoved, tmp_path):
+    """Steps of 0.25 s (>= SLOW_STEP_S): the fence is the version after the newest,
+    not two ahead, so the workers wait no further slow step for the move."""
+    keys = peer_keys
+    done = []
+
+    def supervisor(keeper: PlacementKeeper, endpoints: list[str]) -> None:
+        assert keeper.placement is not None
+        owner = _moves(from_wire(keeper.placement))
+        done.append(_reassigner(keeper, endpoints, keys).carry_out(owner))
+
+    with _train_with(keys, tmp_path, supervisor, straggle_s=0.25) as (run, endpoints, keeper):
+        _check_reassigned(run, endpoints, keeper, done, unmoved, keys, tmp_path)
+    [reassigned] = done
+    assert reassigned.lead == 1, reassigned
+
+
+def test_step_time_is_the_median_gap_between_a_servers_newest_updates():
+    def updates(*ended: float) -> list[PsUpdate]:
+        return [
+            PsUpdate(version=v, step=v - 1, update_s=0.0, samples=1, applied=[0], ended_s=e)
+            for v, e in enumerate(ended, start=1)
+        ]
+
+    assert step_time([]) == 0.0
+    assert step_time(updates(5.0)) == 0.0  # one update: no gap yet
+    assert step_time(updates(0.0, 0.0)) == 0.0  # no clock (an old server): unknown
+    assert step_time(updates(1.0, 1.2, 1.4, 3.0)) == pytest.approx(0.2)  # one stall
+    # Only the newest PACE_UPDATES count: the fast start is forgotten.
+    slow = [0.01 * i for i in range(20)] + [0.2 + 0.5 * i for i in range(1, PACE_UPDATES + 1)]
+    assert step_time(updates(*slow)) == pytest.approx(0.5)
+
+
 def _check_reassigned(run, endpoints, keeper, done, unmoved, keys, tmp_path) -> None:
     [reassigned] = done
     moved = len(unmoved.placement.blocks_on(2)) + 1
     assert (reassigned.version, reassigned.blocks, reassigned.tries) == (1, moved, 1)
+    assert reassigned.at_version > 3 and reassigned.lead in (1, 2), reassigned
     assert 0 < reassigned.pause_s < 3.0
     assert keeper.pending is None and not (tmp_path / PENDING_FILE).exists()
     assert keeper.placement is not None

@@ -392,6 +392,7 @@ class ServerFleet:
                 blocks=done.blocks,
                 bytes=done.nbytes,
                 tries=done.tries,
+                lead=done.lead,
                 took_s=round(self._clock() - began, 3),
                 phases_s=done.phases_s,
             )

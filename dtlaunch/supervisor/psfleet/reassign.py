@@ -49,6 +49,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -65,8 +66,17 @@ from dtlaunch.supervisor.psfleet.placement import (
     PlacementKeeper,
 )
 from dtlaunch.wire.keys import PeerKeys
+from dtlaunch.wire.messages import PsUpdate
 
-__all__ = ["FENCE_LEADS", "BlockReassigner", "Reassigned", "subset"]
+__all__ = [
+    "FENCE_LEADS",
+    "PACE_UPDATES",
+    "SLOW_STEP_S",
+    "BlockReassigner",
+    "Reassigned",
+    "step_time",
+    "subset",
+]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +85,11 @@ log = logging.getLogger(__name__)
 # the next try leads by more (steps of a few milliseconds run many versions
 # while the requests travel).
 FENCE_LEADS = (2, 8, 32)
+# Steps at least this long between a server's versions: the first fence is the
+# very next version (the requests, milliseconds on the way, arrive well before
+# it), so the workers do not wait a further slow step for the blocks to move.
+SLOW_STEP_S = 0.1
+PACE_UPDATES = 8  # the newest updates of a server its step time is read from
 WATCH_S = 0.25  # how often waiting exports and imports check the fence can be reached
 
 
@@ -92,6 +107,7 @@ class Reassigned:
     blocks: int  # blocks moved
     nbytes: int  # their parameter bytes
     tries: int  # fences tried (a refused fence is rolled back and tried further ahead)
+    lead: int = 0  # versions ahead of the servers' newest the fence was set
     hold_s: float = 0.0  # from the first source holding its blocks to the last release
     # Where the pause went, seconds from the first hold: every export in (the
     # last source at the fence), every import taken (the last target at the
@@ -132,7 +148,7 @@ class BlockReassigner:
             self.recover()
         why = ""
         for tries, lead in enumerate(FENCE_LEADS, start=1):
-            done = self._try(owner, lead, tries, servers)
+            done = self._try(owner, lead, tries, servers, next_if_slow=tries == 1)
             if isinstance(done, Reassigned):
                 return done
             why = done
@@ -160,10 +176,17 @@ class BlockReassigner:
     # ---------------------------------------------------------------- phases
 
     def _try(
-        self, owner: Sequence[int], lead: int, tries: int, servers: int | None
+        self,
+        owner: Sequence[int],
+        lead: int,
+        tries: int,
+        servers: int | None,
+        *,
+        next_if_slow: bool = False,
     ) -> Reassigned | str:
-        """One fence ``lead`` versions ahead: what was done, or why the fence was
-        passed before the exports arrived (rolled back).
+        """One fence ``lead`` versions ahead (``next_if_slow``: the next version
+        when the servers' steps take ``SLOW_STEP_S`` or more): what was done, or
+        why the fence was passed before the exports arrived (rolled back).
 
         Raises:
             PsError: refused or silent for another reason (rolled back).
@@ -174,14 +197,19 @@ class BlockReassigner:
         if list(owner) == [b.server for b in placement.blocks] and count == placement.servers:
             raise PsError("reassignment: every block is on its server already")
         newest = 0
+        step_times: list[float] = []
         for server in range(placement.servers):
             with self._control(server) as control:
-                newest = max(newest, control.stats().version)
+                stats = control.stats()
+            newest = max(newest, stats.version)
+            step_times.append(step_time(stats.updates))
+        if next_if_slow and min(step_times, default=0.0) >= SLOW_STEP_S:
+            lead = 1
         pending = self._keeper.begin(owner, newest + lead, count)
         if not pending.moves:  # servers removed that held no block: only the map changes
             self._keeper.commit()
             self._keeper.finish()
-            return Reassigned(pending.placement.version, pending.at_version, 0.0, 0, 0, tries)
+            return Reassigned(pending.placement.version, pending.at_version, 0.0, 0, 0, tries, lead)
         exported, refused, first_hold, stuck = self._export(pending)
         if stuck:  # rolled back already: the waiting exports had to be refused
             self._keeper.finish()
@@ -218,6 +246,7 @@ class BlockReassigner:
             blocks=len(moved),
             nbytes=sum(sizes[b] for b in moved),
             tries=tries,
+            lead=lead,
             hold_s=released_at - first_hold,
             phases_s={
                 name: round(at - first_hold, 4)
@@ -386,6 +415,14 @@ class BlockReassigner:
         return ServerControl(
             self._endpoint(server), self._keys, timeout=self._timeout, stop=self._stop
         )
+
+
+def step_time(updates: Sequence[PsUpdate]) -> float:
+    """A server's recent time between versions (the median over its newest
+    ``PACE_UPDATES`` updates), 0.0 when too few are known to tell."""
+    ended = sorted(u.ended_s for u in updates if u.ended_s > 0)[-PACE_UPDATES:]
+    gaps = sorted(b - a for a, b in itertools.pairwise(ended))
+    return gaps[len(gaps) // 2] if gaps else 0.0
 
 
 @dataclass(frozen=True, slots=True)
