@@ -38,8 +38,8 @@ def test_the_adaptive_bound_follows_the_slowest_step():
     assert watch.bound(0.1) == 120.0
     assert watch.bound(30.0) == 600.0
     watch.tick(0.0, progress=(1,))
-    assert watch.tick(500.0, progress=(1,), slowest_step_s=30.0) is None
-    assert watch.tick(600.0, progress=(1,), slowest_step_s=30.0) is not None
+    assert watch.tick(500.0, progress=(1,), slowest_step_s=lambda: 30.0) is None
+    assert watch.tick(600.0, progress=(1,), slowest_step_s=lambda: 30.0) is not None
 
 
 def test_after_a_restart_a_job_that_never_moves_stalls_again():

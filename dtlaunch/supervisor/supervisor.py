@@ -373,7 +373,7 @@ class Supervisor:
                 stall = self._stall.tick(
                     now,
                     progress=self._progress(),
-                    slowest_step_s=self._intake.slowest_recent_step_s(),
+                    slowest_step_s=self._intake.slowest_recent_step_s,
                 )
                 if stall is not None:
                     self._stalled(stall, now)

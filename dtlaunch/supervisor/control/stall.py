@@ -22,6 +22,7 @@ The watchdog is armed by the first progress: a script that never reports steps
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = ["DEFAULT_FACTOR", "DEFAULT_FLOOR_S", "Stall", "StallWatch"]
@@ -74,10 +75,16 @@ class StallWatch:
         return max(self._floor_s, self._factor * max(0.0, slowest_step_s))
 
     def tick(
-        self, now: float, *, progress: tuple[int, ...], slowest_step_s: float = 0.0
+        self,
+        now: float,
+        *,
+        progress: tuple[int, ...],
+        slowest_step_s: Callable[[], float] = lambda: 0.0,
     ) -> Stall | None:
         """``progress``: counters that only grow while the job moves (steps,
-        updates, shard transitions). Returns a ``Stall`` once per episode."""
+        updates, shard transitions); ``slowest_step_s``: the slowest recent step,
+        asked only while nothing moves (it scans every node). Returns a
+        ``Stall`` once per episode."""
         if not self.enabled:
             return None
         if progress != self._marks:
@@ -90,7 +97,7 @@ class StallWatch:
         if self._last_progress is None or self._reported:
             return None
         waited = now - self._last_progress
-        bound = self.bound(slowest_step_s)
+        bound = self.bound(slowest_step_s())
         if waited < bound:
             return None
         self._reported = True

@@ -25,6 +25,7 @@ the others' signatures.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -1378,27 +1379,38 @@ class JobState:
         GPU) that nothing runs or waits on."""
         return self._free_slots(host) > 0
 
-    def _free_slots(self, host: str, *, gpu: bool = True) -> int:
+    def _free_slots(
+        self, host: str, *, gpu: bool = True, in_use: Counter[str] | None = None
+    ) -> int:
         """How many more workers (``gpu``: each needs a GPU where the host has
         some; else servers) ``host`` takes now (0 while it is not up or cools
-        down after a loss)."""
+        down after a loss). ``in_use``: ``_slots_in_use()``, for a caller asking
+        about many hosts (one pass over the processes instead of one a host)."""
         agent = self.agents[host]
         if agent.state is not AgentState.UP or agent.cooldown_until > self.now:
             return 0
-        # What runs or waits there, and what is on its way there (a KILL_RESTART
-        # stopping on another host), plus a replaced or removed process that still runs.
-        used = sum(
-            1
-            for s in self.procs.values()
-            if (s.host == host and s.state in _BUSY_PROC_STATES) or s.next_host == host != s.host
-        )
-        used += sum(1 for held, _ in self.retiring.values() if held == host)
-        used += sum(1 for held, _ in self.removing.values() if held == host)
+        used = (in_use if in_use is not None else self._slots_in_use())[host]
         free = self.host_slots.get(host, 1) - used
         gpus = self.host_gpus.get(host, 0)
         if gpus and gpu:  # a GPU of its own
             free = min(free, gpus - len(self._busy_workers_on(host)))
         return max(0, free)
+
+    def _slots_in_use(self) -> Counter[str]:
+        """host -> the slots taken there: what runs or waits there, what is on its
+        way there (a KILL_RESTART stopping on another host), and a replaced or
+        removed process that still runs."""
+        used: Counter[str] = Counter()
+        for s in self.procs.values():
+            if s.state in _BUSY_PROC_STATES:
+                used[s.host] += 1
+            if s.next_host and s.next_host != s.host:
+                used[s.next_host] += 1
+        for held, _ in self.retiring.values():
+            used[held] += 1
+        for held, _ in self.removing.values():
+            used[held] += 1
+        return used
 
     def _record_failure(
         self,
@@ -1597,7 +1609,8 @@ class JobState:
         hostfile's ``slots=`` exceed what runs or waits there (a replaced process
         that still runs included) and, on a GPU host, a GPU is free too: a
         two-slot spare takes both workers of a slow host, one after the other."""
-        return [host for host in self.spare_hosts if self._has_room(host)]
+        in_use = self._slots_in_use()
+        return [host for host in self.spare_hosts if self._free_slots(host, in_use=in_use) > 0]
 
     def worker_hosts(self) -> dict[int, str]:
         """rank -> the host each worker runs on (or will run on next), for the
@@ -1709,8 +1722,10 @@ class JobState:
         """(host, free slots) where new workers (``gpu``; else servers) may start:
         spare hosts first, then the job's other hosts, then hostfile hosts that
         run nothing yet (an agent is launched there for them)."""
-        order = [*self.spare_hosts, *(h for h in self.agents if h not in self.spare_hosts)]
-        room = [(host, self._free_slots(host, gpu=gpu)) for host in order]
+        spare = set(self.spare_hosts)
+        order = [*self.spare_hosts, *(h for h in self.agents if h not in spare)]
+        in_use = self._slots_in_use()
+        room = [(host, self._free_slots(host, gpu=gpu, in_use=in_use)) for host in order]
         idle = [(h, n) for h, n in self.host_slots.items() if h not in self.agents]
         gpus = self.host_gpus if gpu else {}
         return room + [(h, min(n, gpus[h]) if gpus.get(h) else n) for h, n in idle]
