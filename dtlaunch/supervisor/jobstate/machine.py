@@ -1374,23 +1374,15 @@ class JobState:
         """The first spare host that is up and has a slot free."""
         return next(iter(self.free_spare_hosts()), None)
 
-    def _has_room(self, host: str) -> bool:
-        """Up and not cooling down after a loss, with a slot (and on a GPU host a
-        GPU) that nothing runs or waits on."""
-        return self._free_slots(host) > 0
-
-    def _free_slots(
-        self, host: str, *, gpu: bool = True, in_use: Counter[str] | None = None
-    ) -> int:
+    def _free_slots(self, host: str, in_use: Counter[str], *, gpu: bool = True) -> int:
         """How many more workers (``gpu``: each needs a GPU where the host has
         some; else servers) ``host`` takes now (0 while it is not up or cools
-        down after a loss). ``in_use``: ``_slots_in_use()``, for a caller asking
-        about many hosts (one pass over the processes instead of one a host)."""
+        down after a loss), with ``in_use`` from ``_slots_in_use()`` (counted once
+        for every host asked about)."""
         agent = self.agents[host]
         if agent.state is not AgentState.UP or agent.cooldown_until > self.now:
             return 0
-        used = (in_use if in_use is not None else self._slots_in_use())[host]
-        free = self.host_slots.get(host, 1) - used
+        free = self.host_slots.get(host, 1) - in_use[host]
         gpus = self.host_gpus.get(host, 0)
         if gpus and gpu:  # a GPU of its own
             free = min(free, gpus - len(self._busy_workers_on(host)))
@@ -1610,7 +1602,7 @@ class JobState:
         that still runs included) and, on a GPU host, a GPU is free too: a
         two-slot spare takes both workers of a slow host, one after the other."""
         in_use = self._slots_in_use()
-        return [host for host in self.spare_hosts if self._free_slots(host, in_use=in_use) > 0]
+        return [host for host in self.spare_hosts if self._free_slots(host, in_use) > 0]
 
     def worker_hosts(self) -> dict[int, str]:
         """rank -> the host each worker runs on (or will run on next), for the
@@ -1725,7 +1717,7 @@ class JobState:
         spare = set(self.spare_hosts)
         order = [*self.spare_hosts, *(h for h in self.agents if h not in spare)]
         in_use = self._slots_in_use()
-        room = [(host, self._free_slots(host, gpu=gpu, in_use=in_use)) for host in order]
+        room = [(host, self._free_slots(host, in_use, gpu=gpu)) for host in order]
         idle = [(h, n) for h, n in self.host_slots.items() if h not in self.agents]
         gpus = self.host_gpus if gpu else {}
         return room + [(h, min(n, gpus[h]) if gpus.get(h) else n) for h, n in idle]
