@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
-
 from dtlaunch.version import __version__
 
+# Not typing.TYPE_CHECKING: importing typing (and collections.abc) here would be
+# paid by every host's `dtlaunch check` probe and agent start; mypy honours any
+# name TYPE_CHECKING.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any
+
     from dtlaunch.launch_api import LaunchResult
     from dtlaunch.runtime import Job
 

@@ -62,9 +62,9 @@ r = {"python": "%d.%d.%d" % tuple(sys.version_info[:3])}
 try:
     import dtlaunch
     r["dtlaunch"] = str(getattr(dtlaunch, "__version__", "unknown"))
-    from dtlaunch.agent.limits import LimitEnforcer
-    s = LimitEnforcer.detect(dry_run=True).support
-    r["limits"] = {"memory": s.memory, "cpu": s.cpu, "detail": s.detail}
+    from dtlaunch.agent.cgroupfind import support_without_changes
+    memory, cpu, detail = support_without_changes()
+    r["limits"] = {"memory": memory, "cpu": cpu, "detail": detail}
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # what psutil says
     r["capacity"] = {"cpus": len(os.sched_getaffinity(0)), "memory": memory}
 except Exception as e:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from dtlaunch.agent import limits as limits_mod
+from dtlaunch.agent.cgroupfind import support_without_changes
 from dtlaunch.agent.limits import Cage, LimitEnforcer, Limits, read_throttling
 from dtlaunch.errors import ConfigError, LaunchError
 
@@ -521,3 +522,59 @@ def test_affinity_fallback_pins_ceil_cpus_round_robin(fallback_lab):
     if len(allowed) >= 2:
         assert sets[0] != sets[1]  # two 1-CPU children do not share a CPU
     assert os.sched_getaffinity(0) == allowed  # the agent itself is not pinned
+
+
+# ------------------------------------- dtlaunch check's probe: the same answer, lightly
+
+
+def _v2_root_tree(root: Path) -> tuple[str, ...]:
+    write(root / "cgroup.controllers", "cpuset cpu io memory pids\n")
+    write(root / "cgroup.subtree_control")
+    return ("0::/",)
+
+
+def _hybrid_tree(root: Path) -> tuple[str, ...]:
+    d = root / "user.slice" / "agent.scope"
+    write(root / "cgroup.controllers", "memory cpu io\n")
+    write(d / "cgroup.type", "domain\n")
+    write(d / "cgroup.controllers", "io memory\n")
+    write(d / "cgroup.subtree_control")
+    write(root / "cpu" / "cpu.cfs_quota_us", "-1\n")
+    return ("1:cpu:/", "0::/user.slice/agent.scope")
+
+
+def _v1_tree(root: Path) -> tuple[str, ...]:
+    v1_tree(root)
+    return V1_LINES
+
+
+def _nothing(root: Path) -> tuple[str, ...]:
+    root.mkdir(parents=True)
+    return ("0::/elsewhere",)
+
+
+@pytest.mark.parametrize("tree", [_v2_root_tree, _hybrid_tree, _v1_tree, _nothing])
+def test_check_probe_finds_what_the_agent_would_use_without_changing_anything(tmp_path, tree):
+    lines = tree(tmp_path / "cg")
+    before = sorted((p, p.read_text() if p.is_file() else "") for p in tmp_path.rglob("*"))
+    proc = write(tmp_path / "proc-self-cgroup", "".join(f"{line}\n" for line in lines))
+    found = support_without_changes(str(tmp_path / "cg"), str(proc))
+    after = sorted((p, p.read_text() if p.is_file() else "") for p in tmp_path.rglob("*"))
+    assert before == [item for item in after if item[0] != proc]  # nothing made or written
+    dry = detect(tmp_path, *lines, dry_run=True).support
+    assert found == (dry.memory, dry.cpu, dry.detail)
+
+
+def test_check_probe_imports_only_os():
+    # Each host of a `dtlaunch check` pays the probe's imports: logging, typing,
+    # pathlib, dataclasses and re were a third of a host's CPU on 256 loopback hosts.
+    code = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "from dtlaunch.agent.cgroupfind import support_without_changes\n"
+        "support_without_changes()\n"
+        "heavy = {'logging', 'typing', 'pathlib', 'dataclasses', 're', 'json', 'asyncio'}\n"
+        "print(sorted(heavy & (set(sys.modules) - before)))\n"
+    )
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"

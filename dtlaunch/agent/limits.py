@@ -25,6 +25,7 @@ import resource
 from dataclasses import dataclass
 from pathlib import Path
 
+from dtlaunch.agent import cgroupfind
 from dtlaunch.agent.oom import read_oom_kill_count
 from dtlaunch.errors import ConfigError, LaunchError
 
@@ -36,7 +37,7 @@ CFS_PERIOD_US = 100_000
 _PREFIX = "dtlaunch-"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _PERM_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)
-_PERM_FIX = "run the agent as root or delegate a cgroup to its user"
+_PERM_FIX = cgroupfind.PERM_FIX
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -169,34 +170,17 @@ class LimitEnforcer:
         if prefer == "rlimit":
             off = "--limits-via rlimit: no cgroups; memory by RLIMIT_AS, CPU by affinity"
             return cls(support=LimitSupport(memory="rlimit", cpu="affinity", detail=off), cpus=cpus)
-        try:
-            lines = proc_cgroup.read_text().splitlines()
-        except OSError as exc:
-            lines = []
-            log.info("cannot read %s: %s", proc_cgroup, exc)
-        fields = [f for f in (line.split(":", 2) for line in lines) if len(f) == 3]
-        v2_rel = next((f[2].lstrip("/") for f in fields if not f[1]), None)  # "0::/PATH"
-        v1 = [(f[1], f[2].lstrip("/")) for f in fields if f[1]]  # (controllers as mounted, path)
-        parents: dict[str, tuple[str, Path]] = {}  # resource -> (backend, parent dir)
-        why: list[str] = []
+        v2_rel, v1, unreadable = cgroupfind.own_cgroups(str(proc_cgroup))
+        if unreadable:
+            log.info("%s", unreadable)
+        ready: dict[str, str] = {}
+        note = unreadable
         if v2_rel is not None:
-            ready, note = _prepare_v2(root, v2_rel, dry_run=dry_run)
-            parents |= {c: ("cgroup-v2", d) for c, d in ready.items()}
-            why += [note] if note else []
-        for ctrl, probe in (("memory", "memory.limit_in_bytes"), ("cpu", "cpu.cfs_quota_us")):
-            if ctrl not in parents:
-                found, note = _find_v1(root, v1, ctrl, probe)
-                if found is not None:
-                    parents[ctrl] = ("cgroup-v1", found)
-                else:
-                    why.append(note)
-        memory = parents.get("memory", ("rlimit", None))
-        cpu = parents.get("cpu", ("affinity", None))
-        parts = [f"{c} {kind} at {p}" for c, (kind, p) in parents.items()]
-        fallen = [f"{c} by {k}" for c, (k, p) in (("memory", memory), ("cpu", cpu)) if p is None]
-        if fallen:
-            parts.append(f"{', '.join(fallen)} ({'; '.join(why)}): {_PERM_FIX} for cgroup limits")
-        detail = "; ".join(parts)
+            ready, note = _prepare_v2(str(root), v2_rel, dry_run=dry_run)
+        found, detail = cgroupfind.combine(ready, note, v1, str(root))
+        parents = {c: (kind, Path(d)) for c, (kind, d) in found.items()}
+        memory: tuple[str, Path | None] = parents.get("memory", ("rlimit", None))
+        cpu: tuple[str, Path | None] = parents.get("cpu", ("affinity", None))
         return cls(
             support=LimitSupport(memory=memory[0], cpu=cpu[0], detail=detail),
             memory_parent=memory[1],
@@ -328,32 +312,19 @@ _MEMORY_FIX = "give a larger memory limit (the kernel refuses this one)"
 _CPU_FIX = "give a larger CPU limit (the kernel's least quota is 0.01 CPUs, 1 ms per 100 ms)"
 
 
-def _prepare_v2(root: Path, rel: str, *, dry_run: bool) -> tuple[dict[str, Path], str]:
+def _prepare_v2(root: str, rel: str, *, dry_run: bool) -> tuple[dict[str, str], str]:
     """Make the agent's v2 cgroup D able to hold children; {controller: D} and a note why not."""
-    tree = root if (root / "cgroup.controllers").exists() else root / "unified"
-    d = tree / rel
-    if d.name == f"{_PREFIX}agent-{os.getpid()}":
-        d = d.parent  # an earlier detect() moved the agent into its leaf already
-    try:
-        offered = set((d / "cgroup.controllers").read_text().split())
-    except OSError:
-        return {}, f"no cgroup v2 at {d}"
-    wanted = [c for c in ("memory", "cpu") if c in offered]
+    tree_s, d_s, wanted, enabled, note = cgroupfind.look_at_v2(root, rel)
     if not wanted:
-        return {}, f"cgroup v2 at {d} offers neither memory nor cpu"
-    if not os.access(d, os.W_OK):
-        return {}, f"cgroup v2 at {d} is not writable by uid {os.getuid()}"
-    try:
-        enabled = set((d / "cgroup.subtree_control").read_text().split())
-    except OSError:
-        enabled = set()
-    if all(c in enabled for c in wanted) or dry_run:
-        return dict.fromkeys(wanted, d), ""
+        return {}, note
+    if enabled or dry_run:
+        return dict.fromkeys(wanted, d_s), ""
+    tree, d = Path(tree_s), Path(d_s)
     # Only the real root (which has no cgroup.type) may hold processes and enable
     # controllers for children; elsewhere the agent must leave D for a leaf first.
     is_root = d == tree and not (d / "cgroup.type").exists()
     pid = str(os.getpid())
-    leaf = d / f"{_PREFIX}agent-{pid}"
+    leaf = d / f"{cgroupfind.AGENT_LEAF_PREFIX}{pid}"
     moved = False
     try:
         if not is_root:
@@ -376,28 +347,7 @@ def _prepare_v2(root: Path, rel: str, *, dry_run: bool) -> tuple[dict[str, Path]
         what = "move the agent into a leaf and enable" if not is_root else "enable"
         return {}, f"cgroup v2 at {d}: cannot {what} {'+'.join(wanted)}: {exc.strerror or exc}"
     log.info("cgroup v2: %s enabled for children of %s (agent moved: %s)", wanted, d, moved)
-    return dict.fromkeys(wanted, d), ""
-
-
-def _find_v1(
-    root: Path, v1: list[tuple[str, str]], ctrl: str, probe: str
-) -> tuple[Path | None, str]:
-    """The agent's writable v1 cgroup of ``ctrl`` (holding ``probe``), or None and why not."""
-    why = f"no cgroup v1 {ctrl} hierarchy"
-    for mounted, rel in v1:
-        if ctrl not in mounted.split(","):
-            continue
-        for mount in dict.fromkeys((root / mounted, root / ctrl)):  # "cpu,cpuacct", or a link "cpu"
-            d = mount / rel
-            if not d.is_dir():
-                why = f"cgroup v1 {ctrl}: no {d}"
-            elif not (d / probe).exists():
-                why = f"cgroup v1 {ctrl} at {d} has no {probe}"
-            elif not os.access(d, os.W_OK):
-                why = f"cgroup v1 {ctrl} at {d} is not writable by uid {os.getuid()}"
-            else:
-                return d, ""
-    return None, why
+    return dict.fromkeys(wanted, d_s), ""
 
 
 def _mkcg(parent: Path, leaf: str, made: dict[Path, Path], fds: list[int]) -> Path:
