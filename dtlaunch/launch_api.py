@@ -132,18 +132,18 @@ def _command(
 def _run(spec: Any, console: TextIO | None) -> dict[str, Any]:
     """Run the job on an event loop of its own; in a thread when this one has a
     loop running (a notebook), since asyncio allows one loop per thread."""
-    from dtlaunch.supervisor.job import run_job  # heavy: only when a job runs
+    from dtlaunch.supervisor.job import run_job_to_end  # heavy: only when a job runs
 
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(run_job(spec, console=console)).summary
+        return run_job_to_end(spec, console=console).summary
     outcome: list[dict[str, Any]] = []
     errors: list[BaseException] = []
 
     def in_thread() -> None:
         try:
-            outcome.append(asyncio.run(run_job(spec, console=console)).summary)
+            outcome.append(run_job_to_end(spec, console=console).summary)
         except BaseException as err:  # handed to the caller's thread below
             errors.append(err)
 

@@ -7,7 +7,6 @@ list of what it takes; ``dtlaunch.config.RunOptions`` turns them into a validate
 
 from __future__ import annotations
 
-import asyncio
 import difflib
 import logging
 from pathlib import Path
@@ -463,9 +462,9 @@ def _resume(run_dir: Path) -> None:
 def _run_to_end(spec: JobSpec, *, resume: bool) -> None:
     name_this_process("supervisor", spec.run_id, str(spec.run_dir))
     try:
-        from dtlaunch.supervisor.job import run_job  # heavy imports only when running
+        from dtlaunch.supervisor.job import run_job_to_end  # heavy imports only when running
 
-        result = asyncio.run(run_job(spec, resume=resume))
+        result = run_job_to_end(spec, resume=resume)
     except DtlaunchError as err:
         raise fail(err) from None
     except KeyboardInterrupt:
