@@ -617,6 +617,19 @@ def test_only_the_current_attempt_or_a_retiring_one_counts():
     assert peers.peer_of(1) == b"worker:1@1"
 
 
+def test_a_worker_identity_seen_before_stops_counting_once_its_rank_leaves_the_job():
+    # worker_of remembers how identities parse (every message asks); whether the
+    # rank still belongs to the job is asked afresh each time.
+    state = make_state(workers=2, scope="process")
+    bring_up(state)
+    peers = WorkerPeers(state)
+    assert peers.worker_of(b"worker:1@0") == (1, 0)
+    assert peers.worker_of(b"worker:1@0") == (1, 0)
+    del state.procs["worker-1"]
+    assert peers.worker_of(b"worker:1@0") is None
+    assert peers.worker_of(b"worker:1@x") is None and peers.worker_of(b"worker:1@x") is None
+
+
 def test_a_new_agent_reporting_nothing_restarts_the_whole_group_instead_of_waiting_forever():
     """Found by the chaos harness (allreduce, supervisor killed 5 times): a new
     agent replaced the one that ran both workers and reported neither. Worker 0's

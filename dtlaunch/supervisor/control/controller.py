@@ -156,6 +156,11 @@ class Controller:
         if rank in self._restart_began:
             self._replaced.add(rank)
 
+    def due(self, now: float) -> bool:
+        """Whether ``decide`` at ``now`` would decide (else it returns nothing): its
+        inputs cost a walk over every process, not worth taking every tick."""
+        return now >= self._next_decision
+
     def decide(
         self,
         now: float,
@@ -175,7 +180,7 @@ class Controller:
         predecessor may have ended already): the restart has not settled.
         ``resources``: the processes' measured use and the declared capacity.
         """
-        if now < self._next_decision:
+        if not self.due(now):
             return []
         self._next_decision = now + self.interval
         if free_spare_hosts is not None:

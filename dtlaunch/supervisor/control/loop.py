@@ -319,6 +319,8 @@ class ControlLoop:
     async def decide(self, now: float) -> None:
         """Ask the policy; record each decision with its inputs; carry it out."""
         assert self.controller is not None
+        if not self.controller.due(now):
+            return
         decided = self.controller.decide(
             now,
             remaining_steps=self._remaining_steps(),

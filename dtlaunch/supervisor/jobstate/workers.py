@@ -23,6 +23,7 @@ __all__ = [
 
 WORKER_PREFIX = b"worker:"
 MAX_RANK_DIGITS = 9  # a billion workers, a billion restarts: anything longer is garbage
+_PARSED_MAX = 100_000  # identities remembered by WorkerPeers.worker_of
 
 
 def worker_identity(rank: int, attempt: int) -> bytes:
@@ -54,15 +55,23 @@ class WorkerPeers:
         # rank -> the identity of the attempt that said Hello last: where what is
         # meant for "worker r" goes (a retiring attempt may still talk meanwhile).
         self._hello_from: dict[int, bytes] = {}
+        # identity -> ((rank, attempt), its proc id), for identities that parsed:
+        # every message a worker sends asks (thousands a second at 1,000 workers).
+        self._parsed: dict[bytes, tuple[tuple[int, int], str]] = {}
 
     def worker_of(self, peer: bytes) -> tuple[int, int] | None:
         """``(rank, attempt)`` when ``peer`` names a worker of this job, else None: a
         rank the node table does not hold would otherwise reach the queue (and the
         WAL) before anything noticed it."""
-        who = parse_worker_identity(peer)
-        if who is None:
-            return None
-        proc_id = f"worker-{who[0]}"
+        known = self._parsed.get(peer)
+        if known is None:
+            who = parse_worker_identity(peer)
+            if who is None:
+                return None
+            if len(self._parsed) >= _PARSED_MAX:  # restarts make new identities
+                self._parsed.clear()
+            known = self._parsed[peer] = (who, f"worker-{who[0]}")
+        who, proc_id = known
         if proc_id not in self._state.procs and proc_id not in self._state.removing:
             return None
         return who
