@@ -1,6 +1,7 @@
-"""The agent's process-tree sampling: ``ParentTable`` finds a tree's members from
-one ``/proc`` listing, reading only the new pids' parents, and agrees with
-psutil's own walk on real process trees."""
+"""The agent's process-tree sampling: ``ChildrenFiles`` finds a tree's members
+from the kernel's children lists, ``ParentTable`` (where there are none) from one
+``/proc`` listing, reading only the new pids' parents; both agree with psutil's
+own walk on real process trees."""
 
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ import psutil
 import pytest
 
 from dtlaunch.agent import resources
-from dtlaunch.agent.resources import FULL_REREAD_S, ParentTable, TreeSampler
+from dtlaunch.agent.resources import (
+    FULL_REREAD_S,
+    ChildrenFiles,
+    ParentTable,
+    TreeSampler,
+    tree_finder,
+)
 
 # A leader whose child starts a grandchild; every process sleeps until killed.
 TREE = """\
@@ -61,11 +68,12 @@ class FakeClock:
         return self.now
 
 
-def test_descendants_match_psutil_on_a_real_tree(tmp_path):
+@pytest.mark.parametrize("finder", [ChildrenFiles, ParentTable])
+def test_descendants_match_psutil_on_a_real_tree(tmp_path, finder):
     proc = start_tree(tmp_path)
     try:
         expected = wait_for_descendants(psutil.Process(proc.pid), 2)
-        table = ParentTable()
+        table = finder()
         assert table.usable
         table.refresh()
         assert sorted(table.descendants(proc.pid)) == expected
@@ -147,3 +155,29 @@ def test_the_sampler_counts_the_whole_tree_either_way(tmp_path, shared):
         assert abs(sample.rss_bytes - sum(each)) < 0.1 * sum(each), (sample, each)
     finally:
         stop(proc)
+
+
+def test_the_agent_reads_the_kernels_children_lists_where_it_has_them(tmp_path, monkeypatch):
+    # This machine's kernel lists children (CONFIG_PROC_CHILDREN): the agent's
+    # heartbeat must not list /proc, whose size grows with everything on the host.
+    assert os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+    assert isinstance(tree_finder(), ChildrenFiles)
+    proc = start_tree(tmp_path)
+    try:
+        expected = wait_for_descendants(psutil.Process(proc.pid), 2)
+        listed: list[str] = []
+        real_listdir = os.listdir
+
+        def counting_listdir(path):
+            listed.append(str(path))
+            return real_listdir(path)
+
+        finder = ChildrenFiles()
+        monkeypatch.setattr(os, "listdir", counting_listdir)
+        found = finder.descendants(proc.pid)
+        monkeypatch.undo()
+        assert sorted(found) == expected
+        assert "/proc" not in listed and len(listed) == 3  # one task folder a member
+    finally:
+        stop(proc)
+    assert ChildrenFiles().descendants(proc.pid) == []  # gone: nothing, no error

@@ -31,7 +31,7 @@ from dtlaunch.agent.limits import Cage, LimitEnforcer, Limits
 from dtlaunch.agent.oom import OomWatcher
 from dtlaunch.agent.output import ChunkCallback, LineTail, pump
 from dtlaunch.agent.proctable import TOKEN_ENV, ChildRecord, write_table
-from dtlaunch.agent.resources import ParentTable, TreeSampler
+from dtlaunch.agent.resources import TreeFinder, TreeSampler, tree_finder
 from dtlaunch.errors import LaunchError
 from dtlaunch.procwait import wait_popen
 from dtlaunch.wire.messages import ProcReport
@@ -120,7 +120,7 @@ class ChildProcess:
             token=self.token,
         )
 
-    def report(self, parents: ParentTable | None = None) -> ProcReport:
+    def report(self, parents: TreeFinder | None = None) -> ProcReport:
         if self.sampler is None:
             self.sampler = TreeSampler(self.pid, parents)
         sample = self.sampler.sample()
@@ -223,7 +223,7 @@ class ProcessGroupRunner:
         self._limits = limits
         self._shutdown_grace_s = shutdown_grace_s
         self._children: dict[str, ChildProcess] = {}
-        self._parents = ParentTable()  # one /proc listing per round of reports
+        self._parents = tree_finder()  # finds each child's tree for its reports
         self._tasks = asyncio.TaskGroup()
 
     async def __aenter__(self) -> ProcessGroupRunner:

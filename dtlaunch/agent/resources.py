@@ -4,12 +4,19 @@ Finding a tree's members is the costly part: psutil's ``children(recursive=True)
 reads the ``stat`` file of every process on the machine, each time, for each
 child. On a host with many processes, or on one machine carrying hundreds of
 agents (a loopback scale test), every heartbeat of every agent then reads them
-all. ``ParentTable`` keeps the parent of every pid it has seen and reads the
-``stat`` of new pids only: a heartbeat costs one listing of ``/proc``, shared by
-all of an agent's children. A parent does not change while both live (Linux
-reparents only orphans, whose parents are read again when their parent is gone);
-a pid that is reused between two listings is caught by re-reading everything
-every ``FULL_REREAD_S``.
+all. ``tree_finder`` picks the cheapest way the kernel offers:
+
+* ``ChildrenFiles`` reads the kernel's own lists of each thread's children
+  (``/proc/PID/task/TID/children``, CONFIG_PROC_CHILDREN, in every mainstream
+  distribution's kernel): a heartbeat costs a few reads per member of the tree,
+  whatever else runs on the machine (0.02 ms for a one-process tree, against
+  0.8 ms for a listing of 1,100 pids).
+* Without them, ``ParentTable`` keeps the parent of every pid it has seen and
+  reads the ``stat`` of new pids only: a heartbeat costs one listing of
+  ``/proc``, shared by all of an agent's children. A parent does not change
+  while both live (Linux reparents only orphans, whose parents are read again
+  when their parent is gone); a pid that is reused between two listings is
+  caught by re-reading everything every ``FULL_REREAD_S``.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import psutil
 
@@ -27,6 +35,24 @@ FULL_REREAD_S = 30.0
 _PROC = "/proc"
 
 _STOPPED = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})
+
+
+class TreeFinder(Protocol):
+    """Finds the members of a process tree: ``refresh`` once per round of
+    samples, then ``descendants`` of each tree's leader. ``usable`` is False
+    where ``/proc`` cannot be read (then callers ask psutil)."""
+
+    usable: bool
+
+    def refresh(self) -> None: ...
+
+    def descendants(self, pid: int) -> list[int]: ...
+
+
+def tree_finder() -> TreeFinder:
+    """``ChildrenFiles`` where the kernel lists children, else ``ParentTable``."""
+    finder = ChildrenFiles()
+    return finder if finder.usable else ParentTable()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,7 +79,7 @@ class TreeSampler:
     create time, so a reused pid starts afresh).
     """
 
-    def __init__(self, pid: int, parents: ParentTable | None = None) -> None:
+    def __init__(self, pid: int, parents: TreeFinder | None = None) -> None:
         self._pid = pid
         self._parents = parents
         self._known: dict[tuple[int, float], psutil.Process] = {}
@@ -86,6 +112,41 @@ class TreeSampler:
 
     def _cached(self, proc: psutil.Process) -> psutil.Process:
         return self._known.get((proc.pid, proc.create_time()), proc)
+
+
+class ChildrenFiles:
+    """The members of a tree from the kernel's children list of each thread.
+
+    The kernel documents the lists as possibly missing a child that is being
+    reparented at that moment; such a child is found at the next sample (its
+    resource use is a sample, not a ledger)."""
+
+    def __init__(self) -> None:
+        me = os.getpid()
+        self.usable = os.path.exists(f"{_PROC}/{me}/task/{me}/children")
+
+    def refresh(self) -> None:
+        """Nothing to do: every sample reads the lists afresh."""
+
+    def descendants(self, pid: int) -> list[int]:
+        """The pids below ``pid`` now, parents first ([] when ``pid`` is gone)."""
+        out: list[int] = []
+        todo = [pid]
+        while todo:
+            parent = todo.pop()
+            try:
+                threads = os.listdir(f"{_PROC}/{parent}/task")
+            except OSError:  # gone meanwhile
+                continue
+            for tid in threads:
+                try:
+                    with open(f"{_PROC}/{parent}/task/{tid}/children", "rb") as handle:
+                        children = [int(field) for field in handle.read().split()]
+                except OSError:  # the thread ended meanwhile
+                    continue
+                out.extend(children)
+                todo.extend(children)
+        return out
 
 
 class ParentTable:
