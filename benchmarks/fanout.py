@@ -440,6 +440,8 @@ def _cell(column: dict[str, Any] | None, key: str = "s") -> str:
     if column is None:
         return "n/a"
     value = column.get(key)
+    if column.get("detail") == "skipped":
+        return "skipped"
     if not column.get("ok") or value is None:
         return "FAILED"
     return f"{value:.1f} s"

@@ -39,13 +39,14 @@ from typing import Self
 
 import zmq
 import zmq.asyncio
-from zmq.auth.asyncio import AsyncioAuthenticator
-from zmq.utils.monitor import parse_monitor_message
 
 from dtlaunch.errors import ConfigError, WireError
 from dtlaunch.wire.codec import MAX_MESSAGE_BYTES, decode, encode
 from dtlaunch.wire.keys import PeerKeys, RunKeys
 from dtlaunch.wire.messages import Message
+
+if typing.TYPE_CHECKING:
+    from zmq.auth.asyncio import AsyncioAuthenticator
 
 __all__ = ["ZAP_DOMAIN", "Dealer", "Router"]
 
@@ -218,6 +219,10 @@ class Router:
         """
         if self._sock is not None:
             raise RuntimeError("Router.start() called twice")
+        # Imported here: only the supervisor's ROUTER authenticates, and every
+        # agent's and worker's start would pay for it (10 ms of CPU each).
+        from zmq.auth.asyncio import AsyncioAuthenticator
+
         auth = AsyncioAuthenticator(self._ctx, log=logging.getLogger(f"{__name__}.zap"))
         try:
             auth.start()
@@ -422,9 +427,11 @@ class Router:
 
     async def _watch_handshakes(self, monitor: zmq.asyncio.Socket) -> None:
         """Count and log peers that fail the CURVE handshake."""
+        import zmq.utils.monitor  # the supervisor's only (see AsyncioAuthenticator)
+
         while True:
             try:
-                event = parse_monitor_message(await monitor.recv_multipart())
+                event = zmq.utils.monitor.parse_monitor_message(await monitor.recv_multipart())
             except zmq.ZMQError:
                 return  # monitor closed
             self.handshake_failures += 1
