@@ -595,8 +595,11 @@ def main() -> None:
         # (window - 2 control intervals): 10 s of them.
         args.sizes, args.window, args.dds_n, args.soak = "100", 30.0, 100, 0.0
     args.sizes = [int(s) for s in str(args.sizes).split(",") if s]
-    # The loop `dtlaunch run` runs its supervisor on.
-    with asyncio.Runner(loop_factory=job_module.new_event_loop) as runner:
+    # The loop and the collector settings `dtlaunch run` runs its supervisor with.
+    with (
+        job_module.collector_for_a_supervisor(),
+        asyncio.Runner(loop_factory=job_module.new_event_loop) as runner,
+    ):
         results = runner.run(main_async(args))
     table = _markdown(results)
     print(table)

@@ -61,3 +61,19 @@ def test_bad_requests_raise_before_anything_starts(tmp_path, target, kwargs, mes
         dtlaunch.launch(target, run_dir=tmp_path / "run", **kwargs)
     assert message in str(caught.value)
     assert not (tmp_path / "run").exists()
+
+
+def test_the_supervisors_collector_settings_are_undone_after_the_job():
+    # dtlaunch.launch runs the supervisor inside the caller's process: its
+    # collector settings (rarer young collections, startup objects frozen) must
+    # not outlive the job.
+    import gc
+
+    from dtlaunch.supervisor.job import GC_YOUNG_THRESHOLD, collector_for_a_supervisor
+
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
+    with collector_for_a_supervisor():
+        assert gc.get_threshold()[0] == GC_YOUNG_THRESHOLD
+        assert gc.get_freeze_count() > frozen
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
