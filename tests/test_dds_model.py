@@ -197,6 +197,7 @@ class ShardQueueMachine(RuleBasedStateMachine):
         assert q.fetched_by_worker == dict(m.fetched)
         for worker in WORKERS:
             assert [lease.lease_id for lease in q.leases_of(worker)] == m.leases_of(worker)
+            assert q.held_count(worker) == len(m.leases_of(worker))
         for lease, (worker, epoch, shard) in m.doing.items():
             assert q.holder(lease) == worker
             assert (q.lease(lease).epoch, q.lease(lease).shard) == (epoch, shard)

@@ -452,7 +452,8 @@ def _plain_message(msg: Message, *, json_form: bool) -> dict[str, object]:
         raise WireError(f"{type(msg).__name__} is not a registered wire message")
     out: dict[str, object] = {"t": msg.TYPE, "v": PROTOCOL_VERSION}
     for name in _field_names(type(msg)):
-        out[name] = _plain_value(getattr(msg, name), json_form)
+        field = getattr(msg, name)
+        out[name] = field if type(field) in _SCALARS else _plain_value(field, json_form)
     return out
 
 
@@ -465,11 +466,16 @@ def _field_names(cls: type[Any]) -> tuple[str, ...]:
 
 
 def _plain_value(value: object, json_form: bool) -> object:
+    # Numbers and text first, without a call per field: a status answer holds
+    # 1,000 records of fifteen fields, nearly all of them scalars.
+    if type(value) in _SCALARS:
+        return value
     if isinstance(value, Record):
-        return {
-            name: _plain_value(getattr(value, name), json_form)
-            for name in _field_names(type(value))
-        }
+        plain: dict[str, object] = {}
+        for name in _field_names(type(value)):
+            field = getattr(value, name)
+            plain[name] = field if type(field) in _SCALARS else _plain_value(field, json_form)
+        return plain
     if isinstance(value, list | tuple):
         if all(type(v) in _SCALARS for v in value):
             return list(value)  # numbers and text stay as they are: no call per item

@@ -338,6 +338,11 @@ class ShardQueue:
         """The DOING leases of ``worker``, oldest first."""
         return [lease for i in sorted(self._held.get(worker, ())) if (lease := self.lease(i))]
 
+    def held_count(self, worker: int) -> int:
+        """How many DOING leases ``worker`` holds (``len(leases_of(worker))``
+        without building them: every fetch asks)."""
+        return len(self._held.get(worker, ()))
+
     def lease(self, lease_id: int) -> Lease | None:
         """The lease if it is DOING, else None."""
         held = self._doing.get(lease_id)

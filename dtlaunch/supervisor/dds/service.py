@@ -199,7 +199,7 @@ class DdsService:
         if self.queue is None:
             await self._send(peer, ShardGrant(request_id=msg.request_id, retry_after=1.0))
             return
-        room = MAX_HELD_LEASES - len(self.queue.leases_of(rank))
+        room = MAX_HELD_LEASES - self.queue.held_count(rank)
         if room <= 0:
             if rank not in self._over_fetched:  # once per worker: a flood stays one line
                 self._over_fetched.add(rank)

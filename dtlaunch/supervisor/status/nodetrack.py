@@ -53,8 +53,18 @@ class NodeTrack:
     removed: bool = False  # a scale took it out of the job (a drained server)
 
     def recent(self) -> list[BptPoint]:
-        mine = [p for p in self.points if p.t >= self.since]
-        return mine[-RECENT_POINTS:]
+        """The newest ``RECENT_POINTS`` points of the current process, oldest first.
+
+        Walked from the newest end: a status answer asks this of every node, and
+        filtering all ``SPARK_POINTS`` of 1,000 nodes was half of its fold."""
+        out: list[BptPoint] = []
+        for point in reversed(self.points):
+            if point.t >= self.since:
+                out.append(point)
+                if len(out) == RECENT_POINTS:
+                    break
+        out.reverse()
+        return out
 
     def bpt_eq(self, batch_ref: float) -> float:
         """Recent BPT as if this node had ``batch_ref`` samples a step (see monitor)."""
