@@ -28,6 +28,11 @@ Measured per N, over a steady window after every worker has reported:
 
     python benchmarks/scale.py [--quick] [--sizes 10,100,1000,2000] [--window S]
         [--soak S] [--out FILE.json]
+    python benchmarks/scale.py --baseline-ref REF [--sizes 1000] [--window 150] [--rounds 2]
+
+``--baseline-ref``: the same measurement of another commit's supervisor, the
+runs alternating, medians and ratios side by side
+(``benchmarks/results/scale-side-by-side-DATE.{json,md}``).
 
 ``--quick`` (N=100, short window) is what ``make test-slow`` runs.
 """
@@ -589,7 +594,16 @@ def main() -> None:
     parser.add_argument("--ready-timeout", type=float, default=180.0)
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--baseline-ref",
+        help="side by side: alternate this checkout's supervisor with the one of this "
+        "git ref (a worktree), --rounds times each, at the first of --sizes",
+    )
+    parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
+    if args.baseline_ref:
+        side_by_side(args)
+        return
     if args.quick:
         # The latencies are measured for reports sent in the window's first
         # (window - 2 control intervals): 10 s of them.
@@ -607,6 +621,92 @@ def main() -> None:
     out.write_text(
         json.dumps({"when": time.strftime("%Y-%m-%d %H:%M"), "results": results}, indent=1) + "\n"
     )
+    out.with_suffix(".md").write_text(table)
+
+
+# ------------------------------------------------------------------ side by side
+
+
+def side_by_side(args: argparse.Namespace) -> None:
+    """The supervisor of ``--baseline-ref`` and this checkout's at one N, runs
+    alternating so that the machine's drift (the simulators' CPU share moved
+    from 34 % to 45 % over one afternoon) hits both alike. The simulators are
+    this checkout's in every run (``scale_sim.py`` imports the installed
+    dtlaunch): the same clients for both supervisors."""
+    n = int(str(args.sizes).split(",")[0])
+    tmp = Path(tempfile.mkdtemp(prefix="dtlaunch-scale-ab-"))
+    baseline = tmp / "baseline"
+    subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "add", "--detach", str(baseline), args.baseline_ref],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "this": []}
+    try:
+        for round_no in range(args.rounds):
+            for side, checkout in (("baseline", baseline), ("this", REPO)):
+                out = tmp / f"{side}-{round_no}.json"
+                script = str(checkout / "benchmarks" / "scale.py")
+                argv = [sys.executable, script, "--sizes", str(n), "--window", str(args.window),
+                        "--dds-n", "0", "--out", str(out)]  # fmt: skip
+                subprocess.run(argv, check=True, capture_output=True, timeout=args.window + 900)
+                row = json.loads(out.read_text())["results"][0]
+                runs[side].append(row)
+                print(f"{side} round {round_no + 1}: {row.get('supervisor_cpu_pct')} % of a core",
+                      flush=True)  # fmt: skip
+    finally:
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "remove", "--force", str(baseline)],
+            check=False, capture_output=True,
+        )  # fmt: skip
+        shutil.rmtree(tmp, ignore_errors=True)
+    _write_side_by_side(args, n, runs)
+
+
+def _write_side_by_side(
+    args: argparse.Namespace, n: int, runs: dict[str, list[dict[str, Any]]]
+) -> None:
+    def median(side: str, key: str) -> float:
+        return float(np.median([r[key] for r in runs[side] if r.get(key) is not None]))
+
+    keys = [
+        ("supervisor_cpu_pct", "supervisor CPU % of a core", 1.0),
+        ("loop_lag_p99_s", "loop lag p99 ms", 1000.0),
+        ("loop_lag_max_s", "loop lag max ms", 1000.0),
+        ("status_query_p50_s", "status query p50 ms", 1000.0),
+        ("status_query_max_s", "status query max ms", 1000.0),
+        ("reports_in_per_s", "report messages/s in", 1.0),
+    ]
+    lines = [
+        f"# Scale, side by side: this checkout against `{args.baseline_ref}` "
+        f"(benchmarks/scale.py --baseline-ref)",
+        "",
+        f"{time.strftime('%Y-%m-%d %H:%M')}; N = {n}, {args.window:g} s windows, "
+        f"{args.rounds} rounds alternating (baseline first); medians; each run's figures "
+        "in the JSON.",
+        "",
+        "| measure | baseline | this | this / baseline |",
+        "|---|---:|---:|---:|",
+    ]
+    for key, label, scale in keys:
+        base, this = median("baseline", key), median("this", key)
+        ratio = f"{this / base:.3f}" if base else "-"
+        lines.append(f"| {label} | {base * scale:.1f} | {this * scale:.1f} | {ratio} |")
+    sims = [
+        round(100 * p["cpu_s"] / p["wall_s"])
+        for side in runs.values()
+        for r in side
+        for p in r.get("sim_processes", [])
+    ]
+    lines += ["", f"Simulator processes' CPU % over all runs: {sims}.", ""]
+    table = "\n".join(lines)
+    print(table)
+    out = args.out or RESULTS / f"scale-side-by-side-{time.strftime('%Y-%m-%d')}.json"
+    out.write_text(
+        json.dumps(
+            {"when": time.strftime("%Y-%m-%d %H:%M"), "baseline_ref": args.baseline_ref,
+             "n": n, "window_s": args.window, "runs": runs}, indent=1,
+        ) + "\n"
+    )  # fmt: skip
     out.with_suffix(".md").write_text(table)
 
 
