@@ -359,9 +359,9 @@ class Router:
             data = encode(msg)
             self._last_encoded = (msg, data)
         try:
-            # Two sends, not send_multipart: its per-frame checks in Python were a
-            # fifth of a send at thousands a second. A ROUTER takes both frames or
-            # drops the message whole (ROUTER_MANDATORY off).
+            # Two sends, not send_multipart, whose per-frame checks in Python cost
+            # a seventh of a send (2.3 -> 2.0 us on this machine). A ROUTER takes
+            # both frames or drops the message whole (ROUTER_MANDATORY off).
             sock.send(peer, _SEND_FIRST)
             sock.send(data, zmq.DONTWAIT)
         except zmq.Again:
