@@ -128,17 +128,23 @@ def _train_with(
             yield run, endpoints, keeper
 
 
-def test_the_reassigner_moves_blocks_mid_training_and_the_run_is_unchanged(
-    peer_keys, unmoved, tmp_path
-):
-    keys = peer_keys
-    done = []
+def _reassign_once(keys: Any, done: list[Any]) -> Any:
+    """The supervisor's part: carry out ``_moves`` once, its outcome into ``done``."""
 
     def supervisor(keeper: PlacementKeeper, endpoints: list[str]) -> None:
         assert keeper.placement is not None
         owner = _moves(from_wire(keeper.placement))
         done.append(_reassigner(keeper, endpoints, keys).carry_out(owner))
 
+    return supervisor
+
+
+def test_the_reassigner_moves_blocks_mid_training_and_the_run_is_unchanged(
+    peer_keys, unmoved, tmp_path
+):
+    keys = peer_keys
+    done: list[Any] = []
+    supervisor = _reassign_once(keys, done)
     with _train_with(keys, tmp_path, supervisor) as (run, endpoints, keeper):
         _check_reassigned(run, endpoints, keeper, done, unmoved, keys, tmp_path)
 
@@ -147,13 +153,8 @@ def test_with_slow_steps_the_blocks_move_at_the_very_next_version(peer_keys, unm
     """Steps of 0.25 s (>= SLOW_STEP_S): the fence is the version after the newest,
     not two ahead, so the workers wait no further slow step for the move."""
     keys = peer_keys
-    done = []
-
-    def supervisor(keeper: PlacementKeeper, endpoints: list[str]) -> None:
-        assert keeper.placement is not None
-        owner = _moves(from_wire(keeper.placement))
-        done.append(_reassigner(keeper, endpoints, keys).carry_out(owner))
-
+    done: list[Any] = []
+    supervisor = _reassign_once(keys, done)
     with _train_with(keys, tmp_path, supervisor, straggle_s=0.25) as (run, endpoints, keeper):
         _check_reassigned(run, endpoints, keeper, done, unmoved, keys, tmp_path)
     [reassigned] = done
