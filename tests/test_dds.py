@@ -520,3 +520,110 @@ def test_snapshots_are_spaced_by_their_own_cost(tmp_path, monkeypatch):
     assert first == 1  # the first one at once, then none while the loop pays for it
     assert before_spacing == 1
     assert after_spacing == 2
+
+
+def test_taken_requests_change_the_queue_at_once_and_are_answered_after_one_fsync(tmp_path):
+    """The supervisor takes every fetch and ack of a received batch (queue changes
+    in arrival order, records staged) and answers them in one task after one
+    fsync: no reply leaves before its records are durable."""
+    import asyncio
+
+    from dtlaunch.events import EventRecorder, MemorySink
+    from dtlaunch.supervisor.dds.service import DdsService
+    from dtlaunch.supervisor.wal import files as wal_files
+    from dtlaunch.wire.messages import AckDone, AckShards, FetchShards, ShardGrant
+
+    syncs: list[int] = []
+    fsync = wal_files.RealFiles.fsync
+
+    def counted_fsync(self, handle):
+        syncs.append(1)
+        time.sleep(0.05)  # long enough that an early reply would be seen before it ends
+        fsync(self, handle)
+
+    async def scenario() -> None:
+        sent: list[tuple[bytes, object, int]] = []
+        service: DdsService
+
+        async def send(peer, msg):
+            sent.append((peer, msg, len(syncs)))
+
+        sink = MemorySink()
+        service = DdsService(
+            run_dir=tmp_path,
+            options=DatasetSpec(dataset_size=1000, shard_size=10),
+            send=send,
+            recorder=EventRecorder([sink]),
+        )
+        service.open()
+        try:
+            await service.handle(b"w0", 0, FetchShards(request_id=1, count=2))  # warm-up
+            assert service.queue is not None
+            held = [lease.lease_id for lease in sent[-1][1].leases]
+            wal_files_before = len(syncs)
+            for rank in range(1, 9):
+                service.take(b"w%d" % rank, rank, FetchShards(request_id=rank, count=1))
+            service.take(b"w0", 0, AckShards(lease_ids=held, step=1))
+            # Queue changed at once, in arrival order; nothing sent yet.
+            assert service.queue.doing_count == 8 and service.queue.done_count == 2
+            assert service.has_taken and len(sent) == 1
+            await service.answer_taken()
+            assert not service.has_taken
+            replies = sent[1:]
+            assert [peer for peer, _, _ in replies] == [b"w%d" % r for r in range(1, 9)] + [b"w0"]
+            assert all(isinstance(m, ShardGrant) and len(m.leases) == 1 for _, m, _ in replies[:8])
+            assert isinstance(replies[-1][1], AckDone)
+            # One fsync for the nine requests, and every reply after it.
+            assert len(syncs) - wal_files_before == 1
+            assert all(after == len(syncs) for _, _, after in replies)
+            grants = [m.leases[0].lease_id for _, m, _ in replies[:8]]
+            assert len(set(grants)) == 8  # in arrival order, no lease twice
+            done = [e for e in sink.events if e.kind == "shards_done"]
+            assert done and done[-1].data["done"] == 2
+        finally:
+            await service.close()
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(wal_files.RealFiles, "fsync", counted_fsync)
+    try:
+        asyncio.run(scenario())
+    finally:
+        mp.undo()
+
+
+def test_a_hello_reclaims_before_a_fetch_taken_after_it(tmp_path):
+    """worker_hello changes the queue when called, not when its task runs: a fetch
+    the same worker sends right after (same received batch) is not released by it."""
+    import asyncio
+
+    from dtlaunch.events import EventRecorder, MemorySink
+    from dtlaunch.supervisor.dds.service import DdsService
+    from dtlaunch.wire.messages import FetchShards
+
+    async def scenario() -> None:
+        sent: list[object] = []
+
+        async def send(peer, msg):
+            sent.append(msg)
+
+        service = DdsService(
+            run_dir=tmp_path,
+            options=DatasetSpec(dataset_size=1000, shard_size=10),
+            send=send,
+            recorder=EventRecorder([MemorySink()]),
+        )
+        service.open()
+        try:
+            await service.handle(b"w0", 0, FetchShards(request_id=1, count=3))
+            assert service.queue is not None
+            kept = sent[-1].leases[0].lease_id
+            reclaim = service.worker_hello(0, attempt=1, leases=[kept])  # not yet awaited
+            assert service.queue.held_count(0) == 1  # released the two others already
+            service.take(b"w0", 0, FetchShards(request_id=2, count=2))
+            await reclaim
+            await service.answer_taken()
+            assert service.queue.held_count(0) == 3  # the new grants stay its own
+        finally:
+            await service.close()
+
+    asyncio.run(scenario())

@@ -154,6 +154,49 @@ def test_concurrent_appends_share_few_fsyncs(tmp_path):
     assert set(recovered.records[:1000]) == {b"rec-%d" % i for i in range(1000)}
 
 
+def test_staged_records_resolve_once_durable_and_in_seq_order(tmp_path):
+    """stage() appends without a waiter; until_durable(seq) resolves only after a
+    sync covering seq, and at once for a seq that is durable already."""
+    files = CountingFiles(fsync_delay=0.05)
+    wal, _ = Wal.open(tmp_path / "wal", files=files)
+
+    async def main():
+        committer = GroupCommitter(wal)
+        first = committer.stage([b"a", b"b"])
+        second = committer.stage([b"c"])
+        assert (first, second) == (2, 3)
+        assert committer.stage([]) == wal.durable_seq  # nothing staged: nothing to wait for
+        assert wal.durable_seq < first  # appended, not yet durable
+        later = committer.until_durable(second)
+        assert not later.done()
+        assert await later == 3 and wal.durable_seq >= 3
+        done = committer.until_durable(first)
+        assert done.done() and done.result() == first  # durable already
+        await committer.close()
+
+    asyncio.run(main())
+    wal.close()
+    assert recover(tmp_path / "wal").records == [b"a", b"b", b"c"]
+
+
+def test_a_failed_sync_fails_staging_and_waiting_after_it(tmp_path):
+    files = CountingFiles()
+    wal, _ = Wal.open(tmp_path / "wal", files=files)
+
+    async def main():
+        committer = GroupCommitter(wal)
+        await committer.append(b"warm-up")
+        files.fail = True
+        with pytest.raises(WalFsyncError):
+            await committer.until_durable(committer.stage([b"lost"]))
+        with pytest.raises(WalFsyncError):
+            committer.stage([b"refused"])
+        with pytest.raises(WalFsyncError):
+            committer.until_durable(1)
+
+    asyncio.run(main())
+
+
 def test_fsync_runs_off_the_event_loop_and_latecomers_share_the_next_one(tmp_path):
     files = CountingFiles(fsync_delay=0.3)
     wal, _ = Wal.open(tmp_path / "wal", files=files)

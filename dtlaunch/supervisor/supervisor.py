@@ -427,6 +427,10 @@ class Supervisor:
                     await self._dispatch(peer, msg)
                 except Exception:  # one bad message must never take the supervisor down
                     log.exception("error handling %s from %r", type(msg).__name__, peer)
+            if self._dds.has_taken:
+                # The batch's shard fetches and acks: one task waits for their one
+                # fsync and answers them all.
+                self._serve(self._dds.answer_taken(), "dds", b"")
 
     async def _dispatch(self, peer: bytes, msg: Message) -> None:
         now = self._clock()
@@ -467,9 +471,8 @@ class Supervisor:
             log.debug("unexpected %s from %r", type(msg).__name__, peer)
 
     async def _from_worker(self, peer: bytes, msg: Message) -> None:
-        """Data-sharding requests; each runs as its own task so that many share
-        one WAL fsync (group commit). Queue changes happen in arrival order,
-        before each task's first await."""
+        """Data-sharding requests change the queue here, in arrival order; their
+        replies wait in tasks for the WAL fsync they share (group commit)."""
         who = self._workers.worker_of(peer)
         if who is None:
             self._refuse(peer, f"{type(msg).__name__} from no worker of this job")
@@ -515,7 +518,9 @@ class Supervisor:
                 )
             )
             await self._router.send(peer, answer)
-        elif isinstance(msg, (RegisterDataset, FetchShards, AckShards, ReleaseShards)):
+        elif isinstance(msg, (FetchShards, AckShards)):
+            self._dds.take(peer, rank, msg)  # answered after the batch (_receive_loop)
+        elif isinstance(msg, (RegisterDataset, ReleaseShards)):
             self._serve(self._dds.handle(peer, rank, msg), f"dds-{rank}", peer)
         elif isinstance(msg, Attached) and self._regroup is not None:
             self._regroup.attached(rank)

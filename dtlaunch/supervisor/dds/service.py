@@ -11,8 +11,8 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,22 @@ SNAPSHOT_LOG_RATIO = 8
 SNAPSHOT_MAX_LOOP_SHARE = 0.02
 
 
+@dataclass(slots=True)
+class _Taken:
+    """A fetch or ack whose queue change is made and whose reply waits until its
+    WAL records are durable (``DdsService.take``)."""
+
+    peer: bytes
+    reply: Message
+    seq: int = 0  # its last WAL record (0: it staged none)
+    served_rank: int | None = None  # the worker served (None: refused or no data set yet)
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # after durable
+
+
+async def _nothing() -> None:
+    """The awaitable of a change that changed nothing."""
+
+
 class DdsService:
     def __init__(
         self,
@@ -89,6 +105,7 @@ class DdsService:
         self._snapshotting = False
         self._next_snapshot_at = -math.inf  # on self._clock
         self.snapshots = 0
+        self._taken: list[_Taken] = []  # requests taken, their replies not yet sent
 
     # ------------------------------------------------------------ lifecycle
 
@@ -147,26 +164,64 @@ class DdsService:
     # -------------------------------------------------------------- requests
 
     async def handle(self, peer: bytes, rank: int, msg: Message) -> None:
-        if isinstance(msg, RegisterDataset):
+        """Serve one request; its reply is sent once its records are durable."""
+        if isinstance(msg, (FetchShards, AckShards)):
+            self.take(peer, rank, msg)
+            await self.answer_taken()
+        elif isinstance(msg, RegisterDataset):
             await self._register(peer, msg)
-        elif isinstance(msg, FetchShards):
-            await self._fetch(peer, rank, msg)
-        elif isinstance(msg, AckShards):
-            await self._ack(peer, rank, msg)
         elif isinstance(msg, ReleaseShards):
             await self._release(rank, msg)
 
-    async def worker_hello(self, rank: int, attempt: int, leases: list[int]) -> None:
-        """A worker (re)connected holding ``leases``: keep those, release its others."""
-        if self.queue is None:
-            return
-        await self._commit(self.queue.reclaim(rank, list(leases)), rank, "reclaim")
+    def take(self, peer: bytes, rank: int, msg: FetchShards | AckShards) -> None:
+        """The queue's part of a fetch or an ack, now and in arrival order: the
+        queue changes, its WAL records are appended (not yet durable) and its reply
+        waits for :meth:`answer_taken`. The supervisor takes every request of a
+        received batch, then answers them in one task that waits for one fsync:
+        a task and a future per request cost more than the request itself."""
+        if isinstance(msg, FetchShards):
+            self._taken.append(self._take_fetch(peer, rank, msg))
+        else:
+            self._taken.append(self._take_ack(peer, rank, msg))
 
-    async def worker_gone(self, rank: int) -> None:
-        """The worker died, was killed or ended: its DOING shards go back to TODO."""
+    @property
+    def has_taken(self) -> bool:
+        """Requests are taken and not yet being answered."""
+        return bool(self._taken)
+
+    async def answer_taken(self) -> None:
+        """Wait until every request taken so far is durable, then reply to each.
+
+        Raises:
+            WalFsyncError: the records could not be made durable; nothing is sent.
+        """
+        taken, self._taken = self._taken, []
+        staged = max((t.seq for t in taken), default=0)
+        if staged > 0:
+            assert self._committer is not None
+            await self._committer.until_durable(staged)
+        for request in taken:
+            for kind, fields in request.events:
+                self._recorder.emit(kind, **fields)
+            if request.served_rank is not None:
+                self._first_served(request.served_rank)
+            await self._send(request.peer, request.reply)
+        if self.queue is not None:
+            await self._maybe_snapshot()
+
+    def worker_hello(self, rank: int, attempt: int, leases: list[int]) -> Coroutine[Any, Any, None]:
+        """A worker (re)connected holding ``leases``: keep those, release its others.
+        The queue changes now, in arrival order; await the result for durability."""
         if self.queue is None:
-            return
-        await self._commit(self.queue.release_worker(rank), rank, "worker gone")
+            return _nothing()
+        return self._commit(self.queue.reclaim(rank, list(leases)), rank, "reclaim")
+
+    def worker_gone(self, rank: int) -> Coroutine[Any, Any, None]:
+        """The worker died, was killed or ended: its DOING shards go back to TODO
+        (now; await the result for durability)."""
+        if self.queue is None:
+            return _nothing()
+        return self._commit(self.queue.release_worker(rank), rank, "worker gone")
 
     async def _register(self, peer: bytes, msg: RegisterDataset) -> None:
         try:
@@ -195,10 +250,9 @@ class DdsService:
         info = dataset_info(self.spec) if self.spec is not None else None
         await self._send(peer, DatasetReady(dataset=info))
 
-    async def _fetch(self, peer: bytes, rank: int, msg: FetchShards) -> None:
+    def _take_fetch(self, peer: bytes, rank: int, msg: FetchShards) -> _Taken:
         if self.queue is None:
-            await self._send(peer, ShardGrant(request_id=msg.request_id, retry_after=1.0))
-            return
+            return _Taken(peer, ShardGrant(request_id=msg.request_id, retry_after=1.0))
         room = MAX_HELD_LEASES - self.queue.held_count(rank)
         if room <= 0:
             if rank not in self._over_fetched:  # once per worker: a flood stays one line
@@ -210,44 +264,46 @@ class DdsService:
                     msg.count,
                     MAX_HELD_LEASES,
                 )
-            await self._send(peer, ShardGrant(request_id=msg.request_id, retry_after=1.0))
-            return
+            return _Taken(peer, ShardGrant(request_id=msg.request_id, retry_after=1.0))
         grants = self.queue.fetch(rank, min(max(1, msg.count), room))
-        await self._commit(grants, rank, "")
+        seq = self._stage(grants)
         granted = [t.lease() for t in grants if isinstance(t, Grant)]
-        self._first_served(rank)
         finished = self.queue.finished
         retry = 0.0 if granted or finished else RETRY_AFTER_S
-        await self._send(
-            peer,
-            ShardGrant(
-                request_id=msg.request_id, leases=granted, finished=finished, retry_after=retry
-            ),
+        reply = ShardGrant(
+            request_id=msg.request_id, leases=granted, finished=finished, retry_after=retry
         )
+        return _Taken(peer, reply, seq=seq, served_rank=rank)
 
-    async def _ack(self, peer: bytes, rank: int, msg: AckShards) -> None:
+    def _take_ack(self, peer: bytes, rank: int, msg: AckShards) -> _Taken:
+        # Refused ids are dropped by the worker too: they are either DONE already
+        # (a repeated ack after a resume) or no longer its shards.
+        reply = AckDone(lease_ids=list(msg.lease_ids))
         if self.queue is None:
-            return
+            return _Taken(peer, reply)
         done, refused = self.queue.ack(rank, list(msg.lease_ids))
-        await self._commit(done, rank, "")
-        self._first_served(rank)
+        taken = _Taken(peer, reply, seq=self._stage(done), served_rank=rank)
         if done:
             # Shards per worker over time and the work left (replay plots it, and
             # replay --policy gives it to the policy as the supervisor did).
-            self._recorder.emit(
-                "shards_done",
-                role="worker",
-                rank=rank,
-                count=len(done),
-                done=self.queue.done_count,
-                total=self.queue.total,
-                remaining_steps=self.remaining_steps(),
+            taken.events.append(
+                (
+                    "shards_done",
+                    {
+                        "role": "worker",
+                        "rank": rank,
+                        "count": len(done),
+                        "done": self.queue.done_count,
+                        "total": self.queue.total,
+                        "remaining_steps": self.remaining_steps(),
+                    },
+                )
             )
         if refused:
-            self._recorder.emit("ack_refused", role="worker", rank=rank, lease_ids=refused)
-        # Refused ids are dropped by the worker too: they are either DONE already
-        # (a repeated ack after a resume) or no longer its shards.
-        await self._send(peer, AckDone(lease_ids=list(msg.lease_ids)))
+            taken.events.append(
+                ("ack_refused", {"role": "worker", "rank": rank, "lease_ids": refused})
+            )
+        return taken
 
     async def _release(self, rank: int, msg: ReleaseShards) -> None:
         """A worker gives leases back (its step was dropped): only its own DOING
@@ -265,13 +321,20 @@ class DdsService:
             self._serving = True
             self._recorder.emit("dds_serving", role="worker", rank=rank)
 
-    async def _commit(self, transitions: list[Transition], rank: int, why: str) -> None:
+    def _commit(
+        self, transitions: list[Transition], rank: int, why: str
+    ) -> Coroutine[Any, Any, None]:
+        """Stage the transitions' records now; the result resolves once they are
+        durable (and their effects are accounted)."""
+        return self._committed(self._stage(transitions), transitions, rank, why)
+
+    async def _committed(
+        self, seq: int, transitions: list[Transition], rank: int, why: str
+    ) -> None:
         if not transitions:
             return
         assert self._committer is not None
-        assert self._wal is not None
-        assert self.queue is not None
-        await self._committer.append_many([encode_transition(t) for t in transitions])
+        await self._committer.until_durable(seq)
         released = [t for t in transitions if isinstance(t, Release)]
         if released:
             assert self.spec is not None
@@ -281,6 +344,19 @@ class DdsService:
                 self._recorder.emit(
                     "shards_released", role="worker", rank=rank, reason=why, count=len(released)
                 )
+        await self._maybe_snapshot()
+
+    def _stage(self, transitions: list[Transition]) -> int:
+        """Append the transitions' records to the WAL: the last one's seq (0: none)."""
+        if not transitions:
+            return 0
+        assert self._committer is not None
+        return self._committer.stage([encode_transition(t) for t in transitions])
+
+    async def _maybe_snapshot(self) -> None:
+        assert self._wal is not None
+        assert self._committer is not None
+        assert self.queue is not None
         threshold = max(SNAPSHOT_MIN_LOG_BYTES, SNAPSHOT_LOG_RATIO * self._snapshot_bytes)
         if (
             self._wal.bytes_since_snapshot >= threshold

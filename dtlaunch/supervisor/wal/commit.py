@@ -65,6 +65,45 @@ class GroupCommitter:
             return self._wal.durable_seq
         return await self._enqueue(payloads)
 
+    def stage(self, payloads: list[bytes]) -> int:
+        """Append records now, in order, without waiting: returns the last one's
+        seq (the durable one when ``payloads`` is empty), for :meth:`until_durable`.
+        Callers that serve many requests at once stage each request's records and
+        wait once for the last: one future instead of one per request.
+
+        Raises:
+            WalFsyncError: an earlier sync failed.
+        """
+        if self._closing:
+            raise RuntimeError("the GroupCommitter is closed")
+        if self._failure is not None:
+            raise WalFsyncError(str(self._failure))
+        if not payloads:
+            return self._wal.durable_seq
+        seq = 0
+        for payload in payloads:
+            seq = self._wal.append(payload)
+        self._appended += len(payloads)
+        return seq
+
+    def until_durable(self, seq: int) -> asyncio.Future[int]:
+        """A future resolved once record ``seq`` (and every one before it) is durable.
+
+        Raises:
+            WalFsyncError: an earlier sync failed.
+        """
+        if self._failure is not None:
+            raise WalFsyncError(str(self._failure))
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        if seq <= self._wal.durable_seq:
+            future.set_result(seq)
+            return future
+        self._waiters.append((seq, future))
+        self._wake.set()
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush_forever(), name="wal-group-commit")
+        return future
+
     async def snapshot(self, state: bytes) -> None:
         """Snapshot ``state``, which covers every record appended so far, in a worker
         thread; appends keep flowing meanwhile and land after the snapshot point."""
@@ -79,20 +118,7 @@ class GroupCommitter:
             await self._flusher
 
     def _enqueue(self, payloads: tuple[bytes, ...] | list[bytes]) -> asyncio.Future[int]:
-        if self._closing:
-            raise RuntimeError("the GroupCommitter is closed")
-        if self._failure is not None:
-            raise WalFsyncError(str(self._failure))
-        seq = 0
-        for payload in payloads:
-            seq = self._wal.append(payload)
-        self._appended += len(payloads)
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._waiters.append((seq, future))
-        self._wake.set()
-        if self._flusher is None:
-            self._flusher = asyncio.create_task(self._flush_forever(), name="wal-group-commit")
-        return future
+        return self.until_durable(self.stage(list(payloads)))
 
     async def _flush_forever(self) -> None:
         loop = asyncio.get_running_loop()
