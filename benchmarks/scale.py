@@ -70,7 +70,7 @@ from dtlaunch.supervisor.control.controller import Controller  # noqa: E402
 from dtlaunch.supervisor.control.loop import ReportIntake  # noqa: E402
 from dtlaunch.supervisor.launcher import AgentExit, HostInfo  # noqa: E402
 from dtlaunch.wire.codec import to_dict  # noqa: E402
-from dtlaunch.wire.messages import AgentBootstrap  # noqa: E402
+from dtlaunch.wire.messages import AgentBootstrap, StepReports  # noqa: E402
 
 SIM = Path(__file__).resolve().parent / "scale_sim.py"
 RESULTS = REPO / "benchmarks" / "results"
@@ -216,9 +216,9 @@ class Hooks:
         intake = ReportIntake.worker_reports
         decide = Controller.decide
 
-        def worker_reports(self: ReportIntake, rank: int, reports: list[Any]) -> None:
-            if reports:
-                hooks.arrivals.append((rank, max(r.step for r in reports), time.monotonic()))
+        def worker_reports(self: ReportIntake, rank: int, reports: StepReports) -> None:
+            if reports.step:
+                hooks.arrivals.append((rank, max(reports.step), time.monotonic()))
                 hooks.ranks_seen.add(rank)
             intake(self, rank, reports)
 
@@ -630,9 +630,10 @@ def main() -> None:
 def side_by_side(args: argparse.Namespace) -> None:
     """The supervisor of ``--baseline-ref`` and this checkout's at one N, runs
     alternating so that the machine's drift (the simulators' CPU share moved
-    from 34 % to 45 % over one afternoon) hits both alike. The simulators are
-    this checkout's in every run (``scale_sim.py`` imports the installed
-    dtlaunch): the same clients for both supervisors."""
+    from 34 % to 45 % over one afternoon) hits both alike. Each side's simulators
+    speak its own wire protocol (each run's ``PYTHONPATH`` is its checkout, which
+    ``scale_sim.py`` imports): the same load of the same messages, as each
+    version's SDK encodes them."""
     n = int(str(args.sizes).split(",")[0])
     tmp = Path(tempfile.mkdtemp(prefix="dtlaunch-scale-ab-"))
     baseline = tmp / "baseline"
@@ -648,7 +649,10 @@ def side_by_side(args: argparse.Namespace) -> None:
                 script = str(checkout / "benchmarks" / "scale.py")
                 argv = [sys.executable, script, "--sizes", str(n), "--window", str(args.window),
                         "--dds-n", "0", "--out", str(out)]  # fmt: skip
-                subprocess.run(argv, check=True, capture_output=True, timeout=args.window + 900)
+                env = {**os.environ, "PYTHONPATH": str(checkout)}
+                subprocess.run(
+                    argv, check=True, capture_output=True, timeout=args.window + 900, env=env
+                )
                 row = json.loads(out.read_text())["results"][0]
                 runs[side].append(row)
                 print(f"{side} round {round_no + 1}: {row.get('supervisor_cpu_pct')} % of a core",

@@ -53,8 +53,8 @@ def per_report_cost_s(workers: int = 200, steps: int = 300) -> float:
     recorder = EventRecorder([event_log])
     frames = [
         encode(
-            StepReports(
-                reports=[
+            StepReports.of(
+                [
                     StepReport(step=s + k, batch_size=32, compute_s=0.08, samples=32)
                     for k in range(REPORTS_PER_MESSAGE)
                 ]
@@ -69,22 +69,17 @@ def per_report_cost_s(workers: int = 200, steps: int = 300) -> float:
             assert isinstance(msg, StepReports)
             now = index * REPORTS_PER_MESSAGE / STEPS_PER_S
             recorder.emit(
-                "reports",
-                role="worker",
-                rank=rank,
-                step=[r.step for r in msg.reports],
-                compute_s=[r.compute_s for r in msg.reports],
+                "reports", role="worker", rank=rank, step=msg.step, compute_s=msg.compute_s
             )
-            for r in msg.reports:
-                monitor.report_worker(
-                    rank,
-                    now=now,
-                    step=r.step,
-                    batch_size=r.batch_size,
-                    compute_s=r.compute_s,
-                    comm_s=r.comm_s,
-                    samples=r.samples,
-                )
+            monitor.report_steps(
+                rank,
+                ends=[now] * len(msg.step),
+                steps=msg.step,
+                batch_sizes=msg.batch_size,
+                compute_s=msg.compute_s,
+                comm_s=msg.comm_s,
+                samples=msg.samples,
+            )
     spent = time.process_time() - began
     event_log.close()
     folder.cleanup()

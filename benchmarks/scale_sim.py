@@ -284,7 +284,7 @@ class SimWorker:
             return done, None
         reports, self.pending_reports = self.pending_reports, []
         self.reported_at = now
-        return done, StepReports(reports=reports)
+        return done, StepReports.of(reports)
 
 
 class Simulator:

@@ -141,8 +141,8 @@ SAMPLES = [
     AckShards(lease_ids=[9, 10], step=77),
     ReleaseShards(lease_ids=[11], step=78, reason="step 78 was dropped (BACKUP_WORKERS)"),
     AckDone(lease_ids=[9]),
-    StepReports(
-        reports=[
+    StepReports.of(
+        [
             StepReport(step=5, batch_size=32, compute_s=0.25, comm_s=0.01, samples=32, age_s=0.1),
             StepReport(
                 step=6, batch_size=32, compute_s=0.25, comm_s=0.01, samples=32,
@@ -150,6 +150,7 @@ SAMPLES = [
             ),
         ]
     ),
+    StepReports.of([StepReport(step=7, batch_size=32, compute_s=0.25)]),
     AdjustBatchSize(
         sizes=[RankBatch(rank=0, batch_size=24, accumulation=3), RankBatch(rank=1, batch_size=72)],
         apply_at_step=120,
@@ -233,7 +234,8 @@ SAMPLES += [
     wire_messages.PsPing(request_id=11, awaiting=10),
 ]
 # A valid frame's fields, for building wrong variants of it.
-PING = {"t": "ping", "v": PROTOCOL_VERSION, "seq": 1}
+V = PROTOCOL_VERSION  # short: the frames below spell it many times
+PING = {"t": "ping", "v": V, "seq": 1}
 
 
 def pack(obj) -> bytes:
@@ -241,7 +243,7 @@ def pack(obj) -> bytes:
 
 
 def hello_fields(**changes):
-    fields = {"t": "hello", "v": PROTOCOL_VERSION, "role": "agent", "run_id": "r", "host": "h",
+    fields = {"t": "hello", "v": V, "role": "agent", "run_id": "r", "host": "h",
               "pid": 1, "version": "0.1.0"}
     fields.update(changes)
     return {k: v for k, v in fields.items() if v is not ...}
@@ -313,16 +315,17 @@ def test_a_protocol_module_is_imported_when_first_asked_for():
 import sys
 from dtlaunch.wire.codec import decode, encode
 from dtlaunch.wire.messages import Spawn, PROTOCOL_MODULES
+from dtlaunch.wire.messages.base import PROTOCOL_VERSION as V
 loaded = lambda: {m.rsplit(".", 1)[1] for m in PROTOCOL_MODULES if m in sys.modules}
 assert loaded() == {"agent", "session"}, loaded()  # the wire's face re-exports these two
 msg = Spawn(proc_id="w0", role="worker", rank=0, attempt=0, argv=["x"], env={}, cwd="/")
 assert decode(encode(msg)) == msg and loaded() == {"agent", "session"}, loaded()
 import msgpack
 # A tag of an imported protocol never sent from here: found without importing more.
-welcome = decode(msgpack.packb({"t": "welcome", "v": 1, "run_id": "r", "heartbeat_interval": 1.0}))
+welcome = decode(msgpack.packb({"t": "welcome", "v": V, "run_id": "r", "heartbeat_interval": 1.0}))
 assert type(welcome).__name__ == "Welcome" and loaded() == {"agent", "session"}, loaded()
 # A tag of a protocol not imported yet: the codec imports the rest, once.
-ping = decode(msgpack.packb({"t": "ps_ping", "v": 1, "request_id": 7}))
+ping = decode(msgpack.packb({"t": "ps_ping", "v": V, "request_id": 7}))
 assert type(ping).__name__ == "PsPing" and ping.request_id == 7
 assert loaded() == {m.rsplit(".", 1)[1] for m in PROTOCOL_MODULES}, loaded()
 """
@@ -355,7 +358,7 @@ def test_nested_records_are_plain_maps():
 
 
 def test_int_is_accepted_for_float_and_becomes_float():
-    msg = decode(pack({"t": "welcome", "v": PROTOCOL_VERSION, "run_id": "r",
+    msg = decode(pack({"t": "welcome", "v": V, "run_id": "r",
                        "heartbeat_interval": 2}))
     assert msg == Welcome(run_id="r", heartbeat_interval=2.0)
     assert type(msg.heartbeat_interval) is float
@@ -375,7 +378,7 @@ def test_from_dict_checks_tags_when_present():
     assert from_dict(Ping, {"seq": 3}) == Ping(seq=3)
     with pytest.raises(WireError, match="does not match"):
         from_dict(Bye, fields)
-    with pytest.raises(WireError, match=r"protocol version 99 .* speaks 1"):
+    with pytest.raises(WireError, match=rf"protocol version 99 .* speaks {PROTOCOL_VERSION}"):
         from_dict(Ping, {**fields, "v": 99})
     with pytest.raises(WireError, match="not valid base64"):
         from_dict(Output, {"proc_id": "w", "attempt": 0, "stream": "stdout", "data": "%%%"})
@@ -387,7 +390,7 @@ def test_from_dict_checks_tags_when_present():
 
 
 def test_wrong_version_names_both_versions():
-    text = refused({**PING, "v": PROTOCOL_VERSION + 1}, f"version {PROTOCOL_VERSION + 1}",
+    text = refused({**PING, "v": V + 1}, f"version {PROTOCOL_VERSION + 1}",
                    f"speaks {PROTOCOL_VERSION}")
     assert "same dtlaunch version" in text
     # A newer peer's unknown message type is reported as the version problem it is.
@@ -397,31 +400,31 @@ def test_wrong_version_names_both_versions():
 @pytest.mark.parametrize(
     ("frame", "fragment"),
     [
-        ({"v": 1, "seq": 1}, "type tag"),
-        ({"t": 5, "v": 1}, "type tag"),
-        ({"t": "nope", "v": 1}, "unknown message type 'nope'"),
+        ({"v": V, "seq": 1}, "type tag"),
+        ({"t": 5, "v": V}, "type tag"),
+        ({"t": "nope", "v": V}, "unknown message type 'nope'"),
         ({"t": "ping", "seq": 1}, "protocol version"),
         ({"t": "ping", "v": True, "seq": 1}, "protocol version"),
         ({**PING, "extra": 1}, "unknown field(s) 'extra'"),
-        ({"t": "ping", "v": 1}, "missing required field(s) seq"),
+        ({"t": "ping", "v": V}, "missing required field(s) seq"),
         ({**PING, "seq": True}, "ping.seq: expected int, got bool"),
         ({**PING, "seq": 1.0}, "ping.seq: expected int, got float"),
         ({**PING, "seq": "1"}, "ping.seq: expected int, got str"),
         ({**PING, "seq": None}, "ping.seq: expected int, got null"),
         ({**PING, "seq": -1}, "ping.seq: -1 is out of range"),
-        ({"t": "ack", "v": 1, "ok": 1}, "ack.ok: expected bool, got int"),
-        ({"t": "bye", "v": 1, "reason": b"bytes"}, "bye.reason: expected str, got bytes"),
-        ({"t": "output", "v": 1, "proc_id": "w", "attempt": 0, "stream": "stdout",
+        ({"t": "ack", "v": V, "ok": 1}, "ack.ok: expected bool, got int"),
+        ({"t": "bye", "v": V, "reason": b"bytes"}, "bye.reason: expected str, got bytes"),
+        ({"t": "output", "v": V, "proc_id": "w", "attempt": 0, "stream": "stdout",
           "data": "text"}, "output.data: expected bytes, got str"),
-        ({"t": "output", "v": 1, "proc_id": "w", "attempt": 0, "stream": "stdin",
+        ({"t": "output", "v": V, "proc_id": "w", "attempt": 0, "stream": "stdin",
           "data": b""}, "'stdin' is not one of stdout, stderr"),
-        ({"t": "welcome", "v": 1, "run_id": "r", "heartbeat_interval": True}, "got bool"),
-        ({"t": "welcome", "v": 1, "run_id": "r", "heartbeat_interval": 0}, "must be > 0"),
-        ({"t": "kill", "v": 1, "proc_id": "w", "attempt": 0, "grace_s": -1.0}, "must be >= 0"),
-        ({"t": "spawned", "v": 1, "proc_id": "w", "attempt": 0, "pid": 0}, "pid: 0 is out"),
-        ({"t": "spawned", "v": 1, "proc_id": "w", "attempt": -1, "pid": 5}, "attempt: -1"),
-        ({"t": "ps_ping_x", "v": 1}, "unknown message type"),
-        ({"t": "ps_reply", "v": 1, "request_id": 1, "ok": True, "incarnation": -3},
+        ({"t": "welcome", "v": V, "run_id": "r", "heartbeat_interval": True}, "got bool"),
+        ({"t": "welcome", "v": V, "run_id": "r", "heartbeat_interval": 0}, "must be > 0"),
+        ({"t": "kill", "v": V, "proc_id": "w", "attempt": 0, "grace_s": -1.0}, "must be >= 0"),
+        ({"t": "spawned", "v": V, "proc_id": "w", "attempt": 0, "pid": 0}, "pid: 0 is out"),
+        ({"t": "spawned", "v": V, "proc_id": "w", "attempt": -1, "pid": 5}, "attempt: -1"),
+        ({"t": "ps_ping_x", "v": V}, "unknown message type"),
+        ({"t": "ps_reply", "v": V, "request_id": 1, "ok": True, "incarnation": -3},
          "ps_reply.incarnation: -3 is out of range"),
         (hello_fields(role="worker", rank=-2), "hello.rank: -2 is out of range"),
         (hello_fields(role="root"), "hello.role: 'root' is not one of agent, worker"),
@@ -434,21 +437,21 @@ def test_wrong_version_names_both_versions():
         (hello_fields(procs="none"), "hello.procs: expected a list, got str"),
         (hello_fields(host=None), "hello.host: expected str, got null"),
         (hello_fields(pid=...), "missing required field(s) pid"),
-        ({"t": "spawn", "v": 1, "proc_id": "w", "role": "agent", "rank": 0, "attempt": 0,
+        ({"t": "spawn", "v": V, "proc_id": "w", "role": "agent", "rank": 0, "attempt": 0,
           "argv": [], "env": {}, "cwd": "/"}, "spawn.role: 'agent' is not one of worker, server"),
-        ({"t": "spawn", "v": 1, "proc_id": "w", "role": "worker", "rank": 0, "attempt": 0,
+        ({"t": "spawn", "v": V, "proc_id": "w", "role": "worker", "rank": 0, "attempt": 0,
           "argv": ["a", 1], "env": {}, "cwd": "/"}, "spawn.argv[1]: expected str, got int"),
-        ({"t": "spawn", "v": 1, "proc_id": "w", "role": "worker", "rank": 0, "attempt": 0,
+        ({"t": "spawn", "v": V, "proc_id": "w", "role": "worker", "rank": 0, "attempt": 0,
           "argv": [], "env": {"K": 1}, "cwd": "/"}, "spawn.env['K']: expected str, got int"),
-        ({"t": "spawn", "v": 1, "proc_id": "w", "role": "worker", "rank": 0, "attempt": 0,
+        ({"t": "spawn", "v": V, "proc_id": "w", "role": "worker", "rank": 0, "attempt": 0,
           "argv": [], "env": {b"K": "v"}, "cwd": "/"}, "spawn.env: key b'K' is not a string"),
-        ({"t": "exited", "v": 1, "proc_id": "w", "attempt": 0, "pid": 3, "exit_code": "1",
+        ({"t": "exited", "v": V, "proc_id": "w", "attempt": 0, "pid": 3, "exit_code": "1",
           "signal": None, "runtime_s": 1.0}, "exited.exit_code: expected int | None, got str"),
-        ({"t": "exited", "v": 1, "proc_id": "w", "attempt": 0, "pid": 3, "exit_code": None,
+        ({"t": "exited", "v": V, "proc_id": "w", "attempt": 0, "pid": 3, "exit_code": None,
           "signal": 0, "runtime_s": 1.0}, "exited.signal: 0 is out of range"),
-        ({"t": "exited", "v": 1, "proc_id": "w", "attempt": 0, "pid": 3, "exit_code": 0,
+        ({"t": "exited", "v": V, "proc_id": "w", "attempt": 0, "pid": 3, "exit_code": 0,
           "signal": None, "runtime_s": float("nan")}, "is not a finite number"),
-        ({"t": "exited", "v": 1, "proc_id": "w", "attempt": 0, "pid": 3, "exit_code": 0,
+        ({"t": "exited", "v": V, "proc_id": "w", "attempt": 0, "pid": 3, "exit_code": 0,
           "signal": None, "runtime_s": float("inf")}, "is not a finite number"),
     ],
 )
@@ -481,7 +484,8 @@ def test_record_state_and_role_are_enumerated():
         (pack({1: "x"}), "not valid msgpack"),  # strict_map_key: int keys refused
         (b"\x81\xa1t\xa2\xff\xfe", "not valid msgpack"),  # invalid UTF-8 in a str
         (pack({**PING, "seq": msgpack.ExtType(5, b"x")}), "ext type 5 is not allowed"),
-        (b"\x83\xa1t\xa4ping\xa1v\x01\xa3seq\xd6\xff\x00\x00\x00\x01", "ping.seq: expected int"),
+        (b"\x83\xa1t\xa4ping\xa1v" + bytes([V]) + b"\xa3seq\xd6\xff\x00\x00\x00\x01",
+         "ping.seq: expected int"),
         (b"\x91" * 5000 + b"\x01", "not valid msgpack"),  # absurd nesting
     ],
 )
@@ -490,10 +494,10 @@ def test_garbage_is_refused(data, fragment):
 
 
 def test_oversized_frame_is_refused_before_unpacking():
-    limit_ok = pack({"t": "bye", "v": 1, "reason": "x" * 100})
+    limit_ok = pack({"t": "bye", "v": V, "reason": "x" * 100})
     assert decode(limit_ok) == Bye(reason="x" * 100)
     # Valid msgpack, so only the size check can refuse it.
-    huge = pack({"t": "output", "v": 1, "proc_id": "w", "attempt": 0, "stream": "stdout",
+    huge = pack({"t": "output", "v": V, "proc_id": "w", "attempt": 0, "stream": "stdout",
                  "data": b"\0" * MAX_MESSAGE_BYTES})
     refused(huge, f"{len(huge)} bytes is over the {MAX_MESSAGE_BYTES}-byte limit")
 
@@ -611,7 +615,7 @@ def test_a_deeply_nested_value_is_a_wire_error_not_a_recursion_error(where):
     """One authenticated frame with a value nested 1,000 deep used to raise
     RecursionError from repr() in the error path, outside every guard."""
     deep = _nested(1000)
-    frame = {"t": "fetch_shards", "v": 1, "request_id": 1, "count": 1}
+    frame = {"t": "fetch_shards", "v": V, "request_id": 1, "count": 1}
     frame[{"tag": "t", "version": "v", "field": "count"}[where]] = deep
     with pytest.raises(WireError):
         decode(msgpack.packb(frame))
@@ -651,8 +655,8 @@ def test_decode_raises_only_wire_error_on_mutated_frames(data):
     max_leaves=40,
 ))  # fmt: skip
 def test_decode_raises_only_wire_error_on_any_msgpack_value(value):
-    for frame in (value, {"t": "hello", "v": 1, "role": value}, {"t": "step_reports", "v": 1,
-                                                                  "reports": [value]}):  # fmt: skip
+    for frame in (value, {"t": "hello", "v": V, "role": value}, {"t": "step_reports", "v": V,
+                                                                  "step": [value]}):  # fmt: skip
         with contextlib.suppress(WireError):
             decode(msgpack.packb(frame))
 
@@ -667,7 +671,7 @@ def test_a_list_of_floats_taken_in_one_pass_is_still_checked_item_by_item_when_i
 
     def reply(points):
         nodes = [{**node, "recent_bpt_s": points}]
-        frame = {"t": "status_reply", "v": PROTOCOL_VERSION, "request_id": 1}
+        frame = {"t": "status_reply", "v": V, "request_id": 1}
         return pack({**frame, "snapshot": {**snapshot, "nodes": nodes}})
 
     def points_of(frame):

@@ -95,35 +95,48 @@ def test_importing_the_codec_compiles_nothing():
 
 
 def test_bounds_choices_and_conversions_match_the_checkers():
-    report = plain_fields(StepReports(reports=[StepReport(step=1, batch_size=2, compute_s=0.5)]))
+    report = plain_fields(
+        StepReports.of(
+            [
+                StepReport(step=1, batch_size=2, compute_s=0.5),
+                StepReport(step=2, batch_size=2, compute_s=0.25, samples=2),
+            ]
+        )
+    )
     cases = [
-        ("step", -1),  # below its bound
-        ("compute_s", -0.1),
-        ("compute_s", 1),  # an int becomes a float
-        ("compute_s", math.inf),
-        ("compute_s", math.nan),
-        ("compute_s", True),
-        ("batch_size", 2.0),
-        ("batch_size", True),
-        ("age_s", "x"),
-        ("servers", [{"server": 0, "nbytes": 1, "comm_s": 0}]),
-        ("servers", [{"server": -1, "nbytes": 1, "comm_s": 0.1}]),
-        ("servers", [{"server": 0, "nbytes": 1}]),
-        ("servers", [{"server": 0, "nbytes": 1, "comm_s": 0.1, "x": 1}]),
+        ("step", [1, -1]),  # a column's bound holds for each item
+        ("step", [-1]),
+        ("step", [1, 2.0]),
+        ("step", 1),
+        ("compute_s", [0.5, -0.1]),
+        ("compute_s", [1, 0.25]),  # an int becomes a float
+        ("compute_s", [math.inf, 0.1]),
+        ("compute_s", [0.1, math.nan]),
+        ("compute_s", [True, 0.1]),
+        ("compute_s", [0.5]),  # shorter than the other columns
+        ("batch_size", [2.0, 2]),
+        ("batch_size", [True, 2]),
+        ("samples", [0, -2]),
+        ("age_s", ["x", 0.0]),
+        ("servers", [[{"server": 0, "nbytes": 1, "comm_s": 0}], []]),
+        ("servers", [[{"server": -1, "nbytes": 1, "comm_s": 0.1}], []]),
+        ("servers", [[{"server": 0, "nbytes": 1}], []]),
+        ("servers", [[{"server": 0, "nbytes": 1, "comm_s": 0.1, "x": 1}], []]),
+        ("servers", [[]]),  # one list for two steps
         ("servers", {}),
     ]
     for key, value in cases:
-        fields = {"reports": [dict(report["reports"][0], **{key: value})]}
-        assert_agree(StepReports, fields)
+        assert_agree(StepReports, dict(report, **{key: value}))
     frame = msgpack.packb(
-        {
-            "t": StepReports.TYPE,
-            "v": codec.PROTOCOL_VERSION,
-            "reports": [dict(report["reports"][0], step=-1)],
-        }
+        {"t": StepReports.TYPE, "v": codec.PROTOCOL_VERSION, **dict(report, step=[1, -1])}
     )
-    with pytest.raises(WireError, match=r"\.reports\[0\]\.step: -1 is out of range"):
+    with pytest.raises(WireError, match=r"step_reports\.step\[1\]: -1 is out of range"):
         decode(frame)  # the compiled pass defers; the checkers name the problem
+    frame = msgpack.packb(
+        {"t": StepReports.TYPE, "v": codec.PROTOCOL_VERSION, **dict(report, samples=[0])}
+    )
+    with pytest.raises(WireError, match="columns of unequal length"):
+        decode(frame)
 
 
 @pytest.mark.parametrize(

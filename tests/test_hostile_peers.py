@@ -28,6 +28,7 @@ from dtlaunch.wire.messages import (
     StepReport,
     StepReports,
 )
+from dtlaunch.wire.messages.base import PROTOCOL_VERSION
 from dtlaunch.wire.sockets import Dealer
 from tests.jobs import SCRIPTS, kind, started, summary, wait_for_event
 from tests.test_dds_jobs import dataset_args, ledger_counts
@@ -162,12 +163,14 @@ def _mutations(rng: random.Random, run_id: str, count: int):
         encode(Hello(role="worker", run_id=run_id, host="x", pid=1, version="0", rank=0)),
         encode(FetchShards(request_id=1, count=1)),
         encode(AckShards(lease_ids=[0], step=1)),
-        encode(StepReports(reports=[StepReport(step=1, batch_size=4, compute_s=0.1)])),
+        encode(StepReports.of([StepReport(step=1, batch_size=4, compute_s=0.1)])),
         encode(DatasetReady(dataset=None)),
         encode(StatusRequest(request_id=1, run_id=run_id)),
         encode(Ping(seq=1)),
         # Values nested 1,000 deep once took the supervisor down (issue 12, defect 2).
-        msgpack.packb({"t": "fetch_shards", "v": 1, "request_id": 1, "count": _deep(1000)}),
+        msgpack.packb(
+            {"t": "fetch_shards", "v": PROTOCOL_VERSION, "request_id": 1, "count": _deep(1000)}
+        ),
         msgpack.packb({"t": "hello", "v": _deep(1000)}),
     ]
     yield from seeds  # each once as it is, then mutated

@@ -117,7 +117,7 @@ def test_zero_time_step_does_not_divide_by_zero():
 def test_the_controller_offers_only_free_spare_hosts_to_the_policy():
     from dtlaunch.supervisor.control.controller import Controller
     from dtlaunch.supervisor.control.policies import parse_policy
-    from dtlaunch.wire.messages import StepReport
+    from dtlaunch.wire.messages import StepReport, StepReports
 
     policy = parse_policy("nd:l_trans=2,l_per=4,min_reports=2,restart_cost=0")
     controller = Controller(policy, interval=1.0, spare_hosts=["s1", "s2"])
@@ -125,7 +125,7 @@ def test_the_controller_offers_only_free_spare_hosts_to_the_policy():
         for rank in range(3):
             compute = 0.4 if rank == 2 else 0.1
             report = StepReport(step=i, batch_size=10, samples=10, compute_s=compute)
-            controller.observe(rank, [report], 0.1 * i)
+            controller.observe(rank, StepReports.of([report]), 0.1 * i)
     # s1 now runs a process: only s2 is offered, and the kill goes there.
     [kill] = controller.decide(4.0, remaining_steps=100, free_spare_hosts=["s2"])
     assert (kill.rank, kill.target_host) == (2, "s2")
@@ -271,3 +271,84 @@ def test_a_batch_cut_short_by_the_end_of_the_data_is_not_a_faster_worker():
     st = mon.snapshot(3).worker_short[0]
     assert st.throughput == pytest.approx(100.0)
     assert st.mean_batch == pytest.approx((3 * 32 + 8) / 4)
+
+
+def test_steps_fed_as_columns_leave_the_monitor_as_one_at_a_time_does():
+    """Controller.observe feeds a worker's ten steps a message as columns
+    (report_steps); the windows, profiles and snapshot must be exactly those of
+    feeding the same steps one by one, idle steps and server exchanges included."""
+    import random
+
+    from dtlaunch.supervisor.control.controller import Controller
+    from dtlaunch.supervisor.control.policies import parse_policy
+    from dtlaunch.wire.messages import ServerComm, StepReport, StepReports
+
+    rng = random.Random(7)
+    one_by_one = Controller(parse_policy("nd"), interval=1.0, spare_hosts=["s"])
+    columns = Controller(parse_policy("nd"), interval=1.0, spare_hosts=["s"])
+    now = 0.0
+    for message in range(60):
+        now += 1.0
+        for rank in range(4):
+            reports = []
+            for k in range(rng.randint(0, 12)):
+                step = message * 20 + k
+                idle = message < 3 and rank == 1  # a reader waiting for its first lease
+                reports.append(
+                    StepReport(
+                        step=step,
+                        batch_size=rng.choice([0, 16, 32]),
+                        compute_s=round(rng.uniform(0.0, 0.2) * (3 if rank == 3 else 1), 6),
+                        comm_s=round(rng.uniform(0.0, 0.02), 6),
+                        samples=0 if idle else rng.choice([0, 16, 32, 32]),
+                        age_s=round(0.1 * (12 - k), 6),
+                        servers=[
+                            ServerComm(server=j, nbytes=rng.choice([0, 4096]), comm_s=0.001)
+                            for j in range(rank % 3)
+                        ],
+                    )
+                )
+            rng.shuffle(reports)  # out of step order: both must order them
+            msg = StepReports.of(reports)
+            columns.observe(rank, msg, now)
+            for report in sorted(msg.rows(), key=lambda r: r.step):
+                one_by_one.monitor.report_worker(
+                    rank,
+                    now=max(0.0, now - report.age_s),
+                    step=report.step,
+                    batch_size=max(1, report.batch_size),
+                    compute_s=report.compute_s,
+                    comm_s=report.comm_s,
+                    samples=report.samples,
+                    server_samples=tuple((c.server, c.nbytes, c.comm_s) for c in report.servers),
+                )
+        if message % 10 == 9:
+            assert columns.monitor.snapshot(now) == one_by_one.monitor.snapshot(now), message
+    assert columns.monitor.snapshot(now).worker_long  # it did see steps
+
+
+def test_step_columns_keep_step_order_and_round_seconds_to_a_microsecond():
+    from dtlaunch.wire.messages import ServerComm, StepReport, StepReports
+
+    rows = [
+        StepReport(step=3, batch_size=8, compute_s=0.1234567891, samples=8, age_s=0.25),
+        StepReport(
+            step=1, batch_size=8, compute_s=0.5, comm_s=1e-9, age_s=0.5,
+            servers=[ServerComm(server=0, nbytes=10, comm_s=0.00012345678)],
+        ),
+    ]  # fmt: skip
+    msg = StepReports.of(rows)
+    assert msg.step == [1, 3] and msg.compute_s == [0.5, 0.123457] and msg.comm_s == [0.0, 0.0]
+    assert msg.servers[0][0].comm_s == 0.000123 and msg.servers[1] == []
+    assert [r.step for r in msg.rows()] == [1, 3] and msg.in_step_order() is msg
+    unordered = StepReports(
+        step=[3, 1], batch_size=[8, 4], compute_s=[0.1, 0.2], comm_s=[0.0, 0.0],
+        samples=[8, 4], age_s=[0.0, 0.1], injected_s=[0.0, 0.0],
+    )  # fmt: skip
+    ordered = unordered.in_step_order()
+    assert ordered.step == [1, 3] and ordered.batch_size == [4, 8] and ordered.age_s == [0.1, 0.0]
+    with pytest.raises(ValueError, match="unequal length"):
+        StepReports(
+            step=[1], batch_size=[], compute_s=[0.1], comm_s=[0.0], samples=[1], age_s=[0.0],
+            injected_s=[0.0],
+        )  # fmt: skip

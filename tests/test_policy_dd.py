@@ -11,7 +11,7 @@ from dtlaunch.solvers.dd import DeviceClass, solve_dd
 from dtlaunch.supervisor.control import Controller, host_device
 from dtlaunch.supervisor.control.actions import AdjustBatchSize
 from dtlaunch.supervisor.control.policies import parse_policy
-from dtlaunch.wire.messages import StepReport
+from dtlaunch.wire.messages import StepReport, StepReports
 
 HOSTS = parse_hostfile(
     "v1 class=v100 bmin=8 bmax=64\n"
@@ -40,7 +40,7 @@ def _feed(controller: Controller, seconds_per_record: dict[int, float], steps: r
             report = StepReport(
                 step=step, batch_size=size, samples=records, compute_s=records * per_record
             )
-            controller.observe(rank, [report], t0 + 0.5 * step)
+            controller.observe(rank, StepReports.of([report]), t0 + 0.5 * step)
 
 
 SPEEDS = {0: 1 / 1600, 1: 1 / 1600, 2: 1 / 1000, 3: 1 / 1000}  # V100 1.6x a P100

@@ -62,7 +62,7 @@ def test_records_batches_acks_and_prefetch(tmp_path, keys):
     assert all(len(b) == 7 for b in batches[:-1]) and 1 <= len(batches[-1]) <= 7
     assert run.one("end") == len(batches)
     # Every step reached the Monitor, the last ones flushed by close().
-    reports = [r for _, m in fake.log if isinstance(m, StepReports) for r in m.reports]
+    reports = [r for _, m in fake.log if isinstance(m, StepReports) for r in m.rows()]
     assert [r.step for r in reports] == list(range(1, len(batches) + 1))
     assert sum(r.samples for r in reports) == sum(len(b) for b in batches)
 

@@ -15,6 +15,7 @@ from dtlaunch.errors import ConfigError, WireError
 from dtlaunch.wire.codec import MAX_MESSAGE_BYTES, encode
 from dtlaunch.wire.keys import create_run_keys
 from dtlaunch.wire.messages import Bye, Hello, Ping, Spawned, Welcome
+from dtlaunch.wire.messages.base import PROTOCOL_VERSION
 from dtlaunch.wire.sockets import SOCKET_MAX_FRAME, Dealer, Router
 
 
@@ -131,8 +132,8 @@ def test_router_drops_malformed_frames_and_keeps_serving(keys):
                 garbage = [
                     [os.urandom(64)],
                     [msgpack.packb([1, 2, 3])],
-                    [msgpack.packb({"t": "ping", "v": 1})],  # missing field
-                    [msgpack.packb({"t": "ping", "v": 1, "seq": "1"})],  # wrong type
+                    [msgpack.packb({"t": "ping", "v": PROTOCOL_VERSION})],  # missing field
+                    [msgpack.packb({"t": "ping", "v": PROTOCOL_VERSION, "seq": "1"})],  # wrong type
                     [encode(Ping(seq=1)), encode(Ping(seq=2))],  # multi-frame
                     [b"\x92" + b"\0" * MAX_MESSAGE_BYTES],  # over the codec's limit
                 ]

@@ -24,6 +24,7 @@ from dtlaunch.wire.messages import (
     StatusRequest,
     StatusSnapshot,
     StepReport,
+    StepReports,
 )
 from tests.test_jobstate import bring_up, make_state
 
@@ -200,7 +201,7 @@ def test_live_tracker_combines_node_table_controller_and_events():
         for rank in range(3):
             compute = 0.4 if rank == 0 else 0.1
             step = StepReport(step=i, batch_size=10, samples=10, compute_s=compute)
-            controller.observe(rank, [step], 1.0 + i * 0.1)
+            controller.observe(rank, StepReports.of([step]), 1.0 + i * 0.1)
     state.procs["worker-1"].unresponsive = True
     assert tracker.snapshot(state=state, dds=None, controller=controller, now=4.0).plan == ""
     # The policy's latest reading, an action or why it holds, is the status's plan.

@@ -448,7 +448,7 @@ class SupervisorLink:
                 dataclasses.replace(t.report, age_s=max(0.0, time.monotonic() - t.ended))
                 for t in taken
             ]
-            if not await self._send(StepReports(reports=reports)):
+            if not await self._send(StepReports.of(reports)):
                 return
 
     async def _pump_fetch(self, now: float) -> None:

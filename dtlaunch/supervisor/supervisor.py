@@ -529,8 +529,8 @@ class Supervisor:
         elif isinstance(msg, RNA_MESSAGES) and self._rounds is not None:
             await self._rounds.receive(rank, msg)
         elif isinstance(msg, StepReports):
-            self._intake.worker_reports(rank, list(msg.reports))
-            if msg.reports:
+            self._intake.worker_reports(rank, msg)
+            if msg.step:
                 self.state.worker_progressed(rank)
 
     async def _send_to_worker(self, rank: int, msg: Message) -> None:

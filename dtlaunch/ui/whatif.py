@@ -42,7 +42,7 @@ from dtlaunch.supervisor.control.monitor import PsLayout, WorkerDevice
 from dtlaunch.supervisor.control.policies import BUILTIN_POLICIES, parse_policy
 from dtlaunch.ui.runlog import ActionRow, RecordedRun, StepRow, read_run
 from dtlaunch.ui.timeline import format_elapsed
-from dtlaunch.wire.messages import ServerComm, StepReport
+from dtlaunch.wire.messages import ServerComm, StepReports
 
 _REASON_CHARS = 140  # a table cell's reason is cut here; --json has it whole
 
@@ -226,19 +226,23 @@ def _simulate(
             continue
         what, key, rows = item
         if what == "reports":
-            reports = [
-                StepReport(
-                    step=r.step,
-                    batch_size=r.batch_size,
-                    compute_s=r.compute_s,
-                    comm_s=r.comm_s,
-                    samples=r.samples,
-                    age_s=max(0.0, at - r.at_s),
-                    injected_s=r.injected_s,
-                    servers=[ServerComm(server=j, nbytes=b, comm_s=t) for j, b, t in r.servers],
-                )
-                for r in rows
-            ]
+            reports = StepReports(
+                step=[r.step for r in rows],
+                batch_size=[r.batch_size for r in rows],
+                compute_s=[r.compute_s for r in rows],
+                comm_s=[r.comm_s for r in rows],
+                samples=[r.samples for r in rows],
+                age_s=[max(0.0, at - r.at_s) for r in rows],
+                injected_s=[r.injected_s for r in rows],
+                servers=(
+                    [
+                        [ServerComm(server=j, nbytes=b, comm_s=t) for j, b, t in r.servers]
+                        for r in rows
+                    ]
+                    if any(r.servers for r in rows)
+                    else []
+                ),
+            )
             try:
                 controller.observe(key, reports, at)
             except ValueError:

@@ -260,6 +260,8 @@ def _field_check(owner: type[Any], name: str, hint: Any, json_form: bool) -> _Ch
     if choices is not None:
         return _with_choices(base, choices)
     if low is not None:
+        if typing.get_origin(hint) is list:  # a column of numbers: the bound holds for each
+            return _with_min_each(base, low, strict=strict)
         return _with_min(base, low, strict=strict)
     if ports:
         return _with_ports(base)
@@ -282,6 +284,18 @@ def _with_min(base: _Check, low: float, *, strict: bool) -> _Check:
         if value is not None and (value <= low if strict else value < low):
             bound = f"> {low}" if strict else f">= {low}"
             raise WireError(f"{path}: {value} is out of range (must be {bound})")
+        return value
+
+    return check
+
+
+def _with_min_each(base: _Check, low: float, *, strict: bool) -> _Check:
+    def check(value: Any, path: str) -> Any:
+        value = base(value, path)
+        for i, item in enumerate(value):
+            if item <= low if strict else item < low:
+                bound = f"> {low}" if strict else f">= {low}"
+                raise WireError(f"{path}[{i}]: {item} is out of range (must be {bound})")
         return value
 
     return check

@@ -121,24 +121,37 @@ def _field_code(
             op = "<=" if spec.strict else "<"
             code += [f"if v {op} {spec.low!r}:", "    raise WireError(NOT_TAKEN)"]
         return code
-    if spec.plain and spec.choices is None and spec.low is None and origin is list:
+    if spec.plain and spec.choices is None and origin is list:
         item = args[0]
+        # A bound on a list holds for each item (a column of a StepReports).
+        bound = (
+            []
+            if spec.low is None
+            else [
+                f"if v and min(v) {'<=' if spec.strict else '<'} {spec.low!r}:",
+                "    raise WireError(NOT_TAKEN)",
+            ]
+        )
         if item is float:
             return [
                 "if type(v) is not list:",
                 "    raise WireError(NOT_TAKEN)",
                 "if not all_finite(v):",
                 "    v = [to_float(x) for x in v]",
+                *bound,
             ]
         item_test = _scalar_test(item)
-        if item_test is not None:
+        if item_test is not None and (spec.low is None or item is int):
             return [
                 "if type(v) is not list:",
                 "    raise WireError(NOT_TAKEN)",
                 "for x in v:",
                 f"    if {item_test.format(v='x')}:",
                 "        raise WireError(NOT_TAKEN)",
+                *bound,
             ]
+    if spec.plain and spec.choices is None and spec.low is None and origin is list:
+        item = args[0]
         if _is_record(item):
             env[f"{key}_item"] = nested(item)
             return [

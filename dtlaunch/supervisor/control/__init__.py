@@ -3,6 +3,7 @@
 - ``actions``     the actions a policy emits (Table II)
 - ``monitor``     per-node sliding windows of step reports, I/O-free
 - ``windows``     the Monitor's columnar report store (running sums per window)
+- ``snapshot``    what a policy may look at: the Monitor's frozen view and its records
 - ``policies/``   ``--policy`` parsing and the built-in policies
 - ``controller``  feeds the Monitor, asks the policy every interval; keeps the batch plan
 - ``loop``        the edge: ``ReportIntake`` (reports into the event log and the

@@ -21,7 +21,7 @@ from dtlaunch.supervisor.control.actions import (
 from dtlaunch.supervisor.control.monitor import JobResources, PsLayout, WorkerDevice
 from dtlaunch.supervisor.control.policies import monitor_for
 from dtlaunch.supervisor.control.policies.base import Policy
-from dtlaunch.wire.messages import PsUpdate, StepReport
+from dtlaunch.wire.messages import PsUpdate, StepReports
 
 
 def host_device(host: HostSpec) -> WorkerDevice:
@@ -71,25 +71,29 @@ class Controller:
         self.ps_layout: PsLayout | None = None
         self.reassigning = False
 
-    def observe(self, rank: int, reports: list[StepReport], now: float) -> None:
+    def observe(self, rank: int, reports: StepReports, now: float) -> None:
         """Feed a worker's step reports (idle ones too: the Monitor knows which
         steps say nothing about a worker's speed)."""
-        if rank in self._replaced and reports:
+        if not reports.step:
+            return
+        if rank in self._replaced:
             self._replaced.discard(rank)
             began = self._restart_began.pop(rank, None)
             if began is not None:
-                self.restart_cost_s = max(0.0, now - min(r.age_s for r in reports) - began)
-        for report in sorted(reports, key=lambda r: r.step):
-            self.monitor.report_worker(
-                rank,
-                now=max(0.0, now - report.age_s),
-                step=report.step,
-                batch_size=max(1, report.batch_size),
-                compute_s=report.compute_s,
-                comm_s=report.comm_s,
-                samples=report.samples,
-                server_samples=tuple((c.server, c.nbytes, c.comm_s) for c in report.servers),
-            )
+                self.restart_cost_s = max(0.0, now - min(reports.age_s) - began)
+        reports = reports.in_step_order()
+        self.monitor.report_steps(
+            rank,
+            ends=[now - age if age < now else 0.0 for age in reports.age_s],
+            steps=reports.step,
+            batch_sizes=[size if size > 1 else 1 for size in reports.batch_size],
+            compute_s=reports.compute_s,
+            comm_s=reports.comm_s,
+            samples=reports.samples,
+            server_samples=[
+                tuple((c.server, c.nbytes, c.comm_s) for c in comms) for comms in reports.servers
+            ],
+        )
 
     def placement_changed(self, layout: PsLayout) -> None:
         """The job's parameter-server placement map is now ``layout`` (the first

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -43,7 +44,8 @@ from dtlaunch.supervisor.control.controller import Controller
 from dtlaunch.supervisor.control.monitor import JobResources, ProcessUse
 from dtlaunch.supervisor.jobstate import Command, JobState, Phase, ProcSlot, ProcState
 from dtlaunch.wire import messages as wire
-from dtlaunch.wire.messages import Message, PsUpdate, StepReport
+from dtlaunch.wire.messages import Message, PsUpdate, StepReports
+from dtlaunch.wire.messages.steering import SECONDS_DIGITS
 
 __all__ = [
     "ActionTargets",
@@ -196,33 +198,41 @@ class ReportIntake:
         recent = self._recent_bpt.setdefault((role, rank), deque(maxlen=RECENT_STEPS))
         recent.extend(seconds)
 
-    def worker_reports(self, rank: int, reports: list[StepReport]) -> None:
+    def worker_reports(self, rank: int, reports: StepReports) -> None:
         """A batch of worker ``rank``'s step reports: recorded, then fed."""
         now = self._clock()
-        at, ordered = self._recorder.elapsed(), sorted(reports, key=lambda r: r.step)
+        at, reports = self._recorder.elapsed(), reports.in_step_order()
+        digits = SECONDS_DIGITS
+        # The columns as the worker sent them (its SDK rounds the seconds), plus
+        # when each step ended on the job's clock.
         columns: dict[str, Any] = {
-            "step": [r.step for r in ordered],
-            "batch_size": [r.batch_size for r in ordered],
-            "compute_s": [round(r.compute_s, 6) for r in ordered],
-            "comm_s": [round(r.comm_s, 6) for r in ordered],
-            "samples": [r.samples for r in ordered],
-            "injected_s": [round(r.injected_s, 6) for r in ordered],
-            "t": [round(max(0.0, at - r.age_s), 6) for r in ordered],
+            "step": reports.step,
+            "batch_size": reports.batch_size,
+            "compute_s": reports.compute_s,
+            "comm_s": reports.comm_s,
+            "samples": reports.samples,
+            "injected_s": reports.injected_s,
+            "t": [round(at - age if age < at else 0.0, digits) for age in reports.age_s],
         }
-        if any(r.servers for r in ordered):
+        if reports.servers:
             # PS mode: per step, [server, bytes, seconds] of each server it exchanged with.
             columns["servers"] = [
-                [[c.server, c.nbytes, round(c.comm_s, 6)] for c in r.servers] for r in ordered
+                [[c.server, c.nbytes, c.comm_s] for c in comms] for comms in reports.servers
             ]
         self._recorder.emit("reports", role="worker", rank=rank, **columns)
-        self.steps_reported += len(ordered)
-        self._note_times("worker", rank, [r.compute_s + r.comm_s for r in ordered])
-        if ordered:
-            self.last_step[rank] = (ordered[-1].step, now)
+        self.steps_reported += len(reports.step)
+        self._note_times("worker", rank, list(map(operator.add, reports.compute_s, reports.comm_s)))
+        if reports.step:
+            self.last_step[rank] = (reports.step[-1], now)
         if self.controller is not None:
             self.controller.observe(rank, reports, now)
-        injected = sum(r.injected_s for r in reports)
-        self._record_injected("worker", rank, injected, [r.step for r in reports if r.injected_s])
+        if any(reports.injected_s):
+            self._record_injected(
+                "worker",
+                rank,
+                sum(reports.injected_s),
+                [step for step, s in zip(reports.step, reports.injected_s, strict=True) if s],
+            )
 
     def server_updates(self, rank: int, updates: list[PsUpdate], *, server_now: float) -> None:
         """A server's applied updates (AntDT §II: T_s), as polled by ``psfleet``:

@@ -60,6 +60,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from dtlaunch.supervisor.control.resources import JobResources, ProcessUse
+from dtlaunch.supervisor.control.snapshot import (
+    MonitorSnapshot,
+    NodeInfo,
+    PsLayout,
+    ServerProfile,
+    WorkerDevice,
+)
 from dtlaunch.supervisor.control.windows import (
     MIN_BPT_S,
     MIN_FIT_SPREAD,
@@ -80,6 +87,8 @@ __all__ = [
     "MonitorSnapshot",
     "NodeInfo",
     "ProcessUse",
+    "PsLayout",
+    "ServerProfile",
     "WindowStats",
     "WorkerDevice",
     "fast_reference",
@@ -105,108 +114,6 @@ class _WorkerReport:
         cut short at the end of the data is quicker, not a faster worker), else
         its batch size."""
         return self.samples if self.samples > 0 else self.batch_size
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeInfo:
-    """What is known about a node regardless of windows."""
-
-    rank: int
-    batch_size: int  # latest reported batch size (0 for servers)
-    samples_total: int  # samples reported since it (re)joined
-    last_step: int
-    last_report_s: float
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ServerProfile:
-    """One server's recent exchanges (PSLD §4.1): ``bytes[i]`` moved in
-    ``seconds[i]``, one pair per worker step, oldest first."""
-
-    nbytes: tuple[int, ...]
-    seconds: tuple[float, ...]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PsLayout:
-    """The job's parameter-server placement map in force: block ``i`` has
-    ``block_bytes[i]`` bytes and lives on server ``owner[i]``."""
-
-    version: int
-    servers: int
-    block_bytes: tuple[int, ...]
-    owner: tuple[int, ...]
-
-    def bytes_per_server(self) -> list[int]:
-        loads = [0] * self.servers
-        for size, server in zip(self.block_bytes, self.owner, strict=True):
-            loads[server] += size
-        return loads
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerDevice:
-    """The device a worker runs on, as its host's hostfile line declares it."""
-
-    host: str
-    device_class: str | None = None  # class=NAME (None: not declared; dd infers it)
-    min_batch: int | None = None  # bmin=: the saturation batch
-    max_batch: int | None = None  # bmax=: the largest batch the device's memory holds
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MonitorSnapshot:
-    """Everything a policy may look at, frozen at ``now``.
-
-    ``remaining_steps`` (None: unknown), ``restart_cost_s`` (None: not measured
-    yet) and ``restart_pending`` (a KILL_RESTART is still settling) come from the
-    caller, which knows the data set and measures restarts.
-    """
-
-    now: float
-    l_trans: float
-    l_per: float
-    workers: dict[int, NodeInfo]
-    servers: dict[int, NodeInfo]
-    worker_short: dict[int, WindowStats]
-    worker_long: dict[int, WindowStats]
-    server_long: dict[int, WindowStats]
-    mean_bpt_short: float | None  # over workers in the short window
-    mean_bpt_long: float | None
-    mean_bpt_eq_short: float | None
-    mean_bpt_eq_long: float | None
-    # fast_reference() of the equal-share BPTs: a straggler's yardstick that the
-    # stragglers themselves do not inflate
-    ref_bpt_eq_short: float | None
-    ref_bpt_eq_long: float | None
-    mean_update_long: float | None  # over servers in the long window
-    server_comm_long: dict[int, float]  # server -> workers' mean comm s per step with it
-    spare_capacity: int
-    spare_hosts: tuple[str, ...]
-    latest_step: int  # newest step any worker reported (-1: none yet)
-    remaining_steps: int | None = None
-    restart_cost_s: float | None = None  # a worker's KILL_RESTART, as measured
-    server_restart_cost_s: float | None = None  # a server's (a live move), as measured
-    restart_pending: bool = False
-    # The batch plan in force (rank -> local batch size of the last ADJUST_BS), kept
-    # by the Controller: workers that do not step together report old and new sizes
-    # at the same moment, so the plan, not the reports, says what the split is.
-    batch_plan: dict[int, int] = dataclasses.field(default_factory=dict)
-    # rank -> passes per step (AntDT-DD's C_i) in the plan in force; absent: 1
-    accumulation_plan: dict[int, int] = dataclasses.field(default_factory=dict)
-    # rank -> the device the worker runs on now (empty when the caller knows no hosts)
-    devices: dict[int, WorkerDevice] = dataclasses.field(default_factory=dict)
-    # Workers placed (in ``devices``) that have not sent one step report yet: a
-    # plan made before they do would split the global batch among the others only.
-    awaiting_first_report: tuple[int, ...] = ()
-    # PS mode: each server's recent (bytes, seconds) exchanges, the block layout in
-    # force (None: no map yet), and whether a reassignment is still being carried out
-    server_profile: dict[int, ServerProfile] = dataclasses.field(default_factory=dict)
-    ps_layout: PsLayout | None = None
-    reassign_pending: bool = False
-    # The processes' CPU and memory and the declared capacity (None: not known,
-    # e.g. a replay of a run without the agents' measurements)
-    resources: JobResources | None = None
 
 
 PROFILE_SAMPLES = 512  # per server: enough for a fit, bounded at any job size
@@ -260,45 +167,95 @@ class Monitor:
 
         Raises: ValueError for a negative or non-finite time or a batch size < 1.
         """
-        if not (0 <= compute_s < math.inf and 0 <= comm_s < math.inf):
-            _check_times(rank, compute_s=compute_s, comm_s=comm_s)
-        if batch_size < 1 or samples < 0:
+        if server_samples:
+            servers = tuple((server, seconds) for server, _, seconds in server_samples)
+        self.report_steps(
+            rank,
+            ends=(now,),
+            steps=(step,),
+            batch_sizes=(batch_size,),
+            compute_s=(compute_s,),
+            comm_s=(comm_s,),
+            samples=(samples,),
+            servers=(servers,) if servers else (),
+            server_samples=(server_samples,) if server_samples else (),
+        )
+
+    def report_steps(
+        self,
+        rank: int,
+        *,
+        ends: Sequence[float],
+        steps: Sequence[int],
+        batch_sizes: Sequence[int],
+        compute_s: Sequence[float],
+        comm_s: Sequence[float],
+        samples: Sequence[int],
+        servers: Sequence[tuple[tuple[int, float], ...]] = (),
+        server_samples: Sequence[tuple[tuple[int, int, float], ...]] = (),
+    ) -> None:
+        """Training steps of worker ``rank`` in step order, one entry of each column
+        per step (``report_worker``'s arguments as columns; ``ends``: when each
+        ended). Columns, because a worker reports ten steps at a time and at 1,000
+        workers the per-call work of one step at a time was a tenth of the
+        supervisor (issue 18). ``servers``/``server_samples``: empty, or one entry
+        per step. Nothing is taken when any step is invalid.
+
+        Raises: ValueError for a negative or non-finite time or a batch size < 1.
+        """
+        inf = math.inf
+        if not all(0 <= t < inf for t in compute_s) or not all(0 <= t < inf for t in comm_s):
+            for compute, comm in zip(compute_s, comm_s, strict=True):
+                _check_times(rank, compute_s=compute, comm_s=comm)
+        if (batch_sizes and min(batch_sizes) < 1) or (samples and min(samples) < 0):
             raise ValueError(f"worker {rank}: batch_size must be >= 1 and samples >= 0")
-        steps = self._workers.get(rank)
+        if not steps:
+            return
+        window = self._workers.get(rank)
         state = self._worker_state.get(rank)
-        if steps is None or state is None:
-            steps = self._workers[rank] = WorkerSteps()
-            state = self._worker_state[rank] = [batch_size, 0, step, now]
+        if window is None or state is None:
+            window = self._workers[rank] = WorkerSteps()
+            state = self._worker_state[rank] = [batch_sizes[0], 0, steps[0], ends[0]]
             self._ever_reported.add(rank)
-        if samples > 0 and not steps.reader:
+        if not window.reader and max(samples) > 0:
             # A worker that reads through the DDS and took no record in a step
             # (waiting for a lease, or out of data at the end) did no work in it:
             # its near-zero time says nothing about its speed, and as B/T it
             # would look many times faster than everyone. (Known from any of its
             # reports, not the window's: a window of only empty steps stays empty.)
-            steps.become_reader()
+            window.become_reader()
         if server_samples:
-            servers = tuple((server, seconds) for server, _, seconds in server_samples)
-            for server, nbytes, seconds in server_samples:
-                if nbytes <= 0:  # a server holding no block: nothing to learn per byte
-                    continue
-                profile = self._profiles.get(server)
-                if profile is None:
-                    profile = self._profiles[server] = deque(maxlen=PROFILE_SAMPLES)
-                profile.append((now, nbytes, seconds))
-        work = samples if samples > 0 else batch_size
-        steps.add(
-            now, compute_s, comm_s, work, counts=samples > 0 or not steps.reader, servers=servers
-        )
-        steps.prune(now - self.l_per)
-        state[0] = batch_size
-        state[1] += samples
-        if step > state[2]:
-            state[2] = step
-        state[3] = now
+            servers = [tuple((server, sec) for server, _, sec in comms) for comms in server_samples]
+            for now, comms in zip(ends, server_samples, strict=True):
+                for server, nbytes, seconds in comms:
+                    if nbytes <= 0:  # a server holding no block: nothing to learn per byte
+                        continue
+                    profile = self._profiles.get(server)
+                    if profile is None:
+                        profile = self._profiles[server] = deque(maxlen=PROFILE_SAMPLES)
+                    profile.append((now, nbytes, seconds))
+        reader, add, prune, l_per = window.reader, window.add, window.prune, self.l_per
+        no_servers: tuple[tuple[int, float], ...] = ()
+        for i, now in enumerate(ends):
+            taken = samples[i]
+            add(
+                now,
+                compute_s[i],
+                comm_s[i],
+                taken if taken > 0 else batch_sizes[i],
+                counts=taken > 0 or not reader,
+                servers=servers[i] if servers else no_servers,
+            )
+            prune(now - l_per)
+        state[0] = batch_sizes[-1]
+        state[1] += sum(samples)
+        last_step = max(steps)
+        if last_step > state[2]:
+            state[2] = last_step
+        state[3] = ends[-1]
         self._worker_info.pop(rank, None)
-        if step > self._latest_step:
-            self._latest_step = step
+        if last_step > self._latest_step:
+            self._latest_step = last_step
 
     def report_server(self, rank: int, *, now: float, step: int, update_s: float) -> None:
         """One update step of server ``rank`` that ended at time ``now``.

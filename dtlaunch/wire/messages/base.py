@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: StepReports as columns (issue 18)
 
 
 ROLES = ("agent", "worker", "server", "control", "status")
