@@ -361,3 +361,45 @@ def test_a_router_nobody_reads_leaves_the_loop_idle(keys):
             ]
 
     run(test)
+
+
+def test_a_receive_loop_with_messages_always_queued_still_lets_other_tasks_run(keys):
+    """Scale benchmark finding: with messages always queued, recv_many returned
+    without ever suspending, so a receive loop held the event loop for as long
+    as the flood lasted (status answers and timers waited 150-280 ms). Every
+    call now yields to the loop once."""
+
+    async def test(ctx):
+        async with Router(ctx, keys) as router:
+            async with Dealer(ctx, router.endpoint, keys.peer(), b"flood") as dealer:
+                for seq in range(640):
+                    assert await dealer.send(Ping(seq=seq))
+                first = await asyncio.wait_for(router.recv_many(64), 5.0)
+                # Let the rest reach the router's queue (loopback: milliseconds). Had
+                # some not arrived, recv_many would wait for them and the ticker run:
+                # this can only make the test pass without the yield, never fail with it.
+                await asyncio.sleep(0.5)
+                ticks = 0
+
+                async def ticker() -> None:
+                    nonlocal ticks
+                    while True:
+                        ticks += 1
+                        await asyncio.sleep(0)
+
+                task = asyncio.create_task(ticker())
+                await asyncio.sleep(0)
+                seen, batches, ticks_between = len(first), 0, []
+                while seen < 640:
+                    before = ticks
+                    # Awaited directly, as the supervisor's receive loop does (wait_for
+                    # would run it as a task, which always suspends).
+                    batch = await router.recv_many(64)
+                    ticks_between.append(ticks - before)
+                    seen += len(batch)
+                    batches += 1
+                task.cancel()
+                assert batches >= 9  # full batches: the pings were queued
+                assert min(ticks_between) >= 1, ticks_between
+
+    run(test)
