@@ -63,6 +63,7 @@ class StatusFold:
         self.actions: deque[ActionStatus] = deque(maxlen=ACTIONS_KEPT)
         self._done_history: deque[tuple[float, int]] = deque()
         self._samples_history: deque[tuple[float, int]] = deque()  # (step end, samples)
+        self._samples_recent = 0  # the sum of the history's samples
         self._first_report_t: float | None = None
         self.ps_map_version = 0
         self._ps_bytes: dict[int, int] = {}  # server -> bytes of its blocks in the map
@@ -151,8 +152,8 @@ class StatusFold:
             if self._first_report_t is None:
                 self._first_report_t = point.t
             self._samples_history.append((point.t, point.samples))
-            while self._samples_history[0][0] < point.t - THROUGHPUT_WINDOW_S:
-                self._samples_history.popleft()
+            self._samples_recent += point.samples
+            self._forget_samples_before(point.t - THROUGHPUT_WINDOW_S, inclusive=False)
 
     def _note_exchanges(self, steps: list[Any]) -> None:
         """Each step's [server, bytes, seconds]: the bytes went both ways (pull and
@@ -331,8 +332,15 @@ class StatusFold:
         if self._first_report_t is None:
             return 0.0
         span = min(THROUGHPUT_WINDOW_S, now - self._first_report_t)
-        recent = sum(n for t, n in self._samples_history if t > now - THROUGHPUT_WINDOW_S)
-        return recent / span if span > 0 else 0.0
+        self._forget_samples_before(now - THROUGHPUT_WINDOW_S, inclusive=True)
+        return self._samples_recent / span if span > 0 else 0.0
+
+    def _forget_samples_before(self, limit: float, *, inclusive: bool) -> None:
+        # From the left, while older: a running sum instead of a walk over the
+        # 10,000 entries a 1,000-worker job leaves in the window at every answer.
+        history = self._samples_history
+        while history and (history[0][0] <= limit if inclusive else history[0][0] < limit):
+            self._samples_recent -= history.popleft()[1]
 
     def ratio_stragglers(self, lam: float, *, running_only: bool) -> dict[NodeKey, str]:
         """Workers whose recent equal-share BPT is >= ``lam`` x the fastest
@@ -377,16 +385,12 @@ class StatusFold:
             self.node(*key)
         keys = sorted(self.nodes, key=lambda k: (k[0] != "worker", k[1]))
         points = max(4, min(SPARK_POINTS, FLOAT_BUDGET // max(1, len(keys))))
-        nodes = [self._node_status(key, points, stragglers, states, now, live) for key in keys]
         if resources is None:  # from the log: each node's latest sample
             resources = {k: t.resources for k, t in self.nodes.items() if t.resources}
-        if resources:
-            nodes = [
-                dataclasses.replace(node, **resources[key]._asdict())
-                if (key := (node.role, node.rank)) in resources
-                else node
-                for node in nodes
-            ]
+        nodes = [
+            self._node_status(key, points, stragglers, states, now, live, resources.get(key))
+            for key in keys
+        ]
         done, total = shards if shards is not None else (self.shards_done, self.shards_total)
         return StatusSnapshot(
             run_id=self.run_id,
@@ -414,6 +418,7 @@ class StatusFold:
         states: Mapping[NodeKey, tuple[str, str, int]] | None,
         now: float,
         live: bool,
+        use: Resources | None,
     ) -> NodeStatus:
         track = self.nodes[key]
         host, state, restarts = (states or {}).get(key, (track.host, track.state, track.restarts))
@@ -440,6 +445,7 @@ class StatusFold:
             ps_bytes=self._ps_bytes.get(track.rank, 0) if track.role == "server" else 0,
             ps_speed=self.server_speed(track.rank) if track.role == "server" else 0.0,
             rna_share=self.rounds.shares().get(track.rank, 0.0) if track.role == "worker" else 0.0,
+            **(use._asdict() if use is not None else {}),
         )
 
 
