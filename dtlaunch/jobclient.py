@@ -182,7 +182,7 @@ class StatusSource:
             snap: StatusSnapshot | None = None
             error: BaseException | None = None
             try:
-                snap = snapshot_from_run_dir(self.run)
+                snap = snapshot_from_run_dir(self.run, in_background=True)
             except BaseException as exc:  # handed to the waiting task, raised there
                 error = exc
             # A live answer may have come first and its loop ended: nobody waits.

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from dtlaunch.errors import RunDirError
-from dtlaunch.events import read_events
+from dtlaunch.events import Event, read_events
 from dtlaunch.supervisor.rundir import RunDir
 from dtlaunch.supervisor.status.fold import StatusFold, lambda_of
 from dtlaunch.wire.messages import StatusSnapshot
@@ -67,8 +69,17 @@ def read_summary(run: RunDir) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def snapshot_from_run_dir(run: RunDir) -> StatusSnapshot:
-    """The job as its event log (and summary, once written) tells it.
+# A fold in a background thread hands the GIL over this often (events): without
+# it the thread running the asyncio loop got the GIL a few times a second and a
+# live answer that came meanwhile waited for the whole fold (10 ms sleeps took
+# up to 850 ms; every 100 events: 8 ms, for 6 % more fold time).
+GIL_HANDOVER_EVERY = 100
+
+
+def snapshot_from_run_dir(run: RunDir, *, in_background: bool = False) -> StatusSnapshot:
+    """The job as its event log (and summary, once written) tells it
+    (``in_background``: folded in a thread beside an event loop, which must stay
+    responsive: the fold hands the GIL over now and then).
 
     Raises:
         RunDirError: the job has not started (no events.jsonl) or job.json is unreadable.
@@ -83,7 +94,8 @@ def snapshot_from_run_dir(run: RunDir) -> StatusSnapshot:
             "(or dtlaunch run failed before it could); try again in a moment"
         )
     fold = StatusFold(run_id=spec.run_id, policy=spec.policy, mode=spec.mode)
-    fold.emit_all(read_events(run.events_path))
+    events = read_events(run.events_path)
+    fold.emit_all(_handing_over_the_gil(events) if in_background else events)
     summary = read_summary(run)
     now = fold.now
     shards = None
@@ -97,3 +109,10 @@ def snapshot_from_run_dir(run: RunDir) -> StatusSnapshot:
             shards = (done, total)
     stragglers = fold.ratio_stragglers(lambda_of(spec.policy), running_only=False)
     return fold.snapshot(now=now, source="events", stragglers=stragglers, shards=shards)
+
+
+def _handing_over_the_gil(events: Iterable[Event]) -> Iterator[Event]:
+    for count, event in enumerate(events):
+        if count % GIL_HANDOVER_EVERY == 0:
+            time.sleep(0)  # releases the GIL: a waiting thread takes it at once
+        yield event
