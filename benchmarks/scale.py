@@ -631,9 +631,11 @@ def side_by_side(args: argparse.Namespace) -> None:
     """The supervisor of ``--baseline-ref`` and this checkout's at one N, runs
     alternating so that the machine's drift (the simulators' CPU share moved
     from 34 % to 45 % over one afternoon) hits both alike. Each side's simulators
-    speak its own wire protocol (each run's ``PYTHONPATH`` is its checkout, which
-    ``scale_sim.py`` imports): the same load of the same messages, as each
-    version's SDK encodes them."""
+    speak its own wire protocol (each run's ``PYTHONPATH`` and working directory
+    are its checkout, which ``scale_sim.py``, the status probe and the ``dtlaunch
+    status`` command import; ``python -c`` and ``-m`` look in the working
+    directory first): the same load of the same messages, as each version's SDK
+    encodes them."""
     n = int(str(args.sizes).split(",")[0])
     tmp = Path(tempfile.mkdtemp(prefix="dtlaunch-scale-ab-"))
     baseline = tmp / "baseline"
@@ -651,8 +653,9 @@ def side_by_side(args: argparse.Namespace) -> None:
                         "--dds-n", "0", "--out", str(out)]  # fmt: skip
                 env = {**os.environ, "PYTHONPATH": str(checkout)}
                 subprocess.run(
-                    argv, check=True, capture_output=True, timeout=args.window + 900, env=env
-                )
+                    argv, check=True, capture_output=True, timeout=args.window + 900, env=env,
+                    cwd=checkout,
+                )  # fmt: skip
                 row = json.loads(out.read_text())["results"][0]
                 runs[side].append(row)
                 print(f"{side} round {round_no + 1}: {row.get('supervisor_cpu_pct')} % of a core",
