@@ -598,7 +598,7 @@ def test_a_hello_reclaims_before_a_fetch_taken_after_it(tmp_path):
 
     from dtlaunch.events import EventRecorder, MemorySink
     from dtlaunch.supervisor.dds.service import DdsService
-    from dtlaunch.wire.messages import FetchShards
+    from dtlaunch.wire.messages import FetchShards, ReleaseShards
 
     async def scenario() -> None:
         sent: list[object] = []
@@ -623,6 +623,10 @@ def test_a_hello_reclaims_before_a_fetch_taken_after_it(tmp_path):
             await reclaim
             await service.answer_taken()
             assert service.queue.held_count(0) == 3  # the new grants stay its own
+            # A release changes the queue when it arrives, too.
+            given_back = service.release(0, ReleaseShards(lease_ids=[kept], step=3))
+            assert service.queue.held_count(0) == 2
+            await given_back
         finally:
             await service.close()
 

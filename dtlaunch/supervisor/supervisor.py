@@ -520,7 +520,9 @@ class Supervisor:
             await self._router.send(peer, answer)
         elif isinstance(msg, (FetchShards, AckShards)):
             self._dds.take(peer, rank, msg)  # answered after the batch (_receive_loop)
-        elif isinstance(msg, (RegisterDataset, ReleaseShards)):
+        elif isinstance(msg, ReleaseShards):
+            self._serve(self._dds.release(rank, msg), f"release-{rank}", peer)
+        elif isinstance(msg, RegisterDataset):
             self._serve(self._dds.handle(peer, rank, msg), f"dds-{rank}", peer)
         elif isinstance(msg, Attached) and self._regroup is not None:
             self._regroup.attached(rank)

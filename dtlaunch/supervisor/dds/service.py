@@ -171,7 +171,7 @@ class DdsService:
         elif isinstance(msg, RegisterDataset):
             await self._register(peer, msg)
         elif isinstance(msg, ReleaseShards):
-            await self._release(rank, msg)
+            await self.release(rank, msg)
 
     def take(self, peer: bytes, rank: int, msg: FetchShards | AckShards) -> None:
         """The queue's part of a fetch or an ack, now and in arrival order: the
@@ -305,14 +305,15 @@ class DdsService:
             )
         return taken
 
-    async def _release(self, rank: int, msg: ReleaseShards) -> None:
+    def release(self, rank: int, msg: ReleaseShards) -> Coroutine[Any, Any, None]:
         """A worker gives leases back (its step was dropped): only its own DOING
-        ones go back to the end of TODO; the rest it no longer holds anyway."""
+        ones go back to the end of TODO; the rest it no longer holds anyway. The
+        queue changes now, in arrival order; await the result for durability."""
         if self.queue is None:
-            return
+            return _nothing()
         own = [lease_id for lease_id in msg.lease_ids if self.queue.holder(lease_id) == rank]
         why = msg.reason or f"released by worker {rank} at step {msg.step}"
-        await self._commit(self.queue.release_leases(own), rank, why)
+        return self._commit(self.queue.release_leases(own), rank, why)
 
     # --------------------------------------------------------------- helpers
 
