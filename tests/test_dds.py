@@ -425,36 +425,43 @@ def test_large_job_snapshot_is_small_and_quick():
     assert restored.queued() == q.queued()
 
 
+def open_service(tmp_path, sent: list, sink=None, note=lambda: None):
+    """A DdsService of 100 shards over ``tmp_path``, its replies appended to
+    ``sent`` as (peer, message, note())."""
+    from dtlaunch.events import EventRecorder, MemorySink
+    from dtlaunch.supervisor.dds.service import DdsService
+
+    async def send(peer, msg):
+        sent.append((peer, msg, note()))
+
+    service = DdsService(
+        run_dir=tmp_path,
+        options=DatasetSpec(dataset_size=1000, shard_size=10),
+        send=send,
+        recorder=EventRecorder([sink or MemorySink()]),
+    )
+    service.open()
+    return service
+
+
 def test_a_fetch_is_bounded_by_what_one_worker_may_hold(tmp_path):
     """Issue 12, defect 4: FetchShards(count=2**62) leased every remaining shard
     to one peer, and the others waited for them forever."""
     import asyncio
 
-    from dtlaunch.events import EventRecorder, MemorySink
-    from dtlaunch.sharding import DatasetSpec
-    from dtlaunch.supervisor.dds.service import MAX_HELD_LEASES, DdsService
-    from dtlaunch.wire.messages import FetchShards, ShardGrant
+    from dtlaunch.supervisor.dds.service import MAX_HELD_LEASES
+    from dtlaunch.wire.messages import FetchShards
 
-    async def scenario() -> list[ShardGrant]:
-        answers: list[ShardGrant] = []
-
-        async def send(peer, msg):
-            answers.append(msg)
-
-        service = DdsService(
-            run_dir=tmp_path,
-            options=DatasetSpec(dataset_size=1000, shard_size=10),
-            send=send,
-            recorder=EventRecorder([MemorySink()]),
-        )
-        service.open()
+    async def scenario() -> list:
+        sent: list = []
+        service = open_service(tmp_path, sent)
         try:
             await service.handle(b"worker:0", 0, FetchShards(request_id=1, count=2**62))
             await service.handle(b"worker:0", 0, FetchShards(request_id=2, count=3))
             await service.handle(b"worker:1", 1, FetchShards(request_id=3, count=2))
         finally:
             await service.close()
-        return answers
+        return [msg for _, msg, _ in sent]
 
     greedy, more, other = asyncio.run(scenario())
     assert len(greedy.leases) == MAX_HELD_LEASES < 100
@@ -528,8 +535,7 @@ def test_taken_requests_change_the_queue_at_once_and_are_answered_after_one_fsyn
     fsync: no reply leaves before its records are durable."""
     import asyncio
 
-    from dtlaunch.events import EventRecorder, MemorySink
-    from dtlaunch.supervisor.dds.service import DdsService
+    from dtlaunch.events import MemorySink
     from dtlaunch.supervisor.wal import files as wal_files
     from dtlaunch.wire.messages import AckDone, AckShards, FetchShards, ShardGrant
 
@@ -543,19 +549,8 @@ def test_taken_requests_change_the_queue_at_once_and_are_answered_after_one_fsyn
 
     async def scenario() -> None:
         sent: list[tuple[bytes, object, int]] = []
-        service: DdsService
-
-        async def send(peer, msg):
-            sent.append((peer, msg, len(syncs)))
-
         sink = MemorySink()
-        service = DdsService(
-            run_dir=tmp_path,
-            options=DatasetSpec(dataset_size=1000, shard_size=10),
-            send=send,
-            recorder=EventRecorder([sink]),
-        )
-        service.open()
+        service = open_service(tmp_path, sent, sink=sink, note=lambda: len(syncs))
         try:
             await service.handle(b"w0", 0, FetchShards(request_id=1, count=2))  # warm-up
             assert service.queue is not None
@@ -596,27 +591,15 @@ def test_a_hello_reclaims_before_a_fetch_taken_after_it(tmp_path):
     the same worker sends right after (same received batch) is not released by it."""
     import asyncio
 
-    from dtlaunch.events import EventRecorder, MemorySink
-    from dtlaunch.supervisor.dds.service import DdsService
     from dtlaunch.wire.messages import FetchShards, ReleaseShards
 
     async def scenario() -> None:
-        sent: list[object] = []
-
-        async def send(peer, msg):
-            sent.append(msg)
-
-        service = DdsService(
-            run_dir=tmp_path,
-            options=DatasetSpec(dataset_size=1000, shard_size=10),
-            send=send,
-            recorder=EventRecorder([MemorySink()]),
-        )
-        service.open()
+        sent: list = []
+        service = open_service(tmp_path, sent)
         try:
             await service.handle(b"w0", 0, FetchShards(request_id=1, count=3))
             assert service.queue is not None
-            kept = sent[-1].leases[0].lease_id
+            kept = sent[-1][1].leases[0].lease_id
             reclaim = service.worker_hello(0, attempt=1, leases=[kept])  # not yet awaited
             assert service.queue.held_count(0) == 1  # released the two others already
             service.take(b"w0", 0, FetchShards(request_id=2, count=2))
