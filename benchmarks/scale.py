@@ -69,6 +69,7 @@ from dtlaunch.supervisor import job as job_module  # noqa: E402
 from dtlaunch.supervisor.control.controller import Controller  # noqa: E402
 from dtlaunch.supervisor.control.loop import ReportIntake  # noqa: E402
 from dtlaunch.supervisor.launcher import AgentExit, HostInfo  # noqa: E402
+from dtlaunch.supervisor.status.tracker import StatusTracker  # noqa: E402
 from dtlaunch.wire.codec import to_dict  # noqa: E402
 from dtlaunch.wire.messages import AgentBootstrap, StepReports  # noqa: E402
 
@@ -208,6 +209,7 @@ class Hooks:
     def __init__(self) -> None:
         self.arrivals: list[tuple[int, int, float]] = []  # rank, last step, monotonic
         self.decisions: list[tuple[float, float]] = []  # when a due decide() began, its seconds
+        self.replies: list[float] = []  # seconds the supervisor spent building a status answer
         self.ranks_seen: set[int] = set()
         self._saved: list[tuple[type, str, Any]] = []
 
@@ -215,6 +217,7 @@ class Hooks:
         hooks = self
         intake = ReportIntake.worker_reports
         decide = Controller.decide
+        reply = StatusTracker.reply
 
         def worker_reports(self: ReportIntake, rank: int, reports: StepReports) -> None:
             if reports.step:
@@ -230,9 +233,20 @@ class Hooks:
                 hooks.decisions.append((began, time.monotonic() - began))
             return actions
 
-        self._saved = [(ReportIntake, "worker_reports", intake), (Controller, "decide", decide)]
+        def timed_reply(self: StatusTracker, request: Any, **kwargs: Any) -> Any:
+            began = time.monotonic()
+            answer = reply(self, request, **kwargs)
+            hooks.replies.append(time.monotonic() - began)
+            return answer
+
+        self._saved = [
+            (ReportIntake, "worker_reports", intake),
+            (Controller, "decide", decide),
+            (StatusTracker, "reply", reply),
+        ]
         ReportIntake.worker_reports = worker_reports  # type: ignore[method-assign]
         Controller.decide = timed_decide  # type: ignore[method-assign]
+        StatusTracker.reply = timed_reply  # type: ignore[method-assign]
 
     def remove(self) -> None:
         for owner, name, original in self._saved:
@@ -422,6 +436,11 @@ async def _run_one(
         status_queries=len(queries),
         status_live_queries=len(live),
         status_query_p50_s=_percentiles(live, 50)[0],
+        status_query_p99_s=_percentiles(live, 99)[0],
+        # The supervisor's share of an answer: building it on its loop (the rest
+        # of a query is the wait for the loop, the transfer and the client's decode).
+        status_build_p50_s=_percentiles(hooks.replies, 50)[0],
+        status_build_max_s=round(max(hooks.replies), 4) if hooks.replies else None,
         status_query_max_s=round(max(live), 4) if live else None,
         status_rows=max((q["rows"] for q in queries), default=0),
         status_cli_s=round(cli_s, 3),
@@ -515,10 +534,15 @@ STEP_COLUMNS: list[tuple[str, Any]] = [
     ("decide() p50 / max ms", lambda r: f"{_ms(r['decide_p50_s'])} / {_ms(r['decide_max_s'])}"),
     ("loop lag p99 / max ms", lambda r: f"{_ms(r['loop_lag_p99_s'])} / {_ms(r['loop_lag_max_s'])}"),
     (
-        "status query p50 / max ms (rows)",
+        "status query p50 / p99 / max ms (rows)",
         lambda r: (
-            f"{_ms(r['status_query_p50_s'])} / {_ms(r['status_query_max_s'])} ({r['status_rows']})"
+            f"{_ms(r['status_query_p50_s'])} / {_ms(r.get('status_query_p99_s'))} / "
+            f"{_ms(r['status_query_max_s'])} ({r['status_rows']})"
         ),
+    ),
+    (
+        "status answer built p50 / max ms",
+        lambda r: f"{_ms(r.get('status_build_p50_s'))} / {_ms(r.get('status_build_max_s'))}",
     ),
     ("`status --json` command s", lambda r: r["status_cli_s"]),
     ("event log KB/min", lambda r: r["event_log_bytes_per_min"] // 1024),
@@ -680,7 +704,9 @@ def _write_side_by_side(
         ("loop_lag_p99_s", "loop lag p99 ms", 1000.0),
         ("loop_lag_max_s", "loop lag max ms", 1000.0),
         ("status_query_p50_s", "status query p50 ms", 1000.0),
+        ("status_query_p99_s", "status query p99 ms", 1000.0),
         ("status_query_max_s", "status query max ms", 1000.0),
+        ("status_build_p50_s", "status answer built p50 ms", 1000.0),
         ("reports_in_per_s", "report messages/s in", 1.0),
     ]
     lines = [

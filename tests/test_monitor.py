@@ -352,3 +352,27 @@ def test_step_columns_keep_step_order_and_round_seconds_to_a_microsecond():
             step=[1], batch_size=[], compute_s=[0.1], comm_s=[0.0], samples=[1], age_s=[0.0],
             injected_s=[0.0],
         )  # fmt: skip
+
+
+def test_the_status_reads_the_last_decisions_view_while_it_is_recent():
+    """Controller.recent_view: the status's stragglers come from the view the
+    policy decided on while it is at most a control interval old (a fresh view of
+    1,000 workers costs ~20 ms of the supervisor's loop per answer), else fresh."""
+    from dtlaunch.supervisor.control.controller import Controller
+    from dtlaunch.supervisor.control.policies import parse_policy
+    from dtlaunch.wire.messages import StepReport, StepReports
+
+    controller = Controller(parse_policy("nd"), interval=10.0, spare_hosts=[])
+    for step in range(50):
+        for rank in range(3):
+            report = StepReport(step=step, batch_size=8, samples=8, compute_s=0.1 * (1 + rank))
+            controller.observe(rank, StepReports.of([report]), 0.2 * step)
+    before = controller.recent_view(5.0)  # no decision yet: a fresh view
+    assert before.now == 5.0
+    controller.decide(10.0, remaining_steps=100)
+    decided = controller.recent_view(10.0)
+    assert decided.now == 10.0
+    assert controller.recent_view(19.5) is decided  # within one interval: the same view
+    fresh = controller.recent_view(20.5)
+    assert fresh is not decided and fresh.now == 20.5
+    assert controller.recent_view(9.0).now == 9.0  # a time before the decision: fresh

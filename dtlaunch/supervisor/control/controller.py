@@ -18,7 +18,12 @@ from dtlaunch.supervisor.control.actions import (
     ReassignBlocks,
     action_name,
 )
-from dtlaunch.supervisor.control.monitor import JobResources, PsLayout, WorkerDevice
+from dtlaunch.supervisor.control.monitor import (
+    JobResources,
+    MonitorSnapshot,
+    PsLayout,
+    WorkerDevice,
+)
 from dtlaunch.supervisor.control.policies import monitor_for
 from dtlaunch.supervisor.control.policies.base import Policy
 from dtlaunch.wire.messages import PsUpdate, StepReports
@@ -70,6 +75,7 @@ class Controller:
         # PS mode: the placement map in force, and a REASSIGN_BLOCKS still being carried out
         self.ps_layout: PsLayout | None = None
         self.reassigning = False
+        self._last_view: MonitorSnapshot | None = None  # the last decision's
 
     def observe(self, rank: int, reports: StepReports, now: float) -> None:
         """Feed a worker's step reports (idle ones too: the Monitor knows which
@@ -165,6 +171,17 @@ class Controller:
         inputs cost a walk over every process, not worth taking every tick."""
         return now >= self._next_decision
 
+    def recent_view(self, now: float) -> MonitorSnapshot:
+        """The Monitor's view for a reader that needs none fresher than the
+        policy's (the status's stragglers): the last decision's while it is at
+        most a control interval old, else a fresh one. A fresh view of 1,000
+        workers costs ~20 ms of the supervisor's loop, a quarter of a status
+        answer, and the straggler column then says what the policy saw."""
+        last = self._last_view
+        if last is not None and 0.0 <= now - last.now <= self.interval:
+            return last
+        return self.monitor.snapshot(now)
+
     def decide(
         self,
         now: float,
@@ -204,6 +221,7 @@ class Controller:
             reassign_pending=self.reassigning,
             resources=resources,
         )
+        self._last_view = snap
         decided = self.policy.decide(snap)
         if decided:  # what the policy did, else why it held (status shows it)
             self.plan = decided[-1].reason

@@ -79,7 +79,7 @@ class StatusTracker:
         queue = dds.queue if dds is not None else None
         shards = (queue.done_count, queue.total) if queue is not None else None
         if controller is not None:
-            stragglers = monitor_stragglers(controller.monitor.snapshot(now), controller.policy.lam)
+            stragglers = monitor_stragglers(controller.recent_view(now), controller.policy.lam)
         else:
             stragglers = self.fold.ratio_stragglers(lambda_of(self.fold.policy), running_only=True)
         snapshot = self.fold.snapshot(
