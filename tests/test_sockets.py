@@ -403,3 +403,38 @@ def test_a_receive_loop_with_messages_always_queued_still_lets_other_tasks_run(k
                 assert min(ticks_between) >= 1, ticks_between
 
     run(test)
+
+
+def test_a_signal_that_comes_with_the_recheck_timer_is_no_lost_wakeup(keys, caplog):
+    """Scale benchmark finding: simulated workers logged "a message was queued but
+    the loop was not told" a few times a minute. uvloop runs due timers before
+    I/O callbacks: when a message arrived in the iteration in which a wait's
+    recheck timer came due, the timer resolved the wait first, the FD's signal
+    found it resolved, and the wait took the message for a lost wakeup (a false
+    alarm and a needless re-watch). The signal now counts."""
+    import logging
+
+    from dtlaunch.wire import sockets as sockets_module
+
+    async def test(ctx):
+        async with Router(ctx, keys) as router:
+            async with Dealer(ctx, router.endpoint, keys.peer(), b"d") as dealer:
+                assert await dealer.send(Ping(seq=1))
+                assert await recv_within(router) == (b"d", Ping(seq=1))
+                ready = dealer._ready
+                waiter = asyncio.create_task(ready.wait(5.0))
+                await asyncio.sleep(0)  # the wait is awaiting its future now
+                assert ready._waiting is not None
+                await router.send(b"d", Welcome(run_id="r", heartbeat_interval=1.0))
+                time.sleep(0.3)  # the loop does not run: the message reaches the queue
+                # One iteration in uvloop's order: the recheck timer, then the FD.
+                sockets_module._resolve(ready._waiting, False)
+                ready._signalled()
+                with caplog.at_level(logging.WARNING, logger=sockets_module.__name__):
+                    await asyncio.wait_for(waiter, 5.0)
+                assert "was not told" not in caplog.text
+                assert await dealer.recv(timeout=1.0) == Welcome(
+                    run_id="r", heartbeat_interval=1.0
+                )
+
+    run(test)

@@ -94,13 +94,19 @@ class _Readiness:
       handles its pending commands: with no receiver waiting, its signal is
       consumed at once (asking ``ZMQ_EVENTS``), or the loop would spin;
     * a timer, not ``asyncio.wait_for``, bounds a wait: in Python 3.11 that can
-      swallow a cancellation that comes with the wake-up.
+      swallow a cancellation that comes with the wake-up;
+    * uvloop runs due timers before I/O callbacks: a signal that comes in the
+      iteration in which that timer is due finds the wait resolved already, and
+      still counts (else it would pass for a lost wakeup).
     """
 
     def __init__(self, sock: zmq.Socket[bytes], name: str) -> None:
         self._sock: zmq.Socket[bytes] | None = sock
         self._name = name
         self._waiting: asyncio.Future[bool] | None = None
+        # The FD signalled after the recheck timer had resolved the wait: uvloop
+        # runs due timers before I/O callbacks, so both can come in one iteration.
+        self._signal_after_timer = False
         self._loop: asyncio.AbstractEventLoop | None = None  # watching the FD
 
     def watch(self) -> None:
@@ -125,10 +131,11 @@ class _Readiness:
             self.watch()
         waiting: asyncio.Future[bool] = loop.create_future()
         self._waiting = waiting
+        self._signal_after_timer = False
         bound = FD_RECHECK_S if limit is None else min(limit, FD_RECHECK_S)
         recheck = loop.call_later(bound, _resolve, waiting, False)
         try:
-            signalled = await waiting
+            signalled = await waiting or self._signal_after_timer
         finally:
             recheck.cancel()
             self._waiting = None
@@ -141,8 +148,12 @@ class _Readiness:
             self.watch()
 
     def _signalled(self) -> None:
-        if self._waiting is not None:
-            _resolve(self._waiting, True)
+        waiting = self._waiting
+        if waiting is not None:
+            if waiting.done():
+                self._signal_after_timer = True
+            else:
+                waiting.set_result(True)
         elif self._sock is not None:
             self._sock.getsockopt(zmq.EVENTS)
 
