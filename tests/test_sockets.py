@@ -370,37 +370,39 @@ def test_a_receive_loop_with_messages_always_queued_still_lets_other_tasks_run(k
     call now yields to the loop once."""
 
     async def test(ctx):
-        async with Router(ctx, keys) as router:
-            async with Dealer(ctx, router.endpoint, keys.peer(), b"flood") as dealer:
-                for seq in range(640):
-                    assert await dealer.send(Ping(seq=seq))
-                first = await asyncio.wait_for(router.recv_many(64), 5.0)
-                # Let the rest reach the router's queue (loopback: milliseconds). Had
-                # some not arrived, recv_many would wait for them and the ticker run:
-                # this can only make the test pass without the yield, never fail with it.
-                await asyncio.sleep(0.5)
-                ticks = 0
+        async with (
+            Router(ctx, keys) as router,
+            Dealer(ctx, router.endpoint, keys.peer(), b"flood") as dealer,
+        ):
+            for seq in range(640):
+                assert await dealer.send(Ping(seq=seq))
+            first = await asyncio.wait_for(router.recv_many(64), 5.0)
+            # Let the rest reach the router's queue (loopback: milliseconds). Had
+            # some not arrived, recv_many would wait for them and the ticker run:
+            # this can only make the test pass without the yield, never fail with it.
+            await asyncio.sleep(0.5)
+            ticks = 0
 
-                async def ticker() -> None:
-                    nonlocal ticks
-                    while True:
-                        ticks += 1
-                        await asyncio.sleep(0)
+            async def ticker() -> None:
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await asyncio.sleep(0)
 
-                task = asyncio.create_task(ticker())
-                await asyncio.sleep(0)
-                seen, batches, ticks_between = len(first), 0, []
-                while seen < 640:
-                    before = ticks
-                    # Awaited directly, as the supervisor's receive loop does (wait_for
-                    # would run it as a task, which always suspends).
-                    batch = await router.recv_many(64)
-                    ticks_between.append(ticks - before)
-                    seen += len(batch)
-                    batches += 1
-                task.cancel()
-                assert batches >= 9  # full batches: the pings were queued
-                assert min(ticks_between) >= 1, ticks_between
+            task = asyncio.create_task(ticker())
+            await asyncio.sleep(0)
+            seen, batches, ticks_between = len(first), 0, []
+            while seen < 640:
+                before = ticks
+                # Awaited directly, as the supervisor's receive loop does (wait_for
+                # would run it as a task, which always suspends).
+                batch = await router.recv_many(64)
+                ticks_between.append(ticks - before)
+                seen += len(batch)
+                batches += 1
+            task.cancel()
+            assert batches >= 9  # full batches: the pings were queued
+            assert min(ticks_between) >= 1, ticks_between
 
     run(test)
 
@@ -417,24 +419,24 @@ def test_a_signal_that_comes_with_the_recheck_timer_is_no_lost_wakeup(keys, capl
     from dtlaunch.wire import sockets as sockets_module
 
     async def test(ctx):
-        async with Router(ctx, keys) as router:
-            async with Dealer(ctx, router.endpoint, keys.peer(), b"d") as dealer:
-                assert await dealer.send(Ping(seq=1))
-                assert await recv_within(router) == (b"d", Ping(seq=1))
-                ready = dealer._ready
-                waiter = asyncio.create_task(ready.wait(5.0))
-                await asyncio.sleep(0)  # the wait is awaiting its future now
-                assert ready._waiting is not None
-                await router.send(b"d", Welcome(run_id="r", heartbeat_interval=1.0))
-                time.sleep(0.3)  # the loop does not run: the message reaches the queue
-                # One iteration in uvloop's order: the recheck timer, then the FD.
-                sockets_module._resolve(ready._waiting, False)
-                ready._signalled()
-                with caplog.at_level(logging.WARNING, logger=sockets_module.__name__):
-                    await asyncio.wait_for(waiter, 5.0)
-                assert "was not told" not in caplog.text
-                assert await dealer.recv(timeout=1.0) == Welcome(
-                    run_id="r", heartbeat_interval=1.0
-                )
+        async with (
+            Router(ctx, keys) as router,
+            Dealer(ctx, router.endpoint, keys.peer(), b"d") as dealer,
+        ):
+            assert await dealer.send(Ping(seq=1))
+            assert await recv_within(router) == (b"d", Ping(seq=1))
+            ready = dealer._ready
+            waiter = asyncio.create_task(ready.wait(5.0))
+            await asyncio.sleep(0)  # the wait is awaiting its future now
+            assert ready._waiting is not None
+            await router.send(b"d", Welcome(run_id="r", heartbeat_interval=1.0))
+            time.sleep(0.3)  # the loop does not run: the message reaches the queue
+            # One iteration in uvloop's order: the recheck timer, then the FD.
+            sockets_module._resolve(ready._waiting, False)
+            ready._signalled()
+            with caplog.at_level(logging.WARNING, logger=sockets_module.__name__):
+                await asyncio.wait_for(waiter, 5.0)
+            assert "was not told" not in caplog.text
+            assert await dealer.recv(timeout=1.0) == Welcome(run_id="r", heartbeat_interval=1.0)
 
     run(test)
