@@ -416,7 +416,7 @@ def test_a_signal_that_comes_with_the_recheck_timer_is_no_lost_wakeup(keys, capl
     alarm and a needless re-watch). The signal now counts."""
     import logging
 
-    from dtlaunch.wire import sockets as sockets_module
+    from dtlaunch.wire import readiness
 
     async def test(ctx):
         async with (
@@ -432,9 +432,9 @@ def test_a_signal_that_comes_with_the_recheck_timer_is_no_lost_wakeup(keys, capl
             await router.send(b"d", Welcome(run_id="r", heartbeat_interval=1.0))
             time.sleep(0.3)  # the loop does not run: the message reaches the queue
             # One iteration in uvloop's order: the recheck timer, then the FD.
-            sockets_module._resolve(ready._waiting, False)
+            readiness._resolve(ready._waiting, False)
             ready._signalled()
-            with caplog.at_level(logging.WARNING, logger=sockets_module.__name__):
+            with caplog.at_level(logging.WARNING, logger=readiness.__name__):
                 await asyncio.wait_for(waiter, 5.0)
             assert "was not told" not in caplog.text
             assert await dealer.recv(timeout=1.0) == Welcome(run_id="r", heartbeat_interval=1.0)

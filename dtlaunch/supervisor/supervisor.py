@@ -427,9 +427,7 @@ class Supervisor:
                     await self._dispatch(peer, msg)
                 except Exception:  # one bad message must never take the supervisor down
                     log.exception("error handling %s from %r", type(msg).__name__, peer)
-            if self._dds.has_taken:
-                # The batch's shard fetches and acks: one task waits for their one
-                # fsync and answers them all.
+            if self._dds.has_taken:  # one task answers the batch's fetches and acks
                 self._serve(self._dds.answer_taken(), "dds", b"")
 
     async def _dispatch(self, peer: bytes, msg: Message) -> None:

@@ -7,6 +7,8 @@
 * ``sockets`` — the supervisor's ``Router`` and the peers' ``Dealer``: CURVE with
   a ZAP authenticator that admits only the run's client key, malformed frames
   logged and dropped.
+* ``readiness`` — when such a plain ZeroMQ socket may hold a message, told to its
+  one receiver on the event loop.
 
 This package knows no policy: it moves validated messages between authenticated
 peers, nothing more.

@@ -44,6 +44,7 @@ from dtlaunch.errors import ConfigError, WireError
 from dtlaunch.wire.codec import MAX_MESSAGE_BYTES, decode, encode
 from dtlaunch.wire.keys import PeerKeys, RunKeys
 from dtlaunch.wire.messages import Message
+from dtlaunch.wire.readiness import Readiness
 
 if typing.TYPE_CHECKING:
     from zmq.auth.asyncio import AsyncioAuthenticator
@@ -61,7 +62,6 @@ DEALER_SNDHWM = 1_000
 DEALER_RECONNECT_IVL_MS = 100
 DEALER_RECONNECT_IVL_MAX_MS = 2_000
 DEALER_CLOSE_LINGER_MS = 100  # long enough to flush a final Bye, short enough not to hang
-FD_RECHECK_S = 1.0  # the longest a receiver waits without asking ZMQ_EVENTS again
 
 _HANDSHAKE_FAILURES = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
@@ -71,106 +71,6 @@ _HANDSHAKE_FAILURES = (
 _ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by RFC 27; zmq.auth binds it
 _SEND_FIRST = zmq.SNDMORE | zmq.DONTWAIT
 _WARN_EVERY_S = 30.0  # refused peers retry every few seconds; do not flood the log
-
-
-def _resolve(future: asyncio.Future[bool], signalled: bool) -> None:
-    if not future.done():
-        future.set_result(signalled)
-
-
-class _Readiness:
-    """Tells one receiver, on the running event loop, when a plain ZeroMQ socket
-    may hold a message: the loop watches its ``ZMQ_FD``, and ``ZMQ_EVENTS`` is
-    asked before and after every wait (the FD signals changes, not a level).
-
-    The traps, each with a test in ``tests/test_sockets.py``:
-
-    * the number ZeroMQ gave the FD may still be in the loop's table for a
-      closed socket (pyzmq's asyncio poller unregisters its sockets late, or
-      never): adding over that entry would leave the kernel watching nothing, so
-      any entry is removed first, and a wait is bounded (``FD_RECHECK_S``), after
-      which the FD is watched afresh;
-    * the FD is watched level-triggered and stays readable until the socket
-      handles its pending commands: with no receiver waiting, its signal is
-      consumed at once (asking ``ZMQ_EVENTS``), or the loop would spin;
-    * a timer, not ``asyncio.wait_for``, bounds a wait: in Python 3.11 that can
-      swallow a cancellation that comes with the wake-up;
-    * uvloop runs due timers before I/O callbacks: a signal that comes in the
-      iteration in which that timer is due finds the wait resolved already, and
-      still counts (else it would pass for a lost wakeup).
-    """
-
-    def __init__(self, sock: zmq.Socket[bytes], name: str) -> None:
-        self._sock: zmq.Socket[bytes] | None = sock
-        self._name = name
-        self._waiting: asyncio.Future[bool] | None = None
-        # The FD signalled after the recheck timer had resolved the wait: uvloop
-        # runs due timers before I/O callbacks, so both can come in one iteration.
-        self._signal_after_timer = False
-        self._loop: asyncio.AbstractEventLoop | None = None  # watching the FD
-
-    def watch(self) -> None:
-        """Have the running loop watch the socket's FD (again, if it was already)."""
-        sock = self._sock
-        if sock is None:
-            return
-        loop = asyncio.get_running_loop()
-        if self._loop is not None and self._loop is not loop and not self._loop.is_closed():
-            self._loop.remove_reader(sock.FD)
-        self._loop = loop
-        loop.remove_reader(sock.FD)
-        loop.add_reader(sock.FD, self._signalled)
-
-    async def wait(self, limit: float | None = None) -> None:
-        """Return when a message may be queued, or after ``limit`` seconds."""
-        sock = self._sock
-        if sock is None or int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            return
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop:
-            self.watch()
-        waiting: asyncio.Future[bool] = loop.create_future()
-        self._waiting = waiting
-        self._signal_after_timer = False
-        bound = FD_RECHECK_S if limit is None else min(limit, FD_RECHECK_S)
-        recheck = loop.call_later(bound, _resolve, waiting, False)
-        try:
-            signalled = await waiting or self._signal_after_timer
-        finally:
-            recheck.cancel()
-            self._waiting = None
-        if not signalled and self._sock is sock and int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            logger.warning(
-                "%s: a message was queued but the loop was not told; watching the "
-                "socket's FD afresh",
-                self._name,
-            )
-            self.watch()
-
-    def _signalled(self) -> None:
-        waiting = self._waiting
-        if waiting is not None:
-            if waiting.done():
-                self._signal_after_timer = True
-            else:
-                waiting.set_result(True)
-        elif self._sock is not None:
-            self._sock.getsockopt(zmq.EVENTS)
-
-    def wake(self) -> None:
-        """A send or close changed the socket's events: a waiting receiver checks
-        ``ZMQ_EVENTS`` itself (a send handles the socket's pending commands, so
-        the FD may have signalled and been consumed)."""
-        if self._waiting is not None:
-            _resolve(self._waiting, True)
-
-    def stop(self) -> None:
-        """Before the socket closes: stop watching, wake a waiting receiver."""
-        if self._sock is not None and self._loop is not None and not self._loop.is_closed():
-            self._loop.remove_reader(self._sock.FD)
-        self._loop = None
-        self.wake()
-        self._sock = None
 
 
 class _OneClientKey:
@@ -205,7 +105,7 @@ class Router:
         self._keys = keys
         self._bind = bind
         self._sock: zmq.Socket[bytes] | None = None
-        self._ready: _Readiness | None = None  # tells the receiver of new messages
+        self._ready: Readiness | None = None  # tells the receiver of new messages
         self._auth: AsyncioAuthenticator | None = None
         self._zap: _OneClientKey | None = None
         self._monitor: zmq.asyncio.Socket | None = None
@@ -261,7 +161,7 @@ class Router:
             self.close()
             raise
         self._endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._ready = _Readiness(sock, "router")
+        self._ready = Readiness(sock, "router")
         self._ready.watch()
         logger.debug("router bound to %s", self._endpoint)
 
@@ -347,7 +247,7 @@ class Router:
                 self._drop(peer, str(exc), len(payload[0]))
 
     async def _until_readable(self, sock: zmq.Socket[bytes]) -> None:
-        """Wait until a message may be queued (``_Readiness``)."""
+        """Wait until a message may be queued (``Readiness``)."""
         if self._ready is not None:
             await self._ready.wait()
 
@@ -471,7 +371,7 @@ class Dealer:
 
     ``identity`` becomes the routing id; a reconnecting peer with the same id
     takes over its old connection (ROUTER_HANDOVER). Like the Router, a plain
-    socket whose FD the running loop watches (``_Readiness``): an agent or a
+    socket whose FD the running loop watches (``Readiness``): an agent or a
     worker wakes for each message it gets, and zmq.asyncio's futures and flag
     arithmetic per receive were most of an idle agent's CPU. One task receives;
     ``recv`` may run on another loop later (the loop that runs it watches).
@@ -516,7 +416,7 @@ class Dealer:
                 "Fix: use tcp://HOST:PORT as printed by the supervisor"
             ) from exc
         self._sock: zmq.Socket[bytes] | None = sock
-        self._ready = _Readiness(sock, f"dealer {identity[:64]!r}")
+        self._ready = Readiness(sock, f"dealer {identity[:64]!r}")
         self.identity = identity
         self.endpoint = endpoint
         self.dropped = 0  # malformed frames dropped by recv
