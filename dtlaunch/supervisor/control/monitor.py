@@ -167,8 +167,6 @@ class Monitor:
 
         Raises: ValueError for a negative or non-finite time or a batch size < 1.
         """
-        if server_samples:
-            servers = tuple((server, seconds) for server, _, seconds in server_samples)
         self.report_steps(
             rank,
             ends=(now,),

@@ -57,13 +57,11 @@ class GroupCommitter:
         Raises:
             WalFsyncError: this or an earlier sync failed.
         """
-        return await self._enqueue((payload,))
+        return await self.until_durable(self.stage([payload]))
 
     async def append_many(self, payloads: list[bytes]) -> int:
         """Append records in order; returns the last one's seq once all are durable."""
-        if not payloads:
-            return self._wal.durable_seq
-        return await self._enqueue(payloads)
+        return await self.until_durable(self.stage(payloads))
 
     def stage(self, payloads: list[bytes]) -> int:
         """Append records now, in order, without waiting: returns the last one's
@@ -116,9 +114,6 @@ class GroupCommitter:
         self._wake.set()
         if self._flusher is not None:
             await self._flusher
-
-    def _enqueue(self, payloads: tuple[bytes, ...] | list[bytes]) -> asyncio.Future[int]:
-        return self.until_durable(self.stage(list(payloads)))
 
     async def _flush_forever(self) -> None:
         loop = asyncio.get_running_loop()
