@@ -16,12 +16,14 @@ import pytest
 from dtlaunch.errors import ConfigError
 from dtlaunch.events import Event, read_events
 from dtlaunch.solvers.batch import solve_batch_sizes
+from dtlaunch.ui.runlog import read_run
 from dtlaunch.ui.timeline import to_plain
 from dtlaunch.ui.whatif import (
     inherit_params,
     initial_remaining_steps,
     paired_rows,
     render_what_if,
+    tick_times,
     what_if,
 )
 from tests.elastic_run import POLICY as RECORDED
@@ -71,6 +73,27 @@ def test_adjust_bs_comes_at_the_first_decision_that_sees_the_straggler() -> None
     assert "transient straggler worker 2" in first.reason
     assert result.decisions == 16  # one per control interval from 0.5 s to 15.5 s
     assert result.actual == []
+
+
+def test_decisions_fall_on_the_grid_the_run_recorded() -> None:
+    # The live control loop started at 0.3 s and ticked every 0.5 s from there;
+    # a resumed supervisor's loop started again at 12.05 s on its own grid.
+    evs = [*_straggler_events(), _ev("control_schedule", 0.3, tick_s=0.5, interval_s=1.0)]
+    evs.sort(key=lambda e: e.wall)
+    result = _run(evs, "nd:l_trans=2,l_per=10")
+    # Decisions at 0.8, 1.8, ...: the one at 10.8 s has seen one slow step, 11.8 s three.
+    assert result.would[0].action == "ADJUST_BS"
+    assert result.would[0].at_s == pytest.approx(11.8)
+    assert result.decisions == 16  # 0.8 s to 15.8 s
+    resumed = [*evs, _ev("control_schedule", 12.05, tick_s=0.25, interval_s=1.0)]
+    resumed.sort(key=lambda e: e.wall)
+    ticks = tick_times(read_run(resumed), 0.5)
+    assert ticks[:3] == pytest.approx([0.8, 1.3, 1.8])
+    before, after = [t for t in ticks if t < 12.05], [t for t in ticks if t > 12.05]
+    assert before[-1] == pytest.approx(11.8) and after[:2] == pytest.approx([12.3, 12.55])
+    assert after[-1] == pytest.approx(16.05)  # the last event (job_end) at 16.1 s
+    # A run recorded before the grid was: every tick_s from its first event.
+    assert tick_times(read_run(_straggler_events()), 0.5)[:2] == pytest.approx([0.5, 1.0])
 
 
 def test_a_larger_lambda_names_no_straggler_and_kills_nothing() -> None:
@@ -189,13 +212,14 @@ def test_the_recorded_policy_re_decides_what_it_decided(recorded_run: Path) -> N
     assert abs(would[0]["at_s"] - actual[0]["at_s"]) <= 0.5
     # The plans agree on what matters: the same global batch, the slow host's
     # workers shrunk below the equal share and below the fast ones. Their exact
-    # sizes are not compared: the live Controller decides when its timer fires,
-    # the replay on the interval's grid, up to 0.5 s apart, and a first plan comes
+    # sizes are not compared: the replay ticks on the grid the live loop recorded,
+    # but a live tick comes later by the loop's lateness (ms, more on a loaded
+    # machine) and sees the reports that arrived meanwhile; a first plan comes
     # from 2-3 steps a worker, so a step more or less moves a throughput by
-    # several percent (seen: slow shares 9+6 live, 6+6 replayed 0.35 s later).
-    # Neither is a fast worker promised more than the equal share: on a loaded
-    # machine one of them can have a slow step among its first few (seen in CI:
-    # 10+16 fast, 7+7 slow); the slow host's pair below both of them is the claim.
+    # several percent (seen: slow shares 9+6 live, 6+6 replayed). Neither is a
+    # fast worker promised more than the equal share: on a loaded machine one
+    # of them can have a slow step among its first few (seen in CI: 10+16 fast,
+    # 7+7 slow); the slow host's pair below both of them is the claim.
     would_sizes, actual_sizes = would[0]["fields"]["sizes"], actual[0]["fields"]["sizes"]
     assert would_sizes.keys() == actual_sizes.keys() == {"0", "1", "2", "3"}
     assert sum(would_sizes.values()) == sum(actual_sizes.values()) == 40

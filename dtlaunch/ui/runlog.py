@@ -7,8 +7,9 @@ so an event's ``mono``-based times (a report's ``t``) convert exactly.
 
 The events used (see the supervisor and the DDS service for their fields):
 ``reports`` (columns of a worker's step reports), ``decision`` with an ``action``,
-``shards_done`` (shards a worker finished, with the remaining steps), and worker
-``exit`` (the Monitor forgets a worker that ends).
+``shards_done`` (shards a worker finished, with the remaining steps), worker
+``exit`` (the Monitor forgets a worker that ends) and ``control_schedule`` (the
+grid a supervisor's control loop ticks on).
 """
 
 from __future__ import annotations
@@ -99,6 +100,8 @@ class RecordedRun:
     placements: list[tuple[float, int, int, tuple[int, ...], tuple[int, ...]]] = field(
         default_factory=list
     )
+    # (time, tick) of each supervisor's decision grid: it ticks at time + k x tick
+    control_grids: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def worker_hosts(self) -> dict[int, str]:
@@ -183,6 +186,7 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
     end = 0.0
     resources: dict[str, list[tuple[float, int, float, int]]] = {}
     placements: list[tuple[float, int, int, tuple[int, ...], tuple[int, ...]]] = []
+    grids: list[tuple[float, float]] = []
     for event in events:
         if origin is None:
             origin = event.wall
@@ -224,6 +228,10 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
                 resources.setdefault(proc_id, []).append((at, rss, cpu, limit))
         elif event.kind == "running" and event.role == "worker" and first_running is None:
             first_running = at
+        elif event.kind == "control_schedule":
+            tick = event.data.get("tick_s")
+            if isinstance(tick, int | float) and math.isfinite(tick) and tick > 0:
+                grids.append((at, float(tick)))
         elif event.kind == "ps_placement":
             placement = _placement(event)
             if placement is not None:
@@ -245,6 +253,7 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
         worker_spawns=spawns,
         resources=resources,
         placements=placements,
+        control_grids=grids,
     )
 
 

@@ -162,6 +162,8 @@ class TimelineBuilder:
             updates = len(event.data.get("version") or [])
             self.updates_reported[event.rank] = self.updates_reported.get(event.rank, 0) + updates
             return []
+        elif event.kind == "control_schedule":  # the decision grid, for what-if runs
+            return []
         elif event.kind == "injected":
             key = (event.role, event.rank)
             delay = float(event.data.get("delay_s", 0.0) or 0.0)

@@ -189,6 +189,19 @@ def what_if(
     )
 
 
+def tick_times(run: RecordedRun, tick_s: float) -> list[float]:
+    """When the run's control loop ticked: on each supervisor's recorded grid
+    (``control_schedule``: its time + k x its tick, until the next supervisor's),
+    before any (a run recorded without one) every ``tick_s`` from the first event."""
+    grids = sorted(run.control_grids)
+    ends = [at for at, _ in grids[1:]] + [run.end_s] * bool(grids)
+    first = grids[0][0] if grids else run.end_s
+    out = [k * tick_s for k in range(1, int(first / tick_s) + 1) if k * tick_s < first]
+    for (anchor, tick), until in zip(grids, ends, strict=True):
+        out += [anchor + k * tick for k in range(1, int((until - anchor) / tick) + 1)]
+    return [at for at in out if at <= run.end_s]
+
+
 def _simulate(
     run: RecordedRun, controller: Controller, tick_s: float, remaining: int | None
 ) -> tuple[list[DecidedAction], int, int]:
@@ -207,17 +220,14 @@ def _simulate(
         layout = PsLayout(version=version, servers=servers, block_bytes=sizes, owner=owner)
         timeline.append((at, 0, ("placement", 0, layout)))
     start = run.first_running_s if run.first_running_s is not None else 0.0
-    ticks = int(run.end_s / tick_s)
-    timeline += [(k * tick_s, 1, None) for k in range(1, ticks + 1) if k * tick_s >= start]
+    timeline += [(at, 1, None) for at in tick_times(run, tick_s) if at >= start]
     timeline.sort(key=lambda item: (item[0], item[1]))
     would: list[DecidedAction] = []
     decisions = skipped = 0
-    next_due = 0.0  # the Controller's own schedule, mirrored to count its decisions
     hosts: dict[int, str] = {}  # rank -> where it runs at this point of the timeline
     for at, order, item in timeline:
         if order == 1:
-            if at >= next_due:
-                next_due = at + controller.interval
+            if controller.due(at):
                 decisions += 1
             decided = controller.decide(at, remaining_steps=remaining, worker_hosts=hosts or None)
             for action in decided:

@@ -39,6 +39,31 @@ def host_device(host: HostSpec) -> WorkerDevice:
     )
 
 
+_GRID_ROUNDING_S = 1e-6  # anchor + k x tick may land a hair before anchor + interval
+
+
+class TickGrid:
+    """The control loop's ticks: ``anchor + k x tick``, whatever each tick's work
+    took (a sleep of one tick after the work would drift by the work). A tick the
+    loop missed while blocked is skipped, not caught up."""
+
+    def __init__(self, anchor: float, tick_s: float) -> None:
+        if not tick_s > 0:
+            raise ValueError(f"tick must be > 0, got {tick_s}")
+        self.anchor, self.tick_s = anchor, tick_s
+        self._k = 0  # the last tick handed out
+
+    def wait_s(self, now: float) -> float:
+        """How long to sleep from ``now`` until the next tick."""
+        return max(0.0, self.anchor + (self._k + 1) * self.tick_s - now)
+
+    def arrived(self, now: float) -> float:
+        """The grid time of the tick a wake-up at ``now`` serves (the latest one
+        passed, never one already served)."""
+        self._k = max(self._k + 1, int((now - self.anchor) / self.tick_s))
+        return self.anchor + self._k * self.tick_s
+
+
 class Controller:
     def __init__(
         self,
@@ -166,10 +191,16 @@ class Controller:
         if rank in self._restart_began:
             self._replaced.add(rank)
 
-    def due(self, now: float) -> bool:
+    def due(self, now: float, *, scheduled: float | None = None) -> bool:
         """Whether ``decide`` at ``now`` would decide (else it returns nothing): its
-        inputs cost a walk over every process, not worth taking every tick."""
-        return now >= self._next_decision
+        inputs cost a walk over every process, not worth taking every tick.
+
+        ``scheduled``: the tick's time on its caller's grid (``now`` is later by
+        the event loop's lateness). The schedule counts in grid time, so a tick
+        less late than the previous deciding one is still due; the tolerance
+        absorbs the grid's float rounding.
+        """
+        return (now if scheduled is None else scheduled) >= self._next_decision - _GRID_ROUNDING_S
 
     def recent_view(self, now: float) -> MonitorSnapshot:
         """The Monitor's view for a reader that needs none fresher than the
@@ -187,6 +218,7 @@ class Controller:
         now: float,
         *,
         remaining_steps: int | None,
+        scheduled: float | None = None,
         free_spare_hosts: list[str] | None = None,
         worker_hosts: Mapping[int, str] | None = None,
         replacing: bool = False,
@@ -194,6 +226,7 @@ class Controller:
     ) -> list[Action]:
         """The policy's actions when a decision is due, else nothing.
 
+        ``scheduled``: the tick's grid time (see ``due``).
         ``free_spare_hosts``: the spare hosts with nothing running now (None: keep
         the list given at construction, e.g. when re-deciding offline).
         ``worker_hosts``: rank -> the host each worker runs on now (None: as last told).
@@ -201,9 +234,9 @@ class Controller:
         predecessor may have ended already): the restart has not settled.
         ``resources``: the processes' measured use and the declared capacity.
         """
-        if not self.due(now):
+        if not self.due(now, scheduled=scheduled):
             return []
-        self._next_decision = now + self.interval
+        self._next_decision = (now if scheduled is None else scheduled) + self.interval
         if free_spare_hosts is not None:
             self.monitor.set_spare_capacity(len(free_spare_hosts), hosts=free_spare_hosts)
         if worker_hosts is not None:

@@ -40,7 +40,7 @@ from dtlaunch.supervisor.control.actions import (
     ScaleWorkers,
     action_fields,
 )
-from dtlaunch.supervisor.control.controller import Controller
+from dtlaunch.supervisor.control.controller import Controller, TickGrid
 from dtlaunch.supervisor.control.monitor import JobResources, ProcessUse
 from dtlaunch.supervisor.jobstate import Command, JobState, Phase, ProcSlot, ProcState
 from dtlaunch.wire import messages as wire
@@ -318,21 +318,32 @@ class ControlLoop:
         """Decide while the job runs, until cancelled (nothing to do without a policy)."""
         if self.controller is None:
             return
+        # Ticks fall on a fixed grid from here, recorded so that ``replay --policy``
+        # ticks on the same one: a sleep of one tick after each tick's work would
+        # drift by that work, and a replay on its own grid would then see a
+        # different cut of the reports at each decision.
+        grid = TickGrid(self._clock(), self._tick_s)
+        self._recorder.emit(
+            "control_schedule", tick_s=grid.tick_s, interval_s=self.controller.interval
+        )
         while True:
-            await asyncio.sleep(self._tick_s)
+            await asyncio.sleep(grid.wait_s(self._clock()))
+            now = self._clock()
+            scheduled = grid.arrived(now)
             if self._targets.state.phase is Phase.RUNNING:
-                now = self._clock()
-                await self.decide(now)
+                await self.decide(now, scheduled=scheduled)
                 if self._targets.workers is not None:
                     self._targets.workers.check_timeout(now)
 
-    async def decide(self, now: float) -> None:
-        """Ask the policy; record each decision with its inputs; carry it out."""
+    async def decide(self, now: float, *, scheduled: float | None = None) -> None:
+        """Ask the policy; record each decision with its inputs; carry it out.
+        ``scheduled``: the tick's grid time (``now`` less the loop's lateness)."""
         assert self.controller is not None
-        if not self.controller.due(now):
+        if not self.controller.due(now, scheduled=scheduled):
             return
         decided = self.controller.decide(
             now,
+            scheduled=scheduled,
             remaining_steps=self._remaining_steps(),
             free_spare_hosts=self._targets.state.free_spare_hosts(),
             worker_hosts=self._targets.state.worker_hosts(),
