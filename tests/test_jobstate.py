@@ -520,6 +520,32 @@ def test_a_host_that_never_came_up_still_fails_the_job_at_once():
     assert "cannot start the agent on h1" in events(out, "decision")[0].data["reason"]
 
 
+def test_an_agent_that_dies_before_it_connects_is_a_launch_failure_not_relaunched_at_once():
+    # Never up: the job fails with the agent's own words (it had relaunched it
+    # at once, for ever: a broken install looped at ~10 launches a second).
+    state = make_state(workers=2, scope="process", hosts=HOSTS[:2])
+    state.start(0.0)
+    state.agent_hello("h0", 0.1, free_ports=[5000, 5001], host_addr="", procs=[])
+    why = "exit code 1; its last output: ModuleNotFoundError: No module named 'x'"
+    out = state.agent_exited("h1", 0.3, definite=True, detail=why)
+    assert [c for c in out if isinstance(c, LaunchAgent)] == []
+    assert state.phase is Phase.STOPPING
+    reason = events(out, "decision")[0].data["reason"]
+    assert reason == f"cannot start the agent on h1: the agent exited before it connected ({why})"
+    # Up before, then lost: its new agent dying before it connects is retried
+    # with the backoff of a host that cannot be reached, while the job runs on.
+    state = make_state(scope="process")
+    bring_up(state)
+    out = state.agent_exited("h1", 1.0, definite=True, detail="killed by SIGKILL")
+    assert [c.host for c in out if isinstance(c, LaunchAgent)] == ["h1"]
+    out = state.agent_exited("h1", 1.2, definite=True, detail="exit code 1")
+    assert [c for c in out if isinstance(c, LaunchAgent)] == [] and state.phase is Phase.RUNNING
+    [retry] = events(out, "agent_relaunch_failed")
+    assert retry.data["retry_in_s"] == 2.0
+    assert retry.data["error"] == "the agent exited before it connected (exit code 1)"
+    assert [c.host for c in state.tick(3.3) if isinstance(c, LaunchAgent)] == ["h1"]
+
+
 def test_a_lost_host_relaunched_while_its_stale_attempt_ran_records_it_as_fenced():
     """The cut host answers SSH again before its old agent is heard: the new agent
     stops its predecessor and that one's children first (proctable), so the stale

@@ -287,6 +287,28 @@ def test_a_host_that_cannot_run_the_agent_is_refused_with_the_fix(sshd, tmp_path
     wait_until(lambda: not _probe_processes(), timeout=15, what="the refused probes to exit")
 
 
+def test_an_agent_that_cannot_import_fails_the_launch_with_the_import_error(sshd, tmp_path):
+    """The probe imports the agent before its bootstrap line comes; a failed
+    import passes the probe (the version is right) and is raised once the line
+    says to start: the launch fails with the error, not a silent agent."""
+    from dtlaunch import __version__
+
+    broken = tmp_path / "broken"
+    (broken / "dtlaunch").mkdir(parents=True)
+    (broken / "dtlaunch" / "__init__.py").write_text(f"__version__ = {__version__!r}\n")
+    python = _python_wrapper(tmp_path / "py", f"export PYTHONPATH={broken}")
+    run_dir = tmp_path / "run"
+    result = run(
+        ["run", "-H", str(hostfile(sshd, tmp_path / "hosts")), "--python", str(python),
+         "--workdir", str(tmp_path), "--run-dir", str(run_dir), "x.py"],
+        env=sshd.env(), timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    errors = [f["error"] for f in summary(run_dir)["failures"]]
+    assert errors and all("No module named 'dtlaunch.agent'" in e for e in errors), errors
+    wait_until(lambda: not _probe_processes(), timeout=15, what="the failed agents to exit")
+
+
 def test_what_a_login_shell_prints_before_the_probe_is_skipped(sshd, tmp_path):
     noisy = _python_wrapper(tmp_path / "py", "echo 'Welcome!'; echo '{not the probe}'")
     run_dir = tmp_path / "run"

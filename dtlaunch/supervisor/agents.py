@@ -130,6 +130,13 @@ class AgentStarter:
             hello.cancel()
             self._booting.pop(label, None)
 
+    async def died(self, label: str, detail: str) -> str:
+        """``detail`` of an agent's exit, with the last line it printed (a
+        traceback's last line says why) and where its whole log is."""
+        path = self._log(label)
+        last = await asyncio.to_thread(_last_line, path)
+        return f"{detail}; its last output: {last}; whole log: {path}" if last else detail
+
     async def _write_hosts(self) -> None:
         """Return once hosts.json holds every agent known so far. One write at a
         time, off the event loop; whoever gets the lock writes what all the
@@ -162,3 +169,22 @@ class AgentStarter:
             kill_grace=spec.kill_grace,
             limits_via=spec.limits_via,
         )
+
+
+_TAIL_BYTES = 4096  # read from a log's end to find its last line
+_LINE_CHARS = 300  # a longer last line is cut
+
+
+def _last_line(path: Path) -> str:
+    """The last non-empty line of ``path`` ("" when there is none or it cannot be read)."""
+    try:
+        with path.open("rb") as log:
+            log.seek(max(0, log.seek(0, 2) - _TAIL_BYTES))
+            tail = log.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    last = lines[-1]
+    return last if len(last) <= _LINE_CHARS else last[: _LINE_CHARS - 3] + "..."

@@ -332,10 +332,11 @@ class Supervisor:
         outcome = await exited
         if self._agents.get(label) is proc:
             del self._agents[label]
+        detail = outcome.detail
+        if outcome.definite and detail != "exit code 0":
+            detail = await self._agents_starter.died(label, detail)
         self._apply(
-            self.state.agent_exited(
-                label, self._clock(), definite=outcome.definite, detail=outcome.detail
-            )
+            self.state.agent_exited(label, self._clock(), definite=outcome.definite, detail=detail)
         )
 
     def _launch_abandoned(self, label: str) -> bool:

@@ -583,6 +583,12 @@ class JobState:
             return [
                 EmitEvent(kind="agent_exit", host=host, data={"detail": detail, "definite": False})
             ]
+        if agent.state is AgentState.LAUNCHING:
+            # It died before it connected: starting it again the same way would
+            # die the same way, at once and for ever (an import error, a full disk).
+            return self.agent_launch_failed(
+                host, f"the agent exited before it connected ({detail})", now
+            )
         return self._agent_lost(agent, f"agent on {host} died ({detail})", now, may_live=False)
 
     def agent_bye(self, host: str, reason: str, now: float) -> list[Command]:
