@@ -365,6 +365,8 @@ class JobState:
             if self.procs["worker-0"].state is ProcState.SUCCEEDED:
                 return self._begin_stopping("succeeded", "the chief (worker 0) finished", now)
             return []
+        if self.removing:  # a removed worker still leaving may give shards back
+            return []
         workers = [s for s in self.procs.values() if s.role == "worker"]
         if all(s.state is ProcState.SUCCEEDED for s in workers):
             return self._begin_stopping("succeeded", "all workers finished", now)
@@ -724,7 +726,7 @@ class JobState:
                 out += self._gone(slot)
                 out += self._on_failure(slot, verdict, None, None, [], now)
         running = {(p.proc_id, p.attempt) for p in procs}
-        return out + self._removed_lost(host, running) + self._fence_stale(host, procs)
+        return out + self._removed_lost(host, running, now) + self._fence_stale(host, procs)
 
     def heard_before_hello(self, host: str, msg: Message) -> None:
         """A message from an agent we do not know yet (it reconnected; we answer
@@ -849,7 +851,7 @@ class JobState:
         self.fenced = {p: held for p, held in self.fenced.items() if held[0] != agent.host}
         data = {"reason": reason, "losses": agent.losses, "cooldown_s": cooldown}
         out: list[Command] = [EmitEvent(kind="agent_lost", host=agent.host, data=data)]
-        out += self._removed_lost(agent.host, None)  # fenced if it still runs
+        out += self._removed_lost(agent.host, None, now)  # fenced if it still runs
         verdict = ExitVerdict(
             succeeded=False, retryable=True, reason="lost connection", error=reason
         )
@@ -931,7 +933,7 @@ class JobState:
             )
             return [gone, *self._reconcile(now)]
         if self.removing.get(msg.proc_id) == (host, msg.attempt):
-            return self._removed_exited(host, msg)
+            return self._removed_exited(host, msg, now)
         if self.retiring.get(msg.proc_id) == (host, msg.attempt):
             # The replaced process is gone: its shards go back, its rank's
             # replacement may join.
@@ -1687,7 +1689,8 @@ class JobState:
             slot.prewarm = regroup
             workers.append(slot.assignment)
             out.append(self._proc_event("added", slot, attempt=slot.attempt))
-        return out + self._reconcile(now)
+        # Every rank left may have finished already (a scale-in as the data ran out).
+        return out + self._reconcile(now) + self._maybe_complete(now)
 
     def _check_scalable(self, regroup: bool) -> None:
         if self.phase is not Phase.RUNNING:
@@ -1773,21 +1776,26 @@ class JobState:
         self.procs[slot.proc_id] = slot
         return slot
 
-    def _removed_exited(self, host: str, msg: Exited) -> list[Command]:
-        """A worker a scale-down removed has ended: its shards go back."""
+    def _removed_exited(self, host: str, msg: Exited, now: float) -> list[Command]:
+        """A worker a scale-down removed has ended: its shards go back. When the
+        others had finished meanwhile (the scale came as the data ran out), it
+        was the last the job waited for."""
         rank = self._end_removal(msg.proc_id)
         data = {"exit_code": msg.exit_code, "signal": msg.signal, "removed": True}
         gone = EmitEvent(kind="exit", host=host, role="worker", rank=rank, data=data)
-        return [gone, WorkerGone(rank=rank, succeeded=msg.exit_code == 0 and not msg.requested)]
+        succeeded = msg.exit_code == 0 and not msg.requested
+        return [gone, WorkerGone(rank=rank, succeeded=succeeded), *self._maybe_complete(now)]
 
-    def _removed_lost(self, host: str, running: set[tuple[str, int]] | None) -> list[Command]:
+    def _removed_lost(
+        self, host: str, running: set[tuple[str, int]] | None, now: float
+    ) -> list[Command]:
         """Removed workers on ``host`` that no longer run there (``running``: what
         its agent reports; None: the host was lost): their exit will never come."""
         out: list[Command] = []
         for proc_id, (held, attempt) in list(self.removing.items()):
             if held == host and (running is None or (proc_id, attempt) not in running):
                 out.append(WorkerGone(rank=self._end_removal(proc_id)))
-        return out
+        return out + (self._maybe_complete(now) if out else [])
 
     def _end_removal(self, proc_id: str) -> int:
         """Forget a removed worker that is gone; returns its rank."""
