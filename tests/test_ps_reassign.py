@@ -134,6 +134,27 @@ def run_threads(targets: list[Callable[[], None]]) -> None:
         raise errors[0]
 
 
+class StepBudget:
+    """How many steps the workers of a run train: STEPS, or, once ``extend`` was
+    called, as many as it said (until then they train on). A test whose control
+    thread must act while training still runs extends it when done: a fixed
+    count raced the thread (on a loaded machine training could end before a
+    reassignment's fence, which then was never reached)."""
+
+    def __init__(self, *, open_ended: bool = False) -> None:
+        self.total: int | None = None if open_ended else STEPS
+
+    def more(self, step: int) -> bool:
+        total = self.total
+        return total is None or step < total
+
+    def extend(self, servers_version: int) -> int:
+        """End at least two steps past the servers' ``servers_version`` (a worker
+        may be one step ahead of it), and no sooner than STEPS; the total."""
+        self.total = max(STEPS, servers_version + 3)
+        return self.total
+
+
 @dataclass
 class Training:
     """Two workers' BSP run: their models, clients and the pushes they saw dropped."""
@@ -142,10 +163,16 @@ class Training:
     clients: list[Client]
     dropped: list[int]
 
-    def worker(self, w: int, straggle_s: float = 0.0) -> Callable[[], None]:
+    def worker(
+        self, w: int, straggle_s: float = 0.0, budget: StepBudget | None = None
+    ) -> Callable[[], None]:
+        steps = budget or StepBudget()
+
         def train() -> None:
             ps, model = self.clients[w], self.models[w]
-            for _ in range(STEPS):
+            step = 0
+            while steps.more(step):
+                step += 1
                 ps.pull()
                 gradients(model, ROWS[w])
                 time.sleep(straggle_s)

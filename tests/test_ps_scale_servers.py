@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -32,6 +32,7 @@ from tests.test_ps_reassign import (
     STRAGGLE_S,
     TIMEOUT_S,
     StaticRun,
+    StepBudget,
     assert_same_run,
     gradients,
     make_model,
@@ -46,18 +47,28 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def fixed(tmp_path_factory: pytest.TempPathFactory) -> StaticRun:
-    """The run on two servers that never change (the blocks' cut does not
-    depend on the number of servers, so every scaled run must end here too)."""
-    keys = new_keys(tmp_path_factory.mktemp("fixed"))
-    with serving(keys, 2) as endpoints, training(endpoints, keys) as run:
-        run_threads([run.worker(0), run.worker(1)])
-        placement = run.clients[0].placement
-        return StaticRun(
-            params=[p.detach().clone() for p in run.models[0].parameters()],
-            state=server_state(endpoints, keys, placement),
-            placement=placement,
-        )
+def fixed(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], StaticRun]:
+    """The run of so many steps on two servers that never change (the blocks'
+    cut does not depend on the number of servers, so every scaled run must end
+    here too), made once per step count."""
+    runs: dict[int, StaticRun] = {}
+
+    def of(steps: int) -> StaticRun:
+        if steps not in runs:
+            keys = new_keys(tmp_path_factory.mktemp("fixed"))
+            budget = StepBudget(open_ended=True)
+            budget.total = steps
+            with serving(keys, 2) as endpoints, training(endpoints, keys) as run:
+                run_threads([run.worker(0, budget=budget), run.worker(1, budget=budget)])
+                placement = run.clients[0].placement
+                runs[steps] = StaticRun(
+                    params=[p.detach().clone() for p in run.models[0].parameters()],
+                    state=server_state(endpoints, keys, placement),
+                    placement=placement,
+                )
+        return runs[steps]
+
+    return of
 
 
 @contextlib.contextmanager
@@ -75,12 +86,14 @@ def added_server(keys: PeerKeys) -> Iterator[str]:
         thread.join(10)
 
 
-def _at_least(endpoint: str, keys: PeerKeys, version: int) -> None:
+def _at_least(endpoint: str, keys: PeerKeys, version: int) -> int:
+    """Wait until the server is at ``version`` or later; the version seen."""
     with ServerControl(endpoint, keys, timeout=TIMEOUT_S) as ctl:
         deadline = time.monotonic() + TIMEOUT_S
-        while ctl.stats().version < version:
+        while (seen := ctl.stats().version) < version:
             assert time.monotonic() < deadline, f"version {version} not reached"
             time.sleep(0.005)
+        return seen
 
 
 def test_a_server_added_and_then_removed_mid_training_changes_nothing(fixed, tmp_path):
@@ -110,15 +123,23 @@ def test_a_server_added_and_then_removed_mid_training_changes_nothing(fixed, tmp
             owner = spread_blocks(sizes, [b.server for b in placement.blocks], servers)
             done.append(reassigner.carry_out(owner, servers))
 
+        # The workers train until both scales are done, then a few steps more:
+        # each scale's fence must come while they still train.
+        budget = StepBudget(open_ended=True)
+
         def supervisor() -> None:
-            _at_least(two[0], keys, 3)
-            scale(3)  # out: the new server takes blocks off both
-            _at_least(two[0], keys, 8)
-            scale(2)  # in: it gives them all back
+            try:
+                _at_least(two[0], keys, 3)
+                scale(3)  # out: the new server takes blocks off both
+                _at_least(two[0], keys, 8)
+                scale(2)  # in: it gives them all back
+            finally:
+                budget.extend(_at_least(two[0], keys, 0))
 
         with training(two, keys, source=source) as run:
             keeper.register(0, to_wire(run.clients[0].placement))
-            run_threads([run.worker(0), run.worker(1, STRAGGLE_S), supervisor])
+            run_threads([run.worker(0, budget=budget), run.worker(1, STRAGGLE_S, budget=budget),
+                         supervisor])  # fmt: skip
             grown, shrunk = done
             assert grown.blocks > 0 and shrunk.blocks == grown.blocks, done
             assert grown.tries == shrunk.tries == 1 and grown.pause_s < 3.0, done
@@ -134,7 +155,8 @@ def test_a_server_added_and_then_removed_mid_training_changes_nothing(fixed, tmp
             assert stats.blocks == [] and stats.version > 3 and sorted(stats.workers) == [0, 1]
             # Both were told the map that took them away: it may be stopped.
             assert sorted(stats.redirected) == [0, 1]
-            assert_same_run(run, two, keys, from_wire(final), fixed)
+            assert budget.total is not None
+            assert_same_run(run, two, keys, from_wire(final), fixed(budget.total))
 
 
 def test_a_server_holding_no_block_takes_an_import_at_any_version(tmp_path):
