@@ -133,16 +133,23 @@ def test_a_script_that_attaches_nothing_is_scaled_by_a_group_restart(sshd, tmp_p
     hosts = hostfile(sshd, tmp_path / "hosts", [f"{a0} slots=1", f"{a1} slots=1", f"{a2} slots=1"])
     ledger, run_dir = tmp_path / "ledger", tmp_path / "run"
     ledger.mkdir()
+    # The workers hold from their 10th step until the scale is asked: it must
+    # come while they train, however slowly the command starts on a loaded
+    # machine (CI: 6,000 records ended first, in 4 s).
+    hold = tmp_path / "hold"
+    hold.touch()
     argv = [
         "run", "-H", str(hosts), "--workers", "2", "--run-dir", str(run_dir),
         "--dataset-size", "6000", "--shard-size", "40", "--global-batch", "20",
-        "--output", "0", str(SCRIPTS / "bsp_worker.py"), str(ledger), "-1", "0.02",
+        "--output", "0", str(SCRIPTS / "bsp_worker.py"), str(ledger), "-1", "0.02", str(hold),
     ]  # fmt: skip
     with started(argv, env=sshd.env(), log=tmp_path / "log") as job:
-        # 300 steps: the scale must come before the job's end, however slowly the
-        # command starts on a loaded machine (2,400 records ended first in CI).
-        wait_until(lambda: steps_of(run_dir, 1) >= 5, timeout=120, what="worker 1 training")
+        # Its ledger, not its reports: those come batched, and may wait behind the hold.
+        trained = ledger / "1.txt"
+        wait_until(lambda: trained.exists() and len(trained.read_text().splitlines()) >= 5,
+                   timeout=120, what="worker 1 training")  # fmt: skip
         up = scale(run_dir, 3)
+        hold.unlink()
         assert up.returncode == 0 and "workers 2 -> 3" in up.stdout, up.stdout + up.stderr
         assert job.wait(timeout=180) == 0, job.output()
     log = events(run_dir)

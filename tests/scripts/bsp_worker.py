@@ -1,6 +1,9 @@
 """A BSP allreduce worker fed by the DDS: job.bsp_batches() keeps the collectives
 paired to the end. Ledger of trained records in LEDGER/<rank>.txt, and the step
-count in LEDGER/<rank>.steps. usage: bsp_worker.py LEDGER SLOW_RANK SLOW_S"""
+count in LEDGER/<rank>.steps. usage: bsp_worker.py LEDGER SLOW_RANK SLOW_S [HOLD]
+
+HOLD: from step 10 on, every step waits while the file HOLD exists (a test
+that must act while the job still trains removes it once it has acted)."""
 
 import sys
 import time
@@ -12,6 +15,8 @@ import torch.distributed as dist
 import dtlaunch
 
 ledger, slow_rank, slow_s = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+hold = Path(sys.argv[4]) if len(sys.argv) > 4 else None
+HOLD_FROM_STEP = 10
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
 # Build the optimizer before the process group: the first optimizer imports
@@ -31,6 +36,8 @@ with (ledger / f"{job.rank}.txt").open("a") as out:
             model(x).pow(2).mean().backward()
         if job.rank == slow_rank:
             time.sleep(slow_s)
+        while hold is not None and job.step_count >= HOLD_FROM_STEP and hold.exists():
+            time.sleep(0.01)
         job.allreduce_gradients(model, samples=len(batch))
         optimizer.step()
         out.write(" ".join(map(str, batch)) + "\n")
