@@ -63,7 +63,10 @@ class ResumedNodeTable:
         return self._endpoints[rank] if rank in self.back else ""
 
     def server_drained(self, rank: int) -> list[object]:
+        # As the node table does, the server is the job's no longer: a stand-in
+        # that kept it was drained again by the next poll ([2, 2] in CI).
         self.drained.append(rank)
+        self.procs.pop(f"server-{rank}", None)
         return []  # the fleet's own part ends here
 
     def worker_ranks(self) -> list[int]:
