@@ -546,6 +546,19 @@ def test_an_agent_that_dies_before_it_connects_is_a_launch_failure_not_relaunche
     assert [c.host for c in state.tick(3.3) if isinstance(c, LaunchAgent)] == ["h1"]
 
 
+def test_the_last_agent_exiting_before_its_bye_ends_the_stop_at_once():
+    # Seen in `make demo`: the local agent's exit was handled before its Bye,
+    # and the job ended at the stop deadline, 15 s later.
+    state = make_state(workers=1, hosts=HOSTS[:1])
+    bring_up(state)
+    state.exited("h0", exited("worker-0", 0, code=0), 5.0)
+    assert state.phase is Phase.STOPPING
+    out = state.agent_exited("h0", 5.1, definite=True, detail="exit code 0")
+    assert [e.kind for e in events(out)] == ["agent_exit"]
+    assert state.phase is Phase.DONE and any(isinstance(c, Finish) for c in out)
+    assert state.agent_bye("h0", "shutdown", 5.2) == []
+
+
 def test_a_lost_host_relaunched_while_its_stale_attempt_ran_records_it_as_fenced():
     """The cut host answers SSH again before its old agent is heard: the new agent
     stops its predecessor and that one's children first (proctable), so the stale

@@ -578,8 +578,11 @@ class JobState:
         if agent.state in (AgentState.GONE, AgentState.LOST):
             return []
         if self.phase in (Phase.STOPPING, Phase.DONE):
+            # Its exit may come before its Bye (which is then ignored): either
+            # way the last agent gone ends the stop, not the stop deadline.
             agent.state = AgentState.GONE
-            return [EmitEvent(kind="agent_exit", host=host, data={"detail": detail})]
+            gone = EmitEvent(kind="agent_exit", host=host, data={"detail": detail})
+            return [gone, *self._maybe_finish(now)]
         if not definite:
             agent.channel_closed = True
             return [
