@@ -166,10 +166,9 @@ def test_the_job_succeeds_when_the_workers_left_finish_and_the_removed_are_gone(
     assert state.status == "succeeded"
 
 
-def test_a_scale_in_as_the_data_runs_out_ends_the_job_when_the_last_removed_worker_is_gone():
-    # Seen in CI under --policy auto: workers 0-2 finished, then SCALE_WORKERS(2)
-    # removed 3 (still on its last shard) and 2 (finished). The job then waited
-    # for ever: only a finishing worker's exit checked whether all had finished.
+def _scaled_in_as_the_data_runs_out() -> tuple[JobState, dict[int, str], list]:
+    """Four workers; 0-2 finished; then a scale to two removes 3 (still on its
+    last shard) and 2 (finished). The state, each rank's host, the scale's commands."""
     state = make_state(workers=2)
     up(state)
     running(state, state.scale_workers(4, 1.0))
@@ -177,20 +176,20 @@ def test_a_scale_in_as_the_data_runs_out_ends_the_job_when_the_last_removed_work
     for rank in (0, 1, 2):
         state.exited(hosts[rank], exited(f"worker-{rank}", 0, code=0), 5.0)
     assert state.status == ""
-    out = state.scale_workers(2, 5.1, reason="auto")
+    return state, hosts, state.scale_workers(2, 5.1, reason="auto")
+
+
+def test_a_scale_in_as_the_data_runs_out_ends_the_job_when_the_last_removed_worker_is_gone():
+    # Seen in CI under --policy auto. The job then waited for ever: only a
+    # finishing worker's exit checked whether all had finished.
+    state, hosts, out = _scaled_in_as_the_data_runs_out()
     assert [c for c in out if isinstance(c, WorkerGone)] == [WorkerGone(rank=2)]
     assert state.status == ""  # worker 3 is leaving
     out = state.exited(hosts[3], exited("worker-3", 0, code=0), 5.2)
     assert WorkerGone(rank=3, succeeded=True) in out
     assert state.status == "succeeded"
     # Its host lost instead of its exit: the same end.
-    state = make_state(workers=2)
-    up(state)
-    running(state, state.scale_workers(4, 1.0))
-    hosts = {r: state.procs[f"worker-{r}"].host for r in range(4)}
-    for rank in (0, 1, 2):
-        state.exited(hosts[rank], exited(f"worker-{rank}", 0, code=0), 5.0)
-    state.scale_workers(2, 5.1, reason="auto")
+    state, hosts, _ = _scaled_in_as_the_data_runs_out()
     state.agent_exited(hosts[3], 5.3, definite=True, detail="killed by SIGKILL")
     assert state.status == "succeeded"
 
