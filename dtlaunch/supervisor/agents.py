@@ -24,6 +24,7 @@ from dtlaunch.config import JobSpec
 from dtlaunch.fanout import FanOut
 from dtlaunch.hostfile import HostSpec
 from dtlaunch.supervisor.environment import LaunchContext
+from dtlaunch.supervisor.jobstate.failures import last_exception_line
 from dtlaunch.supervisor.launcher import AgentProcess, HostInfo, Launcher
 from dtlaunch.supervisor.rundir import RunDir
 from dtlaunch.wire.keys import RunKeys
@@ -176,7 +177,9 @@ _LINE_CHARS = 300  # a longer last line is cut
 
 
 def _last_line(path: Path) -> str:
-    """The last non-empty line of ``path`` ("" when there is none or it cannot be read)."""
+    """The exception line of a traceback at the end of ``path``, else its last
+    non-empty line ("" when there is none or it cannot be read): an import that
+    fails can be followed by lines a person would not look for the cause in."""
     try:
         with path.open("rb") as log:
             log.seek(max(0, log.seek(0, 2) - _TAIL_BYTES))
@@ -186,5 +189,5 @@ def _last_line(path: Path) -> str:
     lines = [line.strip() for line in tail.splitlines() if line.strip()]
     if not lines:
         return ""
-    last = lines[-1]
+    last = last_exception_line(lines) or lines[-1]
     return last if len(last) <= _LINE_CHARS else last[: _LINE_CHARS - 3] + "..."
