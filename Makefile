@@ -42,11 +42,12 @@ lint: $(STAMP)
 typecheck: lint
 
 # Two test processes, one per core of the reference machine; every test owns its
-# ports, run dirs and network namespaces, so they may run side by side.
+# ports, run dirs and network namespaces, so they may run side by side. The 25
+# slowest are listed at the end: the suite's budget is ~12 minutes on 2 cores.
 TEST_PROCESSES ?= 2
 
 test: $(STAMP) sshd-deps lint bytecode
-	$(BIN)/pytest -m "not slow" -q -n $(TEST_PROCESSES) --dist worksteal
+	$(BIN)/pytest -m "not slow" -q -n $(TEST_PROCESSES) --dist worksteal --durations=25
 
 test-slow: $(STAMP) sshd-deps bytecode
 	$(BIN)/pytest -m slow -q
