@@ -65,7 +65,8 @@ the step took from the command to the map, and the mean step before and after.
 
 Per run: ``train_s`` (rank 0's training loop, start-up and the final pull
 excluded), the wall time from launch to exit, ok (exit 0, summary status
-succeeded, no duplicate records, a result), the policy's actions, the
+succeeded, a result, no duplicate records unless a worker was restarted: its
+unfinished shard is trained again), the policy's actions, the
 reassignments (``ps_reassign`` done) with each pause, nd's server moves
 (``ps_move``), the final map's bytes per server, the final loss on a fixed
 evaluation set, and where the time went: when the first action was decided,
@@ -250,10 +251,14 @@ def run_one(spec: Spec, steps: int, *, hostfile: Path, env: dict[str, str], work
     result: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):
         result = json.loads((out / "result.json").read_text())
+    # A restarted worker's unfinished shard goes back to the queue and is trained
+    # again (DDS: at least once): duplicates then are expected. A reassignment
+    # or a server move restarts no worker and must leave none.
+    worker_restarts = sum(1 for r in summary.get("restarts") or [] if r.get("role") == "worker")
     ok = (
         returncode == 0
         and summary.get("status") == "succeeded"
-        and summary.get("duplicate_records") == 0
+        and (summary.get("duplicate_records") == 0 or worker_restarts > 0)
         and bool(result)
     )
     detail: dict[str, Any] = {
@@ -263,6 +268,7 @@ def run_one(spec: Spec, steps: int, *, hostfile: Path, env: dict[str, str], work
         "status": summary.get("status"),
         "duplicate_records": summary.get("duplicate_records"),
         "restarts": len(summary.get("restarts") or []),
+        "worker_restarts": worker_restarts,
         "actions": summary.get("actions", {}),
         "steps": result.get("steps"),
         "final_loss": result.get("final_loss"),

@@ -474,6 +474,46 @@ def test_nd_server_persistent_straggler_is_killed():
     assert k.inputs["gain_s"] == pytest.approx((1.0 - 0.4) * 1000)
 
 
+def test_nd_moves_a_server_whose_exchanges_are_slow_though_its_updates_are_quick():
+    """A server on a slow link (or too busy to serve pulls) applies its updates in
+    a few milliseconds; the workers wait ~0.9 s a step on their exchange with it.
+    Its update time alone is noise beside the step; with the exchange it is the
+    straggler (benchmarks/psld.py scenario a: nd never moved it)."""
+    pol = NdPolicy({"l_trans": "2", "l_per": "10", "margin": "100", "restart_cost": "1"})
+    mon = monitor_for(pol)
+    exchange = {0: 0.05, 1: 0.05, 2: 0.05, 3: 0.9}
+    for t in range(61):
+        for rank in range(4):
+            mon.report_worker(
+                rank, now=t, step=t, batch_size=8, compute_s=0.02, comm_s=0.9, samples=8,
+                servers=tuple(exchange.items()),
+            )  # fmt: skip
+        for rank, upd in {0: 0.003, 1: 0.003, 2: 0.003, 3: 0.03}.items():
+            mon.report_server(rank, now=t, step=t, update_s=upd)
+    mon.set_spare_capacity(1, ["spare9"])
+    snap = mon.snapshot(60, remaining_steps=100, restart_cost_s=None)
+    [k] = [a for a in pol.decide(snap) if isinstance(a, KillRestart)]
+    assert (k.role, k.rank, k.target_host) == ("server", 3, "spare9")
+    mean = (3 * 0.053 + 0.93) / 4
+    assert k.inputs["t_slow_s"] == pytest.approx(0.93)
+    assert k.inputs["gain_s"] == pytest.approx((0.93 - mean) * 100)
+    assert "server 3 is 3.42x the mean over 10 s" in k.reason
+    assert k.inputs["server_comm_long"] == pytest.approx(exchange)
+    # The same exchanges with every server: nobody is singled out.
+    even = monitor_for(pol)
+    for t in range(61):
+        for rank in range(4):
+            even.report_worker(
+                rank, now=t, step=t, batch_size=8, compute_s=0.02, comm_s=0.4, samples=8,
+                servers=tuple((s, 0.1) for s in range(4)),
+            )  # fmt: skip
+        for rank, upd in {0: 0.003, 1: 0.003, 2: 0.003, 3: 0.03}.items():
+            even.report_server(rank, now=t, step=t, update_s=upd)
+    even.set_spare_capacity(1, ["spare9"])
+    out = pol.decide(even.snapshot(60, remaining_steps=100, restart_cost_s=None))
+    assert not any(isinstance(a, KillRestart) for a in out)
+
+
 def test_nd_follows_a_recovered_straggler_back():
     pol = NdPolicy()
     mon = monitor_for(pol)

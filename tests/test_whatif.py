@@ -137,6 +137,48 @@ def test_kill_restart_needs_the_remaining_work_and_a_worker_still_there() -> Non
                 if a.at_s < 15.0]  # fmt: skip
 
 
+def test_a_slow_server_is_judged_from_its_recorded_updates_and_exchanges() -> None:
+    """Two workers at 1 s a step whose exchange with server 1 takes 0.6 s (0.05 s
+    with server 0), server 1's updates 10x server 0's: nd moves server 1 once its
+    window is full, in the replay as it would live; the servers' updates come
+    from the ``server_reports`` events, batched as the supervisor took them."""
+    evs = [_ev("job_start", 0.0)] + [_ev("running", 0.1, "worker", r) for r in range(2)]
+    for step in range(1, 31):
+        t = 0.2 + step * 1.0
+        for rank in range(2):
+            evs.append(_ev("reports", t, "worker", rank, step=[step], batch_size=[10],
+                           compute_s=[0.3], comm_s=[0.7], samples=[10], injected_s=[0.0],
+                           t=[t], servers=[[[0, 1000, 0.05], [1, 1000, 0.6]]]))  # fmt: skip
+        if step % 2 == 0:  # two updates a report, as the fleet asks every interval
+            for server, update_s in ((0, 0.003), (1, 0.03)):
+                evs.append(_ev("server_reports", t + 0.05, "server", server,
+                               version=[step - 1, step], update_s=[update_s, update_s],
+                               injected_s=[0.0, 0.0], dropped=[[], []],
+                               t=[t - 1.0, t]))  # fmt: skip
+    evs.sort(key=lambda e: e.wall)
+    evs.append(_ev("job_end", 31.0, status="succeeded"))
+    run_log = read_run(evs)
+    assert [row.version for row in run_log.server_updates[:2]] == [(1, 2), (1, 2)]
+    assert run_log.server_updates[0].ended_s == pytest.approx((1.2, 2.2))
+    result = _run(evs, "nd:l_trans=2,l_per=6,restart_cost=1", initial_remaining=1000,
+                  spare_hosts=["spare1"])  # fmt: skip
+    kills = [a for a in result.would if a.action == "KILL_RESTART"]
+    assert kills and kills[0].target == "server 1 onto spare1"
+    # Full at 6.0 s (6 s x fill 0.8 after the first update, ended at 1.2 s); its
+    # fifth and sixth updates reach the supervisor at 6.25 s; the next tick is 6.5 s.
+    assert kills[0].at_s == pytest.approx(6.5)
+    # Without the exchanges (only the updates, 27 ms apart) the saving is noise
+    # beside a 1 s step, as before servers' exchanges counted.
+    quiet = [e for e in evs if e.kind != "reports"] + [
+        _ev("reports", e.mono, "worker", e.rank, **{**e.data, "servers": []})
+        for e in evs if e.kind == "reports"
+    ]  # fmt: skip
+    quiet.sort(key=lambda e: e.wall)
+    assert not [a for a in _run(quiet, "nd:l_trans=2,l_per=6,restart_cost=1",
+                                initial_remaining=1000, spare_hosts=["spare1"]).would
+                if a.action == "KILL_RESTART"]  # fmt: skip
+
+
 def test_recorded_and_what_if_actions_share_a_row_when_they_agree() -> None:
     evs = _straggler_events()
     sizes = {"0": 14, "1": 14, "2": 2}

@@ -8,8 +8,9 @@ so an event's ``mono``-based times (a report's ``t``) convert exactly.
 The events used (see the supervisor and the DDS service for their fields):
 ``reports`` (columns of a worker's step reports), ``decision`` with an ``action``,
 ``shards_done`` (shards a worker finished, with the remaining steps), worker
-``exit`` (the Monitor forgets a worker that ends) and ``control_schedule`` (the
-grid a supervisor's control loop ticks on).
+``exit`` (the Monitor forgets a worker that ends), ``control_schedule`` (the
+grid a supervisor's control loop ticks on) and ``server_reports`` (each
+server's applied updates, for nd's server judgement).
 """
 
 from __future__ import annotations
@@ -81,6 +82,17 @@ class ShardsRow:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ServerUpdatesRow:
+    """One ``server_reports`` event: what the supervisor learnt of a server at once."""
+
+    arrived_s: float  # when the supervisor took them
+    rank: int
+    ended_s: tuple[float, ...]  # when each update ended
+    version: tuple[int, ...]
+    update_s: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RecordedRun:
     steps: list[StepRow]  # ordered by time
     actions: list[ActionRow]
@@ -89,7 +101,7 @@ class RecordedRun:
     first_running_s: float | None  # when the first worker ran (the Controller starts then)
     end_s: float  # time of the last event
     policy: str  # from the decisions ("" when none was taken)
-    malformed: int = 0  # reports events whose columns did not fit together
+    malformed: int = 0  # reports and server_reports events whose columns did not fit together
     workers: list[int] = field(default_factory=list)
     # (time, rank, host) of every worker spawn, in time order: where each runs when
     worker_spawns: list[tuple[float, int, str]] = field(default_factory=list)
@@ -102,6 +114,7 @@ class RecordedRun:
     )
     # (time, tick) of each supervisor's decision grid: it ticks at time + k x tick
     control_grids: list[tuple[float, float]] = field(default_factory=list)
+    server_updates: list[ServerUpdatesRow] = field(default_factory=list)  # in time order
 
     @property
     def worker_hosts(self) -> dict[int, str]:
@@ -187,6 +200,7 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
     resources: dict[str, list[tuple[float, int, float, int]]] = {}
     placements: list[tuple[float, int, int, tuple[int, ...], tuple[int, ...]]] = []
     grids: list[tuple[float, float]] = []
+    server_updates: list[ServerUpdatesRow] = []
     for event in events:
         if origin is None:
             origin = event.wall
@@ -232,6 +246,12 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
             tick = event.data.get("tick_s")
             if isinstance(tick, int | float) and math.isfinite(tick) and tick > 0:
                 grids.append((at, float(tick)))
+        elif event.kind == "server_reports":
+            row = _server_updates(event, event.wall - event.mono - origin, at)
+            if row is None:
+                malformed += 1
+            else:
+                server_updates.append(row)
         elif event.kind == "ps_placement":
             placement = _placement(event)
             if placement is not None:
@@ -254,7 +274,30 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
         resources=resources,
         placements=placements,
         control_grids=grids,
+        server_updates=server_updates,
     )
+
+
+def _server_updates(event: Event, offset: float, arrived: float) -> ServerUpdatesRow | None:
+    """The updates of one ``server_reports`` event; None when malformed."""
+    ended, version, update = (event.data.get(k) for k in ("t", "version", "update_s"))
+    if not (isinstance(ended, list) and isinstance(version, list) and isinstance(update, list)):
+        return None
+    if not len(ended) == len(version) == len(update):
+        return None
+    try:
+        row = ServerUpdatesRow(
+            arrived_s=arrived,
+            rank=event.rank,
+            ended_s=tuple(float(t) + offset for t in ended),
+            version=tuple(map(int, version)),
+            update_s=tuple(map(float, update)),
+        )
+    except (TypeError, ValueError):
+        return None
+    if not all(math.isfinite(v) and v >= 0 for v in row.update_s + row.ended_s):
+        return None
+    return row
 
 
 def _placement(event: Event) -> tuple[int, int, tuple[int, ...], tuple[int, ...]] | None:

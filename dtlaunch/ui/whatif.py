@@ -15,8 +15,10 @@ these lambda and windows, have acted on what the Monitor saw?"
 
 In PS mode the placement maps the run followed are replayed at the times they
 came into force (``ps_placement`` events), with each step's exchanges with the
-servers, so ``psld`` fits what the run's servers did. A reassignment the
-what-if policy asks for is listed, not carried out: its map stays the run's.
+servers, so ``psld`` fits what the run's servers did, and each server's applied
+updates (``server_reports``), so ``nd`` judges the servers as it did live. A
+reassignment or a server move the what-if policy asks for is listed, not
+carried out: its map and its servers stay the run's.
 
 A what-if of the run's own policy changes only what it names: ``nd:lambda=2.0``
 over a run under ``nd:l_trans=3,l_per=8`` is ``nd:l_trans=3,l_per=8,lambda=2.0``,
@@ -42,7 +44,7 @@ from dtlaunch.supervisor.control.monitor import PsLayout, WorkerDevice
 from dtlaunch.supervisor.control.policies import BUILTIN_POLICIES, parse_policy
 from dtlaunch.ui.runlog import ActionRow, RecordedRun, StepRow, read_run
 from dtlaunch.ui.timeline import format_elapsed
-from dtlaunch.wire.messages import ServerComm, StepReports
+from dtlaunch.wire.messages import PsUpdate, ServerComm, StepReports
 
 _REASON_CHARS = 140  # a table cell's reason is cut here; --json has it whole
 
@@ -216,6 +218,8 @@ def _simulate(
         timeline.append((shard.at_s, 0, ("remaining", shard.remaining_steps, None)))
     for at, rank, host in run.worker_spawns:
         timeline.append((at, 0, ("host", rank, host)))
+    for row in run.server_updates:
+        timeline.append((row.arrived_s, 0, ("server", row.rank, row)))
     for at, version, servers, sizes, owner in run.placements:
         layout = PsLayout(version=version, servers=servers, block_bytes=sizes, owner=owner)
         timeline.append((at, 0, ("placement", 0, layout)))
@@ -257,6 +261,13 @@ def _simulate(
                 controller.observe(key, reports, at)
             except ValueError:
                 skipped += len(reports)
+        elif what == "server":
+            updates = [
+                PsUpdate(version=v, step=v, update_s=u, samples=0, applied=[])
+                for v, u in zip(rows.version, rows.update_s, strict=True)
+            ]
+            ages = [max(0.0, at - ended) for ended in rows.ended_s]
+            controller.observe_server(key, updates, at, ages=ages)
         elif what == "gone":
             controller.worker_gone(key)
         elif what == "host":

@@ -310,4 +310,5 @@ def window_inputs(snap: MonitorSnapshot, lam: float) -> dict[str, Any]:
         "mean_bpt_eq_long": snap.mean_bpt_eq_long,
         "update_long": {r: s.mean_bpt for r, s in snap.server_long.items()},
         "mean_update_long": snap.mean_update_long,
+        "server_comm_long": dict(snap.server_comm_long),
     }

@@ -8,7 +8,11 @@ Every interval, from one ``MonitorSnapshot``:
    workers in the window (``monitor.fast_reference``), with ``reference=mean``
    the mean over all of them as in the paper, which the stragglers themselves
    inflate (half the workers 2x slow are only 1.33x the mean). A server is one
-   when its mean update time is ``>= lambda x`` the mean over servers. Only nodes
+   when its *step time* is ``>= lambda x`` the mean over servers: its mean update
+   time plus the workers' mean exchange time with it (``server_comm_long``), so
+   that a server on a slow link, or one too busy to serve its pulls, counts as
+   much as one slow to apply updates (its update time alone hid a 10x slower
+   server whose link was slow too: a 30 ms update, a 0.9 s exchange). Only nodes
    whose long window is *full* count: at least ``min_reports`` reports, the
    oldest at least ``fill x l_per`` seconds before now, so a node that just
    (re)joined is never judged on a few steps. (How far back the reports reach,
@@ -292,9 +296,12 @@ class NdPolicy:
         remaining = snap.remaining_steps if snap.remaining_steps is not None else 0
         step_s = snap.mean_bpt_long  # the workers' step: what a saving is measured against
         workers = self._worker_candidates(snap, remaining, notes, step_s)
+        servers = self._server_steps(snap)
+        server_ref = (
+            sum(st.mean_bpt_eq for st in servers.values()) / len(servers) if servers else None
+        )
         found = workers + self._slow_nodes(
-            "server", snap.server_long, snap.mean_update_long, remaining, notes, step_s,
-            snap.now, "the mean",
+            "server", servers, server_ref, remaining, notes, step_s, snap.now, "the mean",
         )  # fmt: skip
         slow_host = self._slow_host(snap, workers)
         if not found:
@@ -341,6 +348,15 @@ class NdPolicy:
             mates = self._host_mates(snap, slow_host, worth)
             chosen = sorted(worth + mates, key=lambda c: -c.gain_s)
         return [self._kill(snap, c, target, slow_host, inputs, found=found) for c in chosen]
+
+    @staticmethod
+    def _server_steps(snap: MonitorSnapshot) -> dict[int, WindowStats]:
+        """Each server's long window with its step time as the one to judge: the
+        mean update time plus the workers' mean exchange time with it (module doc)."""
+        return {
+            rank: replace(st, mean_bpt_eq=st.mean_bpt + snap.server_comm_long.get(rank, 0.0))
+            for rank, st in snap.server_long.items()
+        }
 
     def _host_mates(
         self, snap: MonitorSnapshot, host: str, named: list[_Candidate]
@@ -389,8 +405,9 @@ class NdPolicy:
                 f"(lambda {self.lam:g}): no batch split hides it"
             )
         else:
+            yardstick = "the mean" if best.role == "server" else self._yardstick
             why = (
-                f"{best.role} {best.rank} is {best.ratio:.2f}x {self._yardstick} over "
+                f"{best.role} {best.rank} is {best.ratio:.2f}x {yardstick} over "
                 f"{self.l_per:.0f} s (lambda {self.lam:g})"
             )
         if self._moving_host:
