@@ -10,7 +10,8 @@ Each step pulls the model, computes the gradient of this worker's records, sleep
 ``--step-s`` seconds more ("compute" of a larger model), pushes and moves on.
 
 Rank 0 writes ``OUT/result.json``: ``train_s`` (its loop's time: from its first
-batch to its last push; start-up and the final pull excluded), the loop's start
+batch to its last push; start-up and the final pull excluded; a restarted rank 0
+counts from its first incarnation's first batch), the loop's start
 in seconds since the job started (``DTLAUNCH_JOB_START``, the clock of
 ``--inject after=/until=``), the final loss on a fixed evaluation set (not
 training data), its steps, the wall time at the end of each step (for where the
@@ -76,6 +77,22 @@ def regularized(net: torch.nn.Sequential) -> list[torch.nn.Parameter]:
     return sorted(weights, key=lambda p: -p.numel())[:2]
 
 
+def first_loop_start(out: Path, rank: int, job_start: float) -> tuple[float, float, float | None]:
+    """(monotonic, wall, seconds since the job started) of this rank's first
+    training loop: a restarted rank 0 (nd's KILL_RESTART) takes its first
+    incarnation's from ``OUT/loop_start_<rank>.json``, so its ``train_s`` covers
+    the whole job, not only its last process's part (loopback hosts: one machine,
+    whose CLOCK_MONOTONIC is one clock for all its processes)."""
+    path = out / f"loop_start_{rank}.json"
+    if path.exists():
+        first = json.loads(path.read_text())
+        return first["monotonic"], first["wall"], first["job_s"]
+    started, wall = time.monotonic(), time.time()
+    job_s = wall - job_start if job_start else None
+    path.write_text(json.dumps({"monotonic": started, "wall": wall, "job_s": job_s}))
+    return started, wall, job_s
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
@@ -97,9 +114,7 @@ def main() -> None:
     records = 0
     for idx in job.batches(wait=0.05):
         if started is None:
-            started = time.monotonic()
-            started_wall = time.time()
-            started_job_s = started_wall - job_start if job_start else None
+            started, started_wall, started_job_s = first_loop_start(args.out, job.rank, job_start)
         ps.pull()
         net.zero_grad()
         loss = L2 * torch.stack([p.square().mean() for p in big]).sum()
