@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import sys
 from pathlib import Path
@@ -35,6 +34,8 @@ def find_py_spy() -> str | None:
     beside = Path(sys.executable).parent / "py-spy"
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
+    import shutil  # here: only a stall needs it, and it costs every agent's start ~3 ms
+
     return shutil.which("py-spy")
 
 
