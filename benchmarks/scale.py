@@ -226,7 +226,9 @@ class Hooks:
             intake(self, rank, reports)
 
         def timed_decide(self: Controller, now: float, **kwargs: Any) -> list[Any]:
-            due = now >= self._next_decision
+            # The controller's own test: a tick woken a hair early serves the grid
+            # time just after ``now``, and ``now`` alone would call it not due.
+            due = self.due(now, scheduled=kwargs.get("scheduled"))
             began = time.monotonic()
             actions = decide(self, now, **kwargs)
             if due:
