@@ -227,7 +227,10 @@ class StatusSource:
             return None  # no supervisor started yet (or no keys): the log will tell
         self._ctx = zmq.asyncio.Context()
         identity = STATUS_PREFIX + str(os.getpid()).encode()
-        self._dealer = Dealer(self._ctx, str(info["endpoint"]), keys.peer(), identity)
+        # The status socket; a supervisor of an earlier version answered on its
+        # only one.
+        endpoint = str(info.get("status_endpoint") or info["endpoint"])
+        self._dealer = Dealer(self._ctx, endpoint, keys.peer(), identity)
         return self._dealer
 
     def close(self) -> None:

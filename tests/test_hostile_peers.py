@@ -192,13 +192,17 @@ async def _fuzz(run_dir, run_id: str, count: int, seed: int) -> None:
     """Authenticated peers (the run's own key) under every kind of identity send
     ``count`` mutated frames, as raw bytes: what an attacker holding a leaked
     job key could send."""
-    endpoint = json.loads((run_dir / "supervisor.json").read_text())["endpoint"]
+    info = json.loads((run_dir / "supervisor.json").read_text())
     keys = load_run_keys(run_dir / "keys").peer()
     ctx = zmq.asyncio.Context()
     rng = random.Random(seed)
     socks = []
+    targets = [
+        (info["endpoint"], identity)
+        for identity in (b"worker:0@0", b"worker:1@0", b"agent:localhost", b"status:1", b"x")
+    ] + [(info["status_endpoint"], b"status:2")]  # the status clients' own socket
     try:
-        for identity in (b"worker:0@0", b"worker:1@0", b"agent:localhost", b"status:1", b"x"):
+        for endpoint, identity in targets:
             sock = ctx.socket(zmq.DEALER)
             sock.curve_serverkey = keys.server_public
             sock.curve_publickey = keys.client.public

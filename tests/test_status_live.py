@@ -129,15 +129,18 @@ def test_once_prints_a_plain_frame_with_the_straggler_highlighted(job):
     assert "Last actions" in out and ("ADJUST_BS" in out or "KILL_RESTART" in out)
 
 
-def test_status_clients_can_watch_but_not_steer(job):
+@pytest.mark.parametrize("socket", ["status", "job"])
+def test_status_clients_can_watch_but_not_steer(job, socket):
+    """On their own socket status clients get answers to status requests and
+    nothing else; on the job's socket a status identity gets nothing at all."""
     run_dir, _, proc = job
     run = RunDir.open(run_dir)
+    endpoint = str(run.supervisor()["status_endpoint" if socket == "status" else "endpoint"])
 
     async def talk():
         ctx = zmq.asyncio.Context()
         try:
             keys = load_run_keys(run.keys)
-            endpoint = str(run.supervisor()["endpoint"])
             async with Dealer(ctx, endpoint, keys.peer(), b"status:test") as dealer:
                 await dealer.send(
                     Hello(role="control", run_id=run.spec().run_id, host="", pid=os.getpid(),
@@ -155,9 +158,12 @@ def test_status_clients_can_watch_but_not_steer(job):
             ctx.destroy(linger=0)
 
     answers = asyncio.run(talk())
-    # Neither a Welcome nor an Ack: only the reply to the StatusRequest.
-    assert [type(a) for a in answers] == [StatusReply]
-    assert answers[0].request_id == 5 and answers[0].snapshot.phase == "running"
+    if socket == "status":
+        # Neither a Welcome nor an Ack: only the reply to the StatusRequest.
+        assert [type(a) for a in answers] == [StatusReply]
+        assert answers[0].request_id == 5 and answers[0].snapshot.phase == "running"
+    else:
+        assert answers == []
     time.sleep(1.0)
     assert proc.proc.poll() is None
     assert not [e for e in events(run_dir) if e["kind"] in ("command", "stop_requested")]

@@ -98,6 +98,12 @@ def _bind_address(spec: JobSpec) -> str:
     return "tcp://127.0.0.1:0" if spec.embedded else "tcp://0.0.0.0:0"
 
 
+def _status_bind_address(job_bind: str) -> str:
+    """The status socket listens where the job's does, on a port of its own."""
+    host = job_bind.removeprefix("tcp://").rsplit(":", 1)[0]
+    return f"tcp://{host}:0"
+
+
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """The event loop a supervisor runs on: uvloop's (libuv, in C). Every message
     of a job passes through this one loop; at 1,000 workers (4,000 messages a
@@ -203,6 +209,7 @@ async def _run_job(
     recorder = EventRecorder([event_log, status])
     output = OutputRouter(run, console, spec.output)
     ctx = zmq.asyncio.Context()
+    status_ctx = zmq.asyncio.Context()  # a Router per context: each has its ZAP handler
     started = time.monotonic()
     router_box: list[Router] = []
 
@@ -218,9 +225,18 @@ async def _run_job(
     )
     try:
         dds.open()  # takes the WAL lock first: a second supervisor stops here
-        async with Router(ctx, keys, bind=bind) as router:
+        async with (
+            Router(ctx, keys, bind=bind) as router,
+            Router(
+                status_ctx, keys, bind=_status_bind_address(bind), name="status router"
+            ) as status_router,
+        ):
             router_box.append(router)
-            run.write_supervisor(endpoint=router.endpoint, pid=os.getpid())
+            run.write_supervisor(
+                endpoint=router.endpoint,
+                pid=os.getpid(),
+                status_endpoint=status_router.endpoint,
+            )
             recorder.emit(
                 "job_start",
                 run_id=spec.run_id,
@@ -238,7 +254,6 @@ async def _run_job(
                 recorder=recorder,
                 output=output,
                 dds=dds,
-                status=status,
                 controller=_controller(spec, hosts),
                 regroup=_regroup_coordinator(spec, assignments, history, time.monotonic()),
                 placements=PlacementKeeper(run.path, recorder) if spec.mode == "ps" else None,
@@ -253,6 +268,10 @@ async def _run_job(
                 metrics.watch(
                     LiveJob(state=state, status=status, dds=dds, controller=services.controller)
                 )
+            answering = asyncio.create_task(
+                status.serve(status_router, state=state, dds=dds, controller=services.controller),
+                name="status",
+            )
             try:
                 if stops.attach(supervisor):
                     await supervisor.run()
@@ -275,11 +294,14 @@ async def _run_job(
                 log.error("the supervisor failed", exc_info=err)
                 state.status = "failed"
                 state.stop_reason = f"supervisor error: {_first(err, Exception)!r}"
+            finally:
+                answering.cancel()
     finally:
         with contextlib.suppress(WalFsyncError):
             await dds.close()
         output.close()
         ctx.destroy(linger=0)
+        status_ctx.destroy(linger=0)
         event_log.close()
     # A resumed run's JCT is wall time from its first event: the time without a
     # supervisor is part of the job's time too.

@@ -3,7 +3,7 @@
 ::
 
     <run_dir>/job.json          the resolved JobSpec
-    <run_dir>/supervisor.json   endpoint and pid of the live supervisor
+    <run_dir>/supervisor.json   endpoints (job, status) and pid of the live supervisor
     <run_dir>/events.jsonl      every event
     <run_dir>/logs/             <role>-<rank>.log per process, agent-<host>.log per agent
     <run_dir>/keys/             CURVE key pairs (0700 folder, 0600 files)
@@ -129,8 +129,13 @@ class RunDir:
     def spec(self) -> JobSpec:
         return JobSpec.from_json(self.job_path.read_text())
 
-    def write_supervisor(self, *, endpoint: str, pid: int) -> None:
-        write_json_atomic(self.supervisor_path, {"endpoint": endpoint, "pid": pid})
+    def write_supervisor(self, *, endpoint: str, pid: int, status_endpoint: str = "") -> None:
+        """Where the live supervisor listens: ``endpoint`` for agents, workers
+        and control clients, ``status_endpoint`` for read-only status clients."""
+        info: dict[str, Any] = {"endpoint": endpoint, "pid": pid}
+        if status_endpoint:
+            info["status_endpoint"] = status_endpoint
+        write_json_atomic(self.supervisor_path, info)
 
     def supervisor_started(self) -> bool:
         """Whether a supervisor of this job ever bound its endpoint (and so may

@@ -12,7 +12,6 @@ from dtlaunch.supervisor.output import OutputRouter
 from dtlaunch.supervisor.psfleet import PlacementKeeper
 from dtlaunch.supervisor.regroup import RegroupCoordinator
 from dtlaunch.supervisor.rna import RoundCoordinator
-from dtlaunch.supervisor.status import StatusTracker
 from dtlaunch.wire.keys import PeerKeys
 
 __all__ = ["JobServices"]
@@ -25,7 +24,6 @@ class JobServices:
     recorder: EventRecorder  # the event log and the status fold
     output: OutputRouter  # process output to the logs and the console
     dds: DdsService  # the shard queue and its write-ahead log
-    status: StatusTracker  # answers read-only status clients
     controller: Controller | None  # the policy's Controller; None for --policy none
     regroup: RegroupCoordinator | None  # allreduce mode: replace without a group restart
     placements: PlacementKeeper | None  # PS mode: the job's block placement map

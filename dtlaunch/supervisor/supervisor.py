@@ -64,7 +64,6 @@ from dtlaunch.wire.messages import (
     Spawned,
     SpawnFailed,
     Stacks,
-    StatusRequest,
     StepReports,
     Welcome,
 )
@@ -101,7 +100,6 @@ class Supervisor:
         self._output = services.output
         self._dds = services.dds
         self._placements = services.placements
-        self._status = services.status
         self._resume = resume
         self._run_id = run_id
         self._interval = heartbeat_interval
@@ -434,18 +432,7 @@ class Supervisor:
     async def _dispatch(self, peer: bytes, msg: Message) -> None:
         now = self._clock()
         if peer.startswith(STATUS_PREFIX):
-            # Read-only peers: a StatusRequest is answered, anything else ignored.
-            if isinstance(msg, StatusRequest):
-                reply = self._status.reply(
-                    msg,
-                    state=self.state,
-                    dds=self._dds,
-                    controller=self._control.controller,
-                    now=now,
-                )
-                if reply is not None:
-                    await self._router.send(peer, reply)
-            return
+            return  # read-only peers: they ask on their own socket (StatusTracker.serve)
         if peer.startswith(AGENT_PREFIX):
             await self._from_agent(
                 peer, peer[len(AGENT_PREFIX) :].decode("utf-8", "replace"), msg, now

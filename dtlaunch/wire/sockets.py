@@ -103,9 +103,15 @@ class Router:
     """
 
     def __init__(
-        self, ctx: zmq.asyncio.Context, keys: RunKeys, bind: str = "tcp://127.0.0.1:0"
+        self,
+        ctx: zmq.asyncio.Context,
+        keys: RunKeys,
+        bind: str = "tcp://127.0.0.1:0",
+        *,
+        name: str = "router",
     ) -> None:
         self._ctx = ctx
+        self._name = name  # in log lines: the job's router, the status router
         self._keys = keys
         self._bind = bind
         self._sock: zmq.Socket[bytes] | None = None
@@ -165,7 +171,7 @@ class Router:
             self.close()
             raise
         self._endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._ready = Readiness(sock, "router")
+        self._ready = Readiness(sock, self._name)
         self._ready.watch()
         logger.debug("router bound to %s", self._endpoint)
 
@@ -285,7 +291,7 @@ class Router:
             sock.send(peer, _SEND_FIRST)
             sock.send(data, zmq.DONTWAIT)
         except zmq.Again:
-            logger.debug("router: %s to %r dropped, queue full", msg.TYPE, peer)
+            logger.debug("%s: %s to %r dropped, queue full", self._name, msg.TYPE, peer)
         finally:
             # A send (even a refused one) handles the socket's pending commands, so
             # ZMQ_FD may have signalled and been consumed: a waiting receiver

@@ -7,9 +7,11 @@ and the Monitor's view of stragglers with the policy's own lambda and windows,
 so that what ``dtlaunch status`` highlights is what the policy sees. Building a
 snapshot does no I/O and changes nothing the job depends on.
 
-Status clients connect with the identity ``status:<pid>`` (``STATUS_PREFIX``);
-the supervisor answers their ``StatusRequest`` and ignores anything else they
-send, so a status client can watch a job but never steer it.
+Status clients connect to a socket of their own (``supervisor.json``'s
+``status_endpoint``, answered by ``StatusTracker.serve``) with the identity
+``status:<pid>`` (``STATUS_PREFIX``); the supervisor answers their
+``StatusRequest`` and ignores anything else they send, there and on the job's
+socket, so a status client can watch a job but never steer it.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ from dtlaunch.supervisor.jobstate.machine import JobState, ProcState
 from dtlaunch.supervisor.status.fold import NodeKey, StatusFold, lambda_of
 from dtlaunch.supervisor.status.nodetrack import Resources
 from dtlaunch.wire.messages import StatusReply, StatusRequest, StatusSnapshot
+from dtlaunch.wire.sockets import Router
 
 log = logging.getLogger(__name__)
 
 STATUS_PREFIX = b"status:"
+STATUS_BATCH = 8  # status requests taken per wake-up of the status socket's reader
 PERSISTENT_FILL = 0.8  # a long window counts once it spans this share of l_per (as nd)
 
 
@@ -114,6 +118,37 @@ class StatusTracker:
             return None
         snapshot = self.snapshot(state=state, dds=dds, controller=controller, now=now)
         return StatusReply(request_id=request.request_id, snapshot=snapshot)
+
+    async def serve(
+        self,
+        router: Router,
+        *,
+        state: JobState,
+        dds: DdsService | None,
+        controller: Controller | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Answer status clients on their own socket, until cancelled.
+
+        On the job's socket a request queued behind every report, fetch and
+        heartbeat that came before it: at 1,000 workers, after the loop had been
+        held for ~0.1 s, hundreds of them, and the answer waited for them all
+        (status p99 over 200 ms in a 10-minute soak). This task wakes when a
+        request comes and runs between two batches of the job's messages.
+        """
+        while True:
+            for peer, msg in await router.recv_many(STATUS_BATCH):
+                if not isinstance(msg, StatusRequest):
+                    log.debug("%s on the status socket from %r; ignored", type(msg).__name__, peer)
+                    continue
+                try:
+                    reply = self.reply(
+                        msg, state=state, dds=dds, controller=controller, now=clock()
+                    )
+                    if reply is not None:
+                        await router.send(peer, reply)
+                except Exception:  # a status answer must never take the supervisor down
+                    log.exception("error answering a status request from %r", peer)
 
 
 def monitor_stragglers(snap: MonitorSnapshot, lam: float) -> dict[NodeKey, str]:
