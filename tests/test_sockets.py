@@ -440,3 +440,74 @@ def test_a_signal_that_comes_with_the_recheck_timer_is_no_lost_wakeup(keys, capl
             assert await dealer.recv(timeout=1.0) == Welcome(run_id="r", heartbeat_interval=1.0)
 
     run(test)
+
+
+def test_a_message_whose_signal_the_loop_has_not_dispatched_yet_is_no_lost_wakeup(keys, caplog):
+    """Scale benchmark finding: the supervisor's routers logged "a message was
+    queued but the loop was not told" a few times in ten minutes at 1,000
+    workers. uvloop resumes a receiver whose recheck timer came due in that same
+    iteration, before the iteration's poll: a message that had arrived since the
+    last poll (the loop busy with other callbacks meanwhile) had made the FD
+    readable, its signal simply not dispatched yet, and the wait took it for a
+    lost wakeup. Here the loop does not watch the FD while the message arrives,
+    so its signal cannot be dispatched before the receiver resumes."""
+    import logging
+
+    from dtlaunch.wire import readiness
+
+    async def test(ctx):
+        async with (
+            Router(ctx, keys) as router,
+            Dealer(ctx, router.endpoint, keys.peer(), b"d") as dealer,
+        ):
+            assert await dealer.send(Ping(seq=1))
+            assert await recv_within(router) == (b"d", Ping(seq=1))
+            ready = dealer._ready
+            waiter = asyncio.create_task(ready.wait(5.0))
+            await asyncio.sleep(0)  # the wait is awaiting its future now
+            assert ready._waiting is not None
+            loop = asyncio.get_running_loop()
+            loop.remove_reader(dealer._sock.FD)  # the signal stays undispatched
+            await router.send(b"d", Welcome(run_id="r", heartbeat_interval=1.0))
+            time.sleep(0.3)  # the message reaches the queue, the FD is readable
+            readiness._resolve(ready._waiting, False)  # the recheck timer came due
+            with caplog.at_level(logging.WARNING, logger=readiness.__name__):
+                await asyncio.wait_for(waiter, 5.0)
+            assert "was not told" not in caplog.text
+            ready.watch()
+            assert await dealer.recv(timeout=1.0) == Welcome(run_id="r", heartbeat_interval=1.0)
+
+    run(test)
+
+
+def test_a_message_queued_with_the_fd_quiet_is_a_lost_wakeup_and_is_received(keys, caplog):
+    """The other side of the test above: a signal consumed behind the receiver's
+    back (here: someone asks ZMQ_EVENTS) leaves the FD quiet with a message
+    queued; the bounded wait says so, watches the FD afresh, and the message is
+    received."""
+    import logging
+
+    from dtlaunch.wire import readiness
+
+    async def test(ctx):
+        async with (
+            Router(ctx, keys) as router,
+            Dealer(ctx, router.endpoint, keys.peer(), b"d") as dealer,
+        ):
+            assert await dealer.send(Ping(seq=1))
+            assert await recv_within(router) == (b"d", Ping(seq=1))
+            ready = dealer._ready
+            waiter = asyncio.create_task(ready.wait(5.0))
+            await asyncio.sleep(0)
+            loop = asyncio.get_running_loop()
+            loop.remove_reader(dealer._sock.FD)
+            await router.send(b"d", Welcome(run_id="r", heartbeat_interval=1.0))
+            time.sleep(0.3)
+            assert dealer._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN  # the signal is gone
+            readiness._resolve(ready._waiting, False)
+            with caplog.at_level(logging.WARNING, logger=readiness.__name__):
+                await asyncio.wait_for(waiter, 5.0)
+            assert "was not told" in caplog.text
+            assert await dealer.recv(timeout=1.0) == Welcome(run_id="r", heartbeat_interval=1.0)
+
+    run(test)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import select
 
 import zmq
 
@@ -44,7 +45,9 @@ class Readiness:
       swallow a cancellation that comes with the wake-up;
     * uvloop runs due timers before I/O callbacks: a signal that comes in the
       iteration in which that timer is due finds the wait resolved already, and
-      still counts (else it would pass for a lost wakeup).
+      still counts (else it would pass for a lost wakeup); and the receiver
+      itself resumes in that iteration before its poll, so a message that came
+      since the last poll, its FD readable, is no lost wakeup either (``_lost``).
     """
 
     def __init__(self, sock: zmq.Socket[bytes], name: str) -> None:
@@ -86,13 +89,26 @@ class Readiness:
         finally:
             recheck.cancel()
             self._waiting = None
-        if not signalled and self._sock is sock and int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        if not signalled and self._sock is sock and self._lost(sock):
             logger.warning(
                 "%s: a message was queued but the loop was not told; watching the "
                 "socket's FD afresh",
                 self._name,
             )
             self.watch()
+
+    @staticmethod
+    def _lost(sock: zmq.Socket[bytes]) -> bool:
+        """After a wait the timer ended: whether a message is queued that the FD
+        never told of. uvloop resumes the receiver in the iteration in which the
+        timer came due, before that iteration's poll: a message that arrived
+        meanwhile has made the FD readable, and its signal is on its way; only
+        a message queued with the FD quiet was a lost wakeup. The FD is read
+        first: asking ZMQ_EVENTS consumes its signal."""
+        poller = select.poll()
+        poller.register(sock.FD, select.POLLIN)
+        pending = bool(poller.poll(0))
+        return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN) and not pending
 
     def _signalled(self) -> None:
         waiting = self._waiting
