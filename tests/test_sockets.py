@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 
@@ -407,6 +408,22 @@ def test_a_receive_loop_with_messages_always_queued_still_lets_other_tasks_run(k
     run(test)
 
 
+@contextlib.asynccontextmanager
+async def _receiver_waiting(ctx, keys):
+    """A Router and a Dealer after one Ping, the Dealer's receiver waiting on its
+    FD: (router, dealer, the waiting task)."""
+    async with (
+        Router(ctx, keys) as router,
+        Dealer(ctx, router.endpoint, keys.peer(), b"d") as dealer,
+    ):
+        assert await dealer.send(Ping(seq=1))
+        assert await recv_within(router) == (b"d", Ping(seq=1))
+        waiter = asyncio.create_task(dealer._ready.wait(5.0))
+        await asyncio.sleep(0)  # the wait is awaiting its future now
+        assert dealer._ready._waiting is not None
+        yield router, dealer, waiter
+
+
 def test_a_signal_that_comes_with_the_recheck_timer_is_no_lost_wakeup(keys, caplog):
     """Scale benchmark finding: simulated workers logged "a message was queued but
     the loop was not told" a few times a minute. uvloop runs due timers before
@@ -419,16 +436,8 @@ def test_a_signal_that_comes_with_the_recheck_timer_is_no_lost_wakeup(keys, capl
     from dtlaunch.wire import readiness
 
     async def test(ctx):
-        async with (
-            Router(ctx, keys) as router,
-            Dealer(ctx, router.endpoint, keys.peer(), b"d") as dealer,
-        ):
-            assert await dealer.send(Ping(seq=1))
-            assert await recv_within(router) == (b"d", Ping(seq=1))
+        async with _receiver_waiting(ctx, keys) as (router, dealer, waiter):
             ready = dealer._ready
-            waiter = asyncio.create_task(ready.wait(5.0))
-            await asyncio.sleep(0)  # the wait is awaiting its future now
-            assert ready._waiting is not None
             await router.send(b"d", Welcome(run_id="r", heartbeat_interval=1.0))
             time.sleep(0.3)  # the loop does not run: the message reaches the queue
             # One iteration in uvloop's order: the recheck timer, then the FD.
@@ -442,7 +451,8 @@ def test_a_signal_that_comes_with_the_recheck_timer_is_no_lost_wakeup(keys, capl
     run(test)
 
 
-def test_a_message_whose_signal_the_loop_has_not_dispatched_yet_is_no_lost_wakeup(keys, caplog):
+@pytest.mark.parametrize("signal", ["pending", "consumed"])
+def test_only_a_message_queued_with_the_fd_quiet_is_a_lost_wakeup(keys, caplog, signal):
     """Scale benchmark finding: the supervisor's routers logged "a message was
     queued but the loop was not told" a few times in ten minutes at 1,000
     workers. uvloop resumes a receiver whose recheck timer came due in that same
@@ -450,64 +460,27 @@ def test_a_message_whose_signal_the_loop_has_not_dispatched_yet_is_no_lost_wakeu
     last poll (the loop busy with other callbacks meanwhile) had made the FD
     readable, its signal simply not dispatched yet, and the wait took it for a
     lost wakeup. Here the loop does not watch the FD while the message arrives,
-    so its signal cannot be dispatched before the receiver resumes."""
+    so its signal cannot be dispatched before the receiver resumes ("pending":
+    no lost wakeup). A signal consumed behind the receiver's back (someone asks
+    ZMQ_EVENTS) leaves the FD quiet with a message queued ("consumed"): that
+    one is said, the FD watched afresh, and the message received."""
     import logging
 
     from dtlaunch.wire import readiness
 
     async def test(ctx):
-        async with (
-            Router(ctx, keys) as router,
-            Dealer(ctx, router.endpoint, keys.peer(), b"d") as dealer,
-        ):
-            assert await dealer.send(Ping(seq=1))
-            assert await recv_within(router) == (b"d", Ping(seq=1))
+        async with _receiver_waiting(ctx, keys) as (router, dealer, waiter):
             ready = dealer._ready
-            waiter = asyncio.create_task(ready.wait(5.0))
-            await asyncio.sleep(0)  # the wait is awaiting its future now
-            assert ready._waiting is not None
-            loop = asyncio.get_running_loop()
-            loop.remove_reader(dealer._sock.FD)  # the signal stays undispatched
+            asyncio.get_running_loop().remove_reader(dealer._sock.FD)
             await router.send(b"d", Welcome(run_id="r", heartbeat_interval=1.0))
             time.sleep(0.3)  # the message reaches the queue, the FD is readable
+            if signal == "consumed":
+                assert dealer._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN
             readiness._resolve(ready._waiting, False)  # the recheck timer came due
             with caplog.at_level(logging.WARNING, logger=readiness.__name__):
                 await asyncio.wait_for(waiter, 5.0)
-            assert "was not told" not in caplog.text
+            assert ("was not told" in caplog.text) == (signal == "consumed")
             ready.watch()
-            assert await dealer.recv(timeout=1.0) == Welcome(run_id="r", heartbeat_interval=1.0)
-
-    run(test)
-
-
-def test_a_message_queued_with_the_fd_quiet_is_a_lost_wakeup_and_is_received(keys, caplog):
-    """The other side of the test above: a signal consumed behind the receiver's
-    back (here: someone asks ZMQ_EVENTS) leaves the FD quiet with a message
-    queued; the bounded wait says so, watches the FD afresh, and the message is
-    received."""
-    import logging
-
-    from dtlaunch.wire import readiness
-
-    async def test(ctx):
-        async with (
-            Router(ctx, keys) as router,
-            Dealer(ctx, router.endpoint, keys.peer(), b"d") as dealer,
-        ):
-            assert await dealer.send(Ping(seq=1))
-            assert await recv_within(router) == (b"d", Ping(seq=1))
-            ready = dealer._ready
-            waiter = asyncio.create_task(ready.wait(5.0))
-            await asyncio.sleep(0)
-            loop = asyncio.get_running_loop()
-            loop.remove_reader(dealer._sock.FD)
-            await router.send(b"d", Welcome(run_id="r", heartbeat_interval=1.0))
-            time.sleep(0.3)
-            assert dealer._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN  # the signal is gone
-            readiness._resolve(ready._waiting, False)
-            with caplog.at_level(logging.WARNING, logger=readiness.__name__):
-                await asyncio.wait_for(waiter, 5.0)
-            assert "was not told" in caplog.text
             assert await dealer.recv(timeout=1.0) == Welcome(run_id="r", heartbeat_interval=1.0)
 
     run(test)
