@@ -37,7 +37,9 @@ Scenarios and columns (same data, steps, model and seed in every run):
     c   a transient straggler: 127.0.0.5 10x slower for the middle third of the
         training loop, ``after=`` / ``until=`` (seconds since the job started)
         computed from the ``ideal`` run's loop start and ``train_s``
-    d   no straggler: ``static`` and ``psld`` without injection
+    d   no straggler: ``static`` and ``psld`` without injection, ``D_PAIRS``
+        (3) pairs back to back, alternating; the ratio is the geometric mean
+        of the pairs' ratios
 
     static        --policy none
     proportional  --policy psld:assign=proportional,WINDOWS  (PSLD's strawman, §7.1)
@@ -47,11 +49,12 @@ Scenarios and columns (same data, steps, model and seed in every run):
 
 with WINDOWS = ``l_trans=2,l_per=60,settle=3,min_samples=8`` and ND =
 ``l_trans=2,l_per=10,min_reports=5,restart_cost=1``. Scenario d's ``static`` is
-the ``ideal`` configuration again, run right before d's ``psld`` so that the 2 %
-comparison is not one of drift over the twenty minutes between them; for the
-same reason a's ``psld`` runs right after ``ideal``, before a's other columns. The ideal
-the ratios use is the mean of both runs of that configuration (one run of it has
-varied by 20 % from the other in one invocation on this 2-core machine). In scenario a
+the ``ideal`` configuration again, each run right before one of d's ``psld`` so
+that the 2 % comparison is not one of drift over the twenty minutes between
+them; for the same reason a's ``psld`` runs right after ``ideal``, before a's
+other columns. The ideal the ratios use is the mean of every run of that
+configuration (one run of it has varied by 13-20 % from another in one
+invocation on this 2-core machine: 8 busy processes share it). In scenario a
 psld also runs with eps in {0, 0.05, 0.2, 0.3} (Fig. 19; 0.1 is the psld
 column).
 
@@ -159,6 +162,10 @@ TARGET_SPEEDUP = 2.86  # static / psld, scenario a
 TARGET_OF_IDEAL = 1.15  # psld / ideal, scenario a
 TARGET_PAUSE_S = 0.5  # p50 and max
 TARGET_NO_STRAGGLER = 1.02  # psld / static, scenario d
+# Scenario d runs this many static/psld pairs, alternating: one run of a
+# configuration differed from another by up to 19 % on this oversubscribed
+# machine (2 cores, 8 busy processes), so one pair cannot tell a 2 % overhead.
+D_PAIRS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,9 +178,14 @@ class Spec:
     inject: tuple[str, ...] = ()
     servers: int = SERVERS
     scale_to: int = 0  # scenario e: the servers asked for mid-run (0: none)
+    repeat: int = 0  # scenario d: which of its pairs (keys d:static, d:static#2, ...)
 
     @property
     def key(self) -> str:
+        return f"{self.base_key}#{self.repeat + 1}" if self.repeat else self.base_key
+
+    @property
+    def base_key(self) -> str:
         return f"{self.scenario}:{self.column}"
 
     @property
@@ -192,6 +204,11 @@ class Outcome:
 
 def psld_policy(eps: float = PSLD_EPS) -> str:
     return f"psld:eps={eps:g},{WINDOWS}"
+
+
+def d_key(column: str, repeat: int) -> str:
+    """The key of scenario d's run of ``column`` in pair ``repeat`` (from 0)."""
+    return Spec("d", column, "", repeat=repeat).key
 
 
 def column_spec(scenario: str, column: str, inject: tuple[str, ...]) -> Spec:
@@ -390,7 +407,7 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 # The runs of the ideal configuration: static placement, no injection, --policy none.
-IDEAL_CONFIGURATION = ("ideal:ideal", "d:static")
+IDEAL_CONFIGURATION = ("ideal:ideal", *(d_key("static", r) for r in range(D_PAIRS)))
 
 
 def summarize(outcomes: list[Outcome], steps: int, quick: bool) -> dict[str, Any]:
@@ -416,7 +433,16 @@ def summarize(outcomes: list[Outcome], steps: int, quick: bool) -> dict[str, Any
             "nd/psld": ratio(train(f"{sc}:nd"), psld),
             "static/ideal": ratio(train(f"{sc}:static"), ideal),
         }
-    ratios["d"] = {"psld/static": ratio(train("d:psld"), train("d:static"))}
+    pairs = [
+        r
+        for k in range(D_PAIRS)
+        if (r := ratio(train(d_key("psld", k)), train(d_key("static", k)))) is not None
+    ]
+    ratios["d"] = {
+        # The geometric mean of the pairs' ratios: each pair ran back to back.
+        "psld/static": round(statistics.geometric_mean(pairs), 4) if pairs else None,
+        "pairs": pairs,  # type: ignore[dict-item]
+    }
     pauses = [
         p
         for o in outcomes
@@ -438,12 +464,13 @@ def summarize(outcomes: list[Outcome], steps: int, quick: bool) -> dict[str, Any
         "hold_p50": round(statistics.median(holds), 4) if holds else None,
         "hold_max": round(max(holds), 4) if holds else None,
     }
-    met: dict[str, bool] = {
-        "a: static/psld >= 2.86": (ratios["a"]["static/psld"] or 0) >= TARGET_SPEEDUP,
-        "a: psld/ideal <= 1.15": (ratios["a"]["psld/ideal"] or 1e9) <= TARGET_OF_IDEAL,
-        "pause p50 <= 0.5 s": pause["p50"] is not None and pause["p50"] <= TARGET_PAUSE_S,
-        "pause max <= 0.5 s": pause["max"] is not None and pause["max"] <= TARGET_PAUSE_S,
-    }
+    met: dict[str, bool] = {}
+    if "a:psld" in by:  # targets are judged where their runs ran (--only runs fewer)
+        met["a: static/psld >= 2.86"] = (ratios["a"]["static/psld"] or 0) >= TARGET_SPEEDUP
+        met["a: psld/ideal <= 1.15"] = (ratios["a"]["psld/ideal"] or 1e9) <= TARGET_OF_IDEAL
+    if any(o.spec.psld_policy and o.spec.scenario != "d" for o in outcomes):
+        met["pause p50 <= 0.5 s"] = pause["p50"] is not None and pause["p50"] <= TARGET_PAUSE_S
+        met["pause max <= 0.5 s"] = pause["max"] is not None and pause["max"] <= TARGET_PAUSE_S
     if "d:psld" in by:
         met["d: psld/static <= 1.02"] = (ratios["d"]["psld/static"] or 1e9) <= TARGET_NO_STRAGGLER
     model_bytes = next(
@@ -577,7 +604,13 @@ def render_markdown(result: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"d: {SCENARIOS['d']}: psld/static = {_num(result['ratios']['d']['psld/static'], '.3f')}",
+        f"d: {SCENARIOS['d']}: psld/static = {_num(result['ratios']['d']['psld/static'], '.3f')}"
+        + (
+            f", the geometric mean of {len(pairs)} pairs run back to back, alternating "
+            f"({', '.join(f'{p:.3f}' for p in pairs)})"
+            if len(pairs := result["ratios"]["d"].get("pairs") or []) > 1
+            else ""
+        ),
         "",
         f"e: {SCENARIOS['e']}: {NOT_BUILT['e']}.",
         "",
@@ -640,8 +673,14 @@ def plan(quick: bool) -> list[Spec | str]:
         *(column_spec("a", c, (SLOW_A,)) for c in ("static", "proportional", "nd")),
         *(column_spec("b", c, (SLOW_B,)) for c in ("static", "proportional", "nd", "psld")),
         "c",
-        Spec("d", "static", "none"),
-        Spec("d", "psld", psld_policy()),
+        *(
+            spec
+            for k in range(D_PAIRS)
+            for spec in (
+                Spec("d", "static", "none", repeat=k),
+                Spec("d", "psld", psld_policy(), repeat=k),
+            )
+        ),
         *(Spec("a", f"eps={e:g}", psld_policy(e), (SLOW_A,)) for e in SWEEP_EPS if e != PSLD_EPS),
     ]
 
@@ -744,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
                 assert isinstance(item, Spec)
                 specs = [item]
             for spec in specs:
-                if only and spec.key not in only:
+                if only and spec.key not in only and spec.base_key not in only:
                     continue
                 outcome = run_one(spec, steps, hostfile=hostfile, env=env, work=work)
                 d = outcome.detail
