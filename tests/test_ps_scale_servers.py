@@ -142,7 +142,12 @@ def test_a_server_added_and_then_removed_mid_training_changes_nothing(fixed, tmp
                          supervisor])  # fmt: skip
             grown, shrunk = done
             assert grown.blocks > 0 and shrunk.blocks == grown.blocks, done
-            assert grown.tries == shrunk.tries == 1 and grown.pause_s < 3.0, done
+            # Not tries == 1: a fence the servers pass before the exports reach
+            # them is rolled back and tried further ahead (FENCE_LEADS), the
+            # designed answer when the control thread is slow; on a loaded
+            # machine (CI, 2 cores) the scale-in's first fence was passed once
+            # (tries 2, the run otherwise identical). What must hold is below.
+            assert grown.pause_s < 3.0 and shrunk.pause_s < 3.0, done
             final = keeper.placement
             assert final is not None and (final.version, final.servers) == (2, 2)
             assert [c.placement.version for c in run.clients] == [2, 2]
