@@ -167,15 +167,6 @@ def _child_preexec(parent_pid: int, cage: Cage | None) -> Callable[[], None]:
     return preexec
 
 
-def _which(exe: str, path: str) -> str | None:
-    """``shutil.which``, imported when a command is looked up on PATH: shutil
-    brings bz2, lzma and zlib into the agent's start (~3 ms of CPU on every
-    host of a launch) and a worker started by its full path never needs it."""
-    import shutil
-
-    return shutil.which(exe, path=path)
-
-
 def _check_spawnable(spec: SpawnSpec, env: Mapping[str, str]) -> None:
     """Raise LaunchError with a clear fix when argv/cwd cannot work."""
     if not spec.argv:
@@ -194,11 +185,16 @@ def _check_spawnable(spec: SpawnSpec, env: Mapping[str, str]) -> None:
             raise LaunchError(
                 f"{spec.proc_id}: {path!r} is not executable; chmod +x it or run it via python"
             )
-    elif _which(exe, env.get("PATH", os.defpath)) is None:
-        raise LaunchError(
-            f"{spec.proc_id}: executable {exe!r} not found on PATH of this host; "
-            "install it or give its full path (e.g. --python /path/to/python)"
-        )
+    else:
+        # Imported here: shutil brings bz2, lzma and zlib into the agent's start
+        # (~3 ms of CPU on every host of a launch); a full path never needs it.
+        import shutil
+
+        if shutil.which(exe, path=env.get("PATH", os.defpath)) is None:
+            raise LaunchError(
+                f"{spec.proc_id}: executable {exe!r} not found on PATH of this host; "
+                "install it or give its full path (e.g. --python /path/to/python)"
+            )
 
 
 async def _pipe_reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.ReadTransport]:

@@ -46,6 +46,7 @@ class StatusTracker:
         self, *, run_id: str, policy: str, mode: str, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.fold = StatusFold(run_id=run_id, policy=policy, mode=mode)
+        self._clock = clock  # the supervisor's: serve() reads "now" from it
         self._started = clock()  # built next to the event recorder: the same zero
 
     def emit(self, event: Event) -> None:
@@ -126,7 +127,6 @@ class StatusTracker:
         state: JobState,
         dds: DdsService | None,
         controller: Controller | None,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """Answer status clients on their own socket, until cancelled.
 
@@ -143,7 +143,7 @@ class StatusTracker:
                     continue
                 try:
                     reply = self.reply(
-                        msg, state=state, dds=dds, controller=controller, now=clock()
+                        msg, state=state, dds=dds, controller=controller, now=self._clock()
                     )
                     if reply is not None:
                         await router.send(peer, reply)
