@@ -22,6 +22,7 @@ from dtlaunch.solvers.psld import fit_server, predicted_makespan
 from dtlaunch.supervisor.control.actions import NoAction, ReassignBlocks
 from dtlaunch.supervisor.control.monitor import Monitor, PsLayout
 from dtlaunch.supervisor.control.policies import parse_policy
+from dtlaunch.supervisor.control.policies.psld import PRIOR_REASSIGN_COST_S
 from dtlaunch.supervisor.psfleet.placement import (
     PENDING_FILE,
     PLACEMENT_FILE,
@@ -204,6 +205,35 @@ def test_it_waits_for_a_map_for_samples_and_for_a_reassignment_to_settle() -> No
     )
 
 
+def test_a_map_that_cannot_repay_its_pause_in_the_steps_left_is_not_asked_for() -> None:
+    """Gain x remaining steps against the pause: the measured one once there is
+    one, before that the prior bound; no data set (None) means no limit."""
+    policy = parse_policy("psld:eps=0")
+    monitor = Monitor(l_trans=policy.l_trans, l_per=policy.l_per)
+    now = _feed(monitor, LAYOUT, {3: 10.0}, start=0.0, steps=20)
+
+    def decide(remaining: int | None, cost_s: float | None = None) -> Any:
+        snap = monitor.snapshot(
+            now, ps_layout=LAYOUT, remaining_steps=remaining, reassign_cost_s=cost_s
+        )
+        return policy.decide(snap)[0]
+
+    unlimited = decide(None)
+    assert isinstance(unlimited, ReassignBlocks), unlimited.reason
+    step_gain = unlimited.inputs["makespan_current_s"] - unlimited.inputs["makespan_new_s"]
+    # Two steps left repay less than the prior pause (0.5 s) at this gain (~5 ms).
+    assert 2 * step_gain < PRIOR_REASSIGN_COST_S < 1000 * step_gain
+    held = decide(2)
+    assert isinstance(held, NoAction)
+    assert "over the 2 steps left" in held.reason and "pause (0.5 s)" in held.reason
+    assert held.inputs["gain_s"] == pytest.approx(2 * step_gain)
+    assert isinstance(decide(1000), ReassignBlocks)
+    # A measured pause replaces the prior, both ways.
+    enough = int(0.02 / step_gain) + 1
+    assert isinstance(decide(enough, cost_s=0.01), ReassignBlocks)
+    assert isinstance(decide(enough, cost_s=0.5), NoAction)
+
+
 def test_exploration_is_seeded_so_a_replay_decides_the_same() -> None:
     first, _ = _decide("psld:eps=0.3,seed=7", {3: 10.0})
     again, _ = _decide("psld:eps=0.3,seed=7", {3: 10.0})
@@ -266,8 +296,14 @@ def _placement(owner: tuple[int, ...] = OWNER, version: int = 1) -> PsPlacementM
         servers=4,
         blocks=[
             PsPlacedBlock(
-                param=i, name=f"p{i}", row_start=0, row_end=1, shape=[s // 4], dtype="float32",
-                nbytes=s, server=j,
+                param=i,
+                name=f"p{i}",
+                row_start=0,
+                row_end=1,
+                shape=[s // 4],
+                dtype="float32",
+                nbytes=s,
+                server=j,
             )
             for i, (s, j) in enumerate(zip(SIZES, owner, strict=True))
         ],
@@ -377,6 +413,23 @@ def test_replay_with_psld_fits_the_recorded_exchanges_and_lists_the_reassignment
     assert reassigned[0].fields["from_version"] == 1
     even = what_if(_recorded_run({}), "psld:eps=0", control_interval=2.0, tick_s=0.5)
     assert even.would == []
+
+
+def test_replay_prices_a_reassignment_at_the_runs_measured_pause() -> None:
+    """Near the end of the data, whether a map repays its pause depends on the
+    pause: replay takes it from the run's ``ps_reassign`` done events, as the
+    live Controller took it from the reassignment it carried out."""
+    evs = _recorded_run({3: 10.0})
+    end = evs.pop()
+    # The data set ends: 3 steps left from 2 s on, at a gain of ~5 ms a step.
+    evs.append(_ev("shards_done", 2.0, "worker", 0, count=1, remaining_steps=3))
+    evs.append(end)
+    prior = what_if(evs, "psld:eps=0", control_interval=2.0, tick_s=0.5)
+    assert not [a for a in prior.would if a.action == "REASSIGN_BLOCKS" and a.at_s > 2.0]
+    cheap = [*evs[:-1], _ev("ps_reassign", 1.5, "supervisor", 0, phase="done", pause_s=0.001)]
+    cheap.append(end)
+    measured = what_if(cheap, "psld:eps=0", control_interval=2.0, tick_s=0.5)
+    assert [a for a in measured.would if a.action == "REASSIGN_BLOCKS" and a.at_s > 2.0]
 
 
 def test_status_shows_each_servers_share_and_fitted_speed() -> None:

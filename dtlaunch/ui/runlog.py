@@ -112,6 +112,8 @@ class RecordedRun:
     placements: list[tuple[float, int, int, tuple[int, ...], tuple[int, ...]]] = field(
         default_factory=list
     )
+    # (time, pause s) of every reassignment carried out: what the next one costs
+    reassign_costs: list[tuple[float, float]] = field(default_factory=list)
     # (time, tick) of each supervisor's decision grid: it ticks at time + k x tick
     control_grids: list[tuple[float, float]] = field(default_factory=list)
     server_updates: list[ServerUpdatesRow] = field(default_factory=list)  # in time order
@@ -201,6 +203,7 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
     placements: list[tuple[float, int, int, tuple[int, ...], tuple[int, ...]]] = []
     grids: list[tuple[float, float]] = []
     server_updates: list[ServerUpdatesRow] = []
+    reassign_costs: list[tuple[float, float]] = []
     for event in events:
         if origin is None:
             origin = event.wall
@@ -256,6 +259,10 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
             placement = _placement(event)
             if placement is not None:
                 placements.append((at, *placement))
+        elif event.kind in ("ps_reassign", "ps_scale") and event.data.get("phase") == "done":
+            pause = event.data.get("pause_s")
+            if isinstance(pause, int | float) and math.isfinite(pause) and pause >= 0:
+                reassign_costs.append((at, float(pause)))
         if event.kind in ("spawn", "adopted") and event.role == "worker" and event.host:
             spawns.append((at, event.rank, event.host))
     steps.sort(key=lambda r: r.at_s)
@@ -273,6 +280,7 @@ def read_run(events: Iterable[Event]) -> RecordedRun:
         worker_spawns=spawns,
         resources=resources,
         placements=placements,
+        reassign_costs=reassign_costs,
         control_grids=grids,
         server_updates=server_updates,
     )

@@ -223,6 +223,8 @@ def _simulate(
     for at, version, servers, sizes, owner in run.placements:
         layout = PsLayout(version=version, servers=servers, block_bytes=sizes, owner=owner)
         timeline.append((at, 0, ("placement", 0, layout)))
+    for at, pause_s in run.reassign_costs:
+        timeline.append((at, 0, ("reassigned", 0, pause_s)))
     start = run.first_running_s if run.first_running_s is not None else 0.0
     timeline += [(at, 1, None) for at in tick_times(run, tick_s) if at >= start]
     timeline.sort(key=lambda item: (item[0], item[1]))
@@ -274,6 +276,8 @@ def _simulate(
             hosts[key] = rows
         elif what == "placement":
             controller.placement_changed(rows)
+        elif what == "reassigned":  # the run's measured pause: the next one's price
+            controller.reassignment_over(rows)
         elif key is not None:
             remaining = key
     return would, decisions, skipped

@@ -100,6 +100,7 @@ class Controller:
         # PS mode: the placement map in force, and a REASSIGN_BLOCKS still being carried out
         self.ps_layout: PsLayout | None = None
         self.reassigning = False
+        self.reassign_cost_s: float | None = None  # the last one's pause, as measured
         self._last_view: MonitorSnapshot | None = None  # the last decision's
 
     def observe(self, rank: int, reports: StepReports, now: float) -> None:
@@ -131,9 +132,12 @@ class Controller:
         worker's, or a reassignment's once committed)."""
         self.ps_layout = layout
 
-    def reassignment_over(self) -> None:
-        """A REASSIGN_BLOCKS was carried out or given up (the map says which)."""
+    def reassignment_over(self, cost_s: float | None = None) -> None:
+        """A REASSIGN_BLOCKS was carried out (``cost_s``: the workers' pause it
+        cost, the price of the next) or given up (the map says which)."""
         self.reassigning = False
+        if cost_s is not None:
+            self.reassign_cost_s = max(0.0, cost_s)
 
     def observe_server(
         self, rank: int, updates: list[PsUpdate], now: float, *, ages: list[float] | None = None
@@ -252,6 +256,7 @@ class Controller:
             devices=self._devices(),
             ps_layout=self.ps_layout,
             reassign_pending=self.reassigning,
+            reassign_cost_s=self.reassign_cost_s,
             resources=resources,
         )
         self._last_view = snap

@@ -309,6 +309,7 @@ class Monitor:
         devices: dict[int, WorkerDevice] | None = None,
         ps_layout: PsLayout | None = None,
         reassign_pending: bool = False,
+        reassign_cost_s: float | None = None,
         resources: JobResources | None = None,
     ) -> MonitorSnapshot:
         """Aggregate the windows ending at ``now`` (see module doc)."""
@@ -379,6 +380,7 @@ class Monitor:
             server_profile=self._server_profiles(long_from),
             ps_layout=ps_layout,
             reassign_pending=reassign_pending,
+            reassign_cost_s=reassign_cost_s,
             resources=resources,
         )
 

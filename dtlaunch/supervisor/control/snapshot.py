@@ -112,6 +112,7 @@ class MonitorSnapshot:
     server_profile: dict[int, ServerProfile] = dataclasses.field(default_factory=dict)
     ps_layout: PsLayout | None = None
     reassign_pending: bool = False
+    reassign_cost_s: float | None = None  # the last REASSIGN_BLOCKS's pause, as measured
     # The processes' CPU and memory and the declared capacity (None: not known,
     # e.g. a replay of a run without the agents' measurements)
     resources: JobResources | None = None

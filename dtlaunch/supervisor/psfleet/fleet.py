@@ -368,6 +368,7 @@ class ServerFleet:
         began = self._clock()
         event = self._reassign_event
         servers = scale.servers if scale is not None else None
+        cost_s: float | None = None  # the pause, once carried out
         if scale is not None:
             event = functools.partial(self._scale_event, servers=scale.servers)
             event("begin", was=scale.was, owner=owner)
@@ -383,6 +384,7 @@ class ServerFleet:
             if scale is not None:
                 self._scale_retry_at = self._clock() + SCALE_RETRY_S
         else:
+            cost_s = done.pause_s
             event(
                 "done",
                 version=done.version,
@@ -400,7 +402,7 @@ class ServerFleet:
             self._reassigning = False
             self._placements.announce()
             if self._controller is not None:
-                self._controller.reassignment_over()
+                self._controller.reassignment_over(cost_s)
 
     def _recover_pending(self) -> bool:
         """Start completing or rolling back the reassignment left pending, once
