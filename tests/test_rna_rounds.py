@@ -49,7 +49,15 @@ WAIT_S = 30.0
 class Member:
     """One RoundWorker with a model of its own and a record of what it sent."""
 
-    def __init__(self, rank: int, world: int, *, staleness: int = 4, momentum: float = 0.0):
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        *,
+        staleness: int = 4,
+        momentum: float = 0.0,
+        correct_momentum: bool = False,
+    ):
         torch.manual_seed(100 + rank)  # every member starts elsewhere; the source wins
         self.param = torch.nn.Parameter(torch.randn(DIM, dtype=torch.float64))
         self.optimizer = torch.optim.SGD([self.param], lr=LR, momentum=momentum)
@@ -63,6 +71,7 @@ class Member:
             rank=rank,
             world_size=world,
             staleness=staleness,
+            correct_momentum=correct_momentum,
         )
         self.worker.start()
 
@@ -182,6 +191,39 @@ def test_rounds_average_the_contributions_and_scale_the_learning_rate(three):
     report = members[0].expect(RnaRounds)
     assert report.rounds == 3 and report.contributions == [2, 1, 1]
     assert report.sampled and report.sampled[0].contributors == [0, 2]
+
+
+@pytest.mark.parametrize("correct", [True, False], ids=["auto", "keep"])
+def test_momentum_is_lightened_by_the_rounds_mean_staleness(correct):
+    """``momentum=auto``: each round's SGD momentum is
+    ``1 - (1 - 0.9)(mean staleness + 1)`` over that round's contributors; ``keep``
+    applies 0.9. Held against a single-process SGD with those momenta."""
+    members = [Member(r, 3, momentum=0.9, correct_momentum=correct) for r in range(3)]
+    try:
+        start = members[0].global_model()
+        form(members)
+        rng = np.random.default_rng(11)
+        g = {key: rng.normal(size=DIM) for key in ("a", "b", "c", "d")}
+        # Round 0: fresh gradients from members 0 and 2 (staleness 0).
+        members[0].worker.hand_over(0, torch.tensor(g["a"]))
+        members[2].worker.hand_over(0, torch.tensor(g["b"]))
+        run_round(members, 1, 0, initiator=0)
+        # Round 1: member 0's gradient is of version 0 (one round stale), member
+        # 1's of version 1 (fresh): mean staleness 0.5, momentum 1 - 0.1 x 1.5.
+        members[0].worker.hand_over(0, torch.tensor(g["c"]))
+        members[1].worker.hand_over(1, torch.tensor(g["d"]))
+        run_round(members, 1, 1, initiator=1)
+        momentum = 0.85 if correct else 0.9
+        buf = (g["a"] + g["b"]) / 2
+        expected = start - LR * (2 / 3) * buf
+        buf = momentum * buf + (g["c"] + g["d"]) / 2
+        expected = expected - LR * (2 / 3) * buf
+        models = [m.global_model() for m in members]
+        for model in models:
+            np.testing.assert_allclose(model, expected, atol=1e-9, rtol=0)
+        assert all(np.array_equal(models[0], model) for model in models)
+    finally:
+        stop(members)
 
 
 def test_a_probe_is_answered_once_a_gradient_is_ready(three):
@@ -436,3 +478,21 @@ def test_threads_stop_and_leave_nothing_behind(three):
     stop(three)
     assert not any(m.worker.is_alive() for m in three)
     assert not [t for t in threading.enumerate() if t.name.startswith("dtlaunch-rna-")]
+
+
+def test_the_policy_tells_the_workers_how_to_treat_the_momentum():
+    from dtlaunch.errors import ConfigError
+    from dtlaunch.runtime.rna import RnaSettings, parse_rna_env
+    from dtlaunch.supervisor.control.policies import parse_policy
+
+    def told(policy: str) -> RnaSettings | None:
+        return parse_rna_env(parse_policy(policy).worker_env()["DTLAUNCH_RNA"])
+
+    assert told("rna") == RnaSettings(staleness=8, momentum="auto")
+    assert told("rna:momentum=keep,staleness=3") == RnaSettings(staleness=3, momentum="keep")
+    # A supervisor of an earlier version says only the bound: the momentum is kept.
+    assert parse_rna_env("staleness=8") == RnaSettings(staleness=8, momentum="keep")
+    with pytest.raises(ConfigError, match="momentum must be one of auto, keep"):
+        parse_rna_env("staleness=8,momentum=off")
+    with pytest.raises(ConfigError, match="momentum must be one of auto, keep, got 'off'"):
+        parse_policy("rna:momentum=off")

@@ -32,9 +32,7 @@ CONTEXT_SETTINGS: dict[str, Any] = {
     "ignore_unknown_options": True,
 }
 
-ScriptOption = Annotated[
-    str | None, typer.Argument(help="Training script (or module with -m).")
-]
+ScriptOption = Annotated[str | None, typer.Argument(help="Training script (or module with -m).")]
 ScriptArgsOption = Annotated[
     list[str] | None, typer.Argument(help="Arguments passed to the script.")
 ]
@@ -136,9 +134,10 @@ PolicyOption = Annotated[
         help="Straggler policy: none | lb-bsp | nd[:lambda=1.5,l_trans=60,l_per=300] "
         "| backup[:b=1] (PS mode) | dd[:cmin=1,cmax=5] (mixed devices: micro-batch and "
         "gradient accumulation per hostfile class=) | psld[:eps=0.1,threshold=1] (built-in "
-        "PS: spread blocks by server speed) | rna[:probes=2,staleness=8] (allreduce without "
-        "a barrier, dtlaunch.rna.Trainer) | auto[:max_workers=N,sample_s=30,interval_s=60] "
-        "(built-in PS: size the workers by measured CPU, DLRover) | module:Class[:k=v].",
+        "PS: spread blocks by server speed) | rna[:probes=2,staleness=8,momentum=auto] "
+        "(allreduce without a barrier, dtlaunch.rna.Trainer) | "
+        "auto[:max_workers=N,sample_s=30,interval_s=60] (built-in PS: size the workers "
+        "by measured CPU, DLRover) | module:Class[:k=v].",
     ),
 ]
 ControlIntervalOption = Annotated[
@@ -260,9 +259,7 @@ OutputOption = Annotated[
 ]
 BindOption = Annotated[
     str | None,
-    typer.Option(
-        envvar="DTLAUNCH_BIND", help="Supervisor address ADDR[:PORT] agents connect to."
-    ),
+    typer.Option(envvar="DTLAUNCH_BIND", help="Supervisor address ADDR[:PORT] agents connect to."),
 ]
 MetricsPortOption = Annotated[
     int | None,
@@ -294,9 +291,7 @@ DatasetSizeOption = Annotated[
 ShardSizeOption = Annotated[
     int, typer.Option(envvar="DTLAUNCH_SHARD_SIZE", help="Records per data shard.")
 ]
-EpochsOption = Annotated[
-    int, typer.Option(envvar="DTLAUNCH_EPOCHS", help="Passes over the data.")
-]
+EpochsOption = Annotated[int, typer.Option(envvar="DTLAUNCH_EPOCHS", help="Passes over the data.")]
 GlobalBatchOption = Annotated[
     int, typer.Option(envvar="DTLAUNCH_GLOBAL_BATCH", help="Global batch size B.")
 ]

@@ -53,6 +53,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
@@ -63,8 +64,9 @@ from dtlaunch.errors import ConfigError
 from dtlaunch.runtime.context import Job, current_job
 from dtlaunch.runtime.environ import ENV_RNA
 from dtlaunch.runtime.rna_rounds import RoundWorker
+from dtlaunch.solvers.rna import MOMENTUM_MODES
 
-__all__ = ["ENV_RNA", "Trainer", "parse_rna_env"]
+__all__ = ["ENV_RNA", "RnaSettings", "Trainer", "parse_rna_env"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,8 +77,20 @@ FIRST_GROUP_WAIT_S = 300.0
 FIRST_GROUP_NOTE_S = 30.0
 
 
-def parse_rna_env(raw: str | None) -> int | None:
-    """The staleness bound ``DTLAUNCH_RNA`` carries, or None when RNA is off.
+@dataclass(frozen=True, slots=True)
+class RnaSettings:
+    """What ``DTLAUNCH_RNA`` carries: the staleness bound, and whether the
+    rounds' optimizer corrects an SGD momentum for the gradients' staleness
+    (``auto``, ``solvers.rna.momentum_under_staleness``) or keeps it (``keep``)."""
+
+    staleness: int
+    momentum: str = "keep"
+
+
+def parse_rna_env(raw: str | None) -> RnaSettings | None:
+    """The settings ``DTLAUNCH_RNA`` carries (``staleness=N[,momentum=auto|keep]``),
+    or None when RNA is off. Without ``momentum`` (a supervisor of an earlier
+    version) the momentum is kept.
 
     Raises:
         ConfigError: the variable is malformed.
@@ -90,7 +104,10 @@ def parse_rna_env(raw: str | None) -> int | None:
         staleness = -1
     if staleness < 0:
         raise ConfigError(f"{ENV_RNA}={raw!r}: expected staleness=N (N >= 0)")
-    return staleness
+    momentum = fields.get("momentum", "keep")
+    if momentum not in MOMENTUM_MODES:
+        raise ConfigError(f"{ENV_RNA}={raw!r}: momentum must be one of {', '.join(MOMENTUM_MODES)}")
+    return RnaSettings(staleness=staleness, momentum=momentum)
 
 
 class Trainer:
@@ -116,9 +133,9 @@ class Trainer:
         self._comms: RoundWorker | None = None
         self._seen = 0  # the communication thread's publication last copied in
         self.version = 0  # rounds in this process's model (RNA), or steps taken
-        staleness = parse_rna_env(os.environ.get(ENV_RNA))
+        settings = parse_rna_env(os.environ.get(ENV_RNA))
         client = self._job.supervisor_client() if self._job is not None else None
-        if staleness is not None and client is not None and self._job is not None:
+        if settings is not None and client is not None and self._job is not None:
             self.mode = "rna"
             if dist.is_initialized():
                 logger.warning(
@@ -133,7 +150,8 @@ class Trainer:
                 send=client.send,
                 rank=self._job.rank,
                 world_size=self._job.world_size,
-                staleness=staleness,
+                staleness=settings.staleness,
+                correct_momentum=settings.momentum == "auto",
             )
             self._comms.start()
             self._await_first_group()

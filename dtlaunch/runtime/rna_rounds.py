@@ -48,7 +48,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from dtlaunch.errors import ConfigError
-from dtlaunch.solvers.rna import lr_factor, staleness_weights
+from dtlaunch.solvers.rna import lr_factor, momentum_under_staleness, staleness_weights
 from dtlaunch.wire.messages import (
     RnaFailed,
     RnaFormed,
@@ -181,11 +181,13 @@ class RoundWorker(threading.Thread):
         rank: int,
         world_size: int,
         staleness: int,
+        correct_momentum: bool = False,
     ) -> None:
         super().__init__(name=f"dtlaunch-rna-{rank}", daemon=True)
         self.rank = rank
         self.world_size = world_size
         self.staleness = staleness
+        self.correct_momentum = correct_momentum
         self.lock = threading.Lock()
         self.shadow = [p.detach().to("cpu", copy=True) for p in params]
         self._user_optimizer = optimizer
@@ -486,22 +488,32 @@ class RoundWorker(threading.Thread):
         comm_s = time.monotonic() - began
         weights = buffer[size : size + members]
         contributors = float(weights.sum().item())
+        staleness = buffer[size + members :]
         with self.lock:
             if contributors > 0:
-                self._apply(buffer[:size] / contributors, lr_factor(contributors, self.world_size))
+                # Every member sums the same buffer: the same mean, the same step.
+                mean_staleness = float((weights * staleness).sum().item()) / contributors
+                self._apply(
+                    buffer[:size] / contributors,
+                    lr_factor(contributors, self.world_size),
+                    mean_staleness,
+                )
             self.applied = start.round + 1
             self.published += 1
         self._lineage[start.round] = self._gen
         for old in [r for r in self._lineage if r < self.applied - self.staleness - 2]:
             del self._lineage[old]
         self.rounds_joined += 1
-        self._note_round(start, weights, buffer[size + members :], comm_s)
+        self._note_round(start, weights, staleness, comm_s)
 
     def shadow_size(self) -> int:
         return sum(p.numel() for p in self.shadow)
 
-    def _apply(self, mean: torch.Tensor, factor: float) -> None:
-        """One optimizer step on the global model with the round's mean gradient."""
+    def _apply(self, mean: torch.Tensor, factor: float, staleness: float) -> None:
+        """One optimizer step on the global model with the round's mean gradient,
+        whose contributions were ``staleness`` rounds old on average: with
+        ``correct_momentum`` an SGD momentum is lightened by what that staleness
+        adds (``solvers.rna.momentum_under_staleness``)."""
         offset = 0
         for shadow in self.shadow:
             count = shadow.numel()
@@ -514,6 +526,8 @@ class RoundWorker(threading.Thread):
                 if key != "params":
                     mine[key] = value
             mine["lr"] = users["lr"] * factor
+            if self.correct_momentum and isinstance(self._optimizer, torch.optim.SGD):
+                mine["momentum"] = momentum_under_staleness(users["momentum"], staleness)
         self._optimizer.step()
 
     def _note_round(

@@ -29,6 +29,19 @@ learning rate is the one for all ``world`` workers contributing (what BSP uses),
 so ``gamma = configured / world`` and :func:`lr_factor` is ``contributors /
 world``: 1 for a full round, smaller when fewer gradients were averaged.
 
+Momentum under staleness (not in the paper)
+-------------------------------------------
+A stale gradient acts as momentum: SGD that applies gradients ``tau`` updates
+old behaves like momentum SGD with ``mu_s = tau / (tau + 1)`` (Mitliagkas et
+al., "Asynchrony begets momentum", 2016, for a mean delay ``tau``). With the
+optimizer's own momentum ``mu`` on top, the total is heavier than the one the
+learning rate was tuned for, and late in training the model oscillates (RNA
+rounds here run at about one per iteration, so most gradients are 1-3 rounds
+old). :func:`momentum_under_staleness` gives the explicit momentum that keeps
+the total, ``1 - (1 - mu')(1 - mu_s) = mu``: ``mu' = 1 - (1 - mu)(tau + 1)``,
+at least 0. The step's size, ``lr / ((1 - mu')(1 - mu_s))``, is then the
+synchronous ``lr / (1 - mu)``: the learning rate stays as it is.
+
 §4 hierarchical grouping
 ------------------------
 ``zeta`` = slowest minus fastest iteration time, ``v`` = the mean iteration time.
@@ -60,14 +73,19 @@ from dtlaunch.errors import InfeasibleError
 
 __all__ = [
     "DEFAULT_PROBES",
+    "MOMENTUM_MODES",
     "InfeasibleError",
     "lr_factor",
+    "momentum_under_staleness",
     "probe_median_response",
     "probe_response_quantile",
     "split_groups",
     "staleness_weights",
 ]
 
+# How the rounds' optimizer treats an SGD momentum (``--policy rna:momentum=``):
+# corrected for the gradients' staleness, or kept as configured.
+MOMENTUM_MODES = ("auto", "keep")
 DEFAULT_PROBES = 2  # the paper's probe count (§3.2); §8.4 found a third not worth its messages
 
 
@@ -120,6 +138,23 @@ def lr_factor(contributors: float, world: int) -> float:
             f"contributors is {contributors!r}; it must be a number in [0, world={world}]"
         )
     return float(contributors) / world
+
+
+def momentum_under_staleness(momentum: float, staleness: float) -> float:
+    """The explicit momentum that, with the implicit momentum of gradients
+    ``staleness`` updates old on average, makes the total ``momentum`` (see the
+    module docstring): ``max(0, 1 - (1 - momentum) * (staleness + 1))``. Fresh
+    gradients (``staleness`` 0) keep ``momentum`` as it is.
+
+    Raises:
+        InfeasibleError: (a ``ValueError``) ``momentum`` not in ``[0, 1)`` or
+            ``staleness`` not a finite number ``>= 0``.
+    """
+    if not 0 <= momentum < 1:  # also rejects NaN
+        raise InfeasibleError(f"momentum is {momentum!r}; it must be a number in [0, 1)")
+    if not (math.isfinite(staleness) and staleness >= 0):
+        raise InfeasibleError(f"staleness is {staleness!r}; it must be a finite number >= 0")
+    return max(0.0, 1.0 - (1.0 - momentum) * (staleness + 1.0))
 
 
 def split_groups(iteration_s: Mapping[int, float], *, min_size: int = 1) -> list[tuple[int, ...]]:

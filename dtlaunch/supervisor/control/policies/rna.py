@@ -15,10 +15,17 @@ Parameters:
   older than the round that would use it is dropped (§3.3's bounded staleness).
 - ``group_timeout`` (60 s): how long a group may take to form, and how long one
   collective may block before the group is formed again without the silent member.
+- ``momentum`` (``auto``): ``auto`` lightens an SGD momentum in each round by
+  the implicit momentum of that round's stale gradients, so that the total is
+  the one configured (``solvers.rna.momentum_under_staleness``; not in the
+  paper: with heavy momentum and gradients 1-3 rounds old the model oscillated
+  late in training and ended worse than BSP's); ``keep`` applies the
+  optimizer's momentum as it is, as the paper does.
 """
 
 from __future__ import annotations
 
+from dtlaunch.solvers.rna import MOMENTUM_MODES
 from dtlaunch.supervisor.control.actions import Action, NoAction
 from dtlaunch.supervisor.control.monitor import MonitorSnapshot
 from dtlaunch.supervisor.control.policies.base import ParamReader, read_windows
@@ -40,11 +47,12 @@ class RnaPolicy:
         self.probes = params.integer("probes", DEFAULT_PROBES, low=1)
         self.staleness = params.integer("staleness", DEFAULT_STALENESS, low=0)
         self.group_timeout_s = params.number("group_timeout", DEFAULT_GROUP_TIMEOUT_S, low=1.0)
+        self.momentum = params.choice("momentum", "auto", MOMENTUM_MODES)
         params.finish()
 
     def worker_env(self) -> dict[str, str]:
         """What every worker's ``dtlaunch.rna.Trainer`` reads (``DTLAUNCH_RNA``)."""
-        return {"DTLAUNCH_RNA": f"staleness={self.staleness}"}
+        return {"DTLAUNCH_RNA": f"staleness={self.staleness},momentum={self.momentum}"}
 
     def decide(self, snap: MonitorSnapshot) -> list[Action]:
         return [NoAction(reason="rna: the round coordinator averages without a barrier")]
