@@ -26,7 +26,8 @@ seeded RNG, so every column sees the same delays. Scenarios:
 Same script, data (32,000 records, one epoch: 250 BSP steps), initial model,
 optimizer (SGD, lr 0.02, momentum 0.9) and global batch (128: 16 records per
 worker and step) in every column; RNA scales the rate by contributors / 8 per
-round itself.
+round itself, and (``momentum=auto``, its default) lightens the momentum by
+what its rounds' stale gradients add.
 
 Time to target. Each job's training clock starts at its first global update
 (rank 0's model changes for the first time: BSP's first step, RNA's first round;
@@ -573,7 +574,8 @@ def write_results(results: dict[str, Any], path: Path) -> Path:
         f"classification task ({w['records']} training records x {w['epochs']} epoch(s) = "
         f"{w['steps']} BSP steps, global batch {w['global_batch']}, shards of "
         f"{w['shard_size']}; test split {w['test_records']}), SGD lr {w['lr']:g} momentum "
-        f"{w['momentum']:g} in every column; rna with its defaults (probes=2, staleness=8); "
+        f"{w['momentum']:g} in every column; rna with its defaults (probes=2, staleness=8, "
+        "momentum=auto); "
         f"nd with its defaults; --control-interval {results['control_interval_s']:g} s. "
         f"Target loss: {results['target_rule']}. Times from the first global update "
         "(rank 0's model); wall s = launch to exit."
