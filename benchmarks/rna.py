@@ -26,8 +26,8 @@ seeded RNG, so every column sees the same delays. Scenarios:
 Same script, data (32,000 records, one epoch: 250 BSP steps), initial model,
 optimizer (SGD, lr 0.02, momentum 0.9) and global batch (128: 16 records per
 worker and step) in every column; RNA scales the rate by contributors / 8 per
-round itself, and (``momentum=auto``, its default) lightens the momentum by
-what its rounds' stale gradients add.
+round itself, and (``momentum=auto``, its default) fades the momentum out for
+gradients a round or more old, at the same step ``lr / (1 - momentum)``.
 
 Time to target. Each job's training clock starts at its first global update
 (rank 0's model changes for the first time: BSP's first step, RNA's first round;

@@ -195,9 +195,10 @@ def test_rounds_average_the_contributions_and_scale_the_learning_rate(three):
 
 @pytest.mark.parametrize("correct", [True, False], ids=["auto", "keep"])
 def test_momentum_is_lightened_by_the_rounds_mean_staleness(correct):
-    """``momentum=auto``: each round's SGD momentum is
-    ``1 - (1 - 0.9)(mean staleness + 1)`` over that round's contributors; ``keep``
-    applies 0.9. Held against a single-process SGD with those momenta."""
+    """``momentum=auto``: each round's SGD momentum is ``0.9 x (1 - mean
+    staleness)`` over that round's contributors, its rate raised to keep the step
+    ``lr / (1 - 0.9)``; ``keep`` applies 0.9 and the rate. Held against a
+    single-process SGD with those momenta and rates."""
     members = [Member(r, 3, momentum=0.9, correct_momentum=correct) for r in range(3)]
     try:
         start = members[0].global_model()
@@ -209,15 +210,16 @@ def test_momentum_is_lightened_by_the_rounds_mean_staleness(correct):
         members[2].worker.hand_over(0, torch.tensor(g["b"]))
         run_round(members, 1, 0, initiator=0)
         # Round 1: member 0's gradient is of version 0 (one round stale), member
-        # 1's of version 1 (fresh): mean staleness 0.5, momentum 1 - 0.1 x 1.5.
+        # 1's of version 1 (fresh): mean staleness 0.5, momentum 0.45, the rate
+        # times (1 - 0.45) / (1 - 0.9).
         members[0].worker.hand_over(0, torch.tensor(g["c"]))
         members[1].worker.hand_over(1, torch.tensor(g["d"]))
         run_round(members, 1, 1, initiator=1)
-        momentum = 0.85 if correct else 0.9
+        momentum, rate = (0.45, 5.5) if correct else (0.9, 1.0)
         buf = (g["a"] + g["b"]) / 2
         expected = start - LR * (2 / 3) * buf
         buf = momentum * buf + (g["c"] + g["d"]) / 2
-        expected = expected - LR * (2 / 3) * buf
+        expected = expected - LR * (2 / 3) * rate * buf
         models = [m.global_model() for m in members]
         for model in models:
             np.testing.assert_allclose(model, expected, atol=1e-9, rtol=0)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from dtlaunch.solvers.rna import (
     InfeasibleError,
     lr_factor,
-    momentum_under_staleness,
+    momentum_for_staleness,
     probe_median_response,
     probe_response_quantile,
     split_groups,
@@ -149,19 +149,18 @@ def test_lr_factor_rejects_invalid_input(contributors, world, match):
         lr_factor(contributors, world)
 
 
-def test_momentum_under_staleness_keeps_the_total_momentum():
-    # Fresh gradients: the optimizer's momentum as it is.
-    assert momentum_under_staleness(0.9, 0) == pytest.approx(0.9)
-    # Two rounds old: implicit 2/3, explicit 1 - 0.1 x 3 = 0.7; the total
-    # 1 - (1 - 0.7)(1 - 2/3) is the configured 0.9.
-    assert momentum_under_staleness(0.9, 2) == pytest.approx(0.7)
-    explicit, implicit = momentum_under_staleness(0.9, 2.5), 2.5 / 3.5
-    assert 1 - (1 - explicit) * (1 - implicit) == pytest.approx(0.9)
-    # Staleness alone carries more than the configured total: no explicit momentum.
-    assert momentum_under_staleness(0.9, 9) == pytest.approx(0.0, abs=1e-12)  # 1 - 0.1 x 10
-    assert momentum_under_staleness(0.9, 20) == 0.0
-    assert momentum_under_staleness(0.5, 1) == 0.0
-    assert momentum_under_staleness(0.0, 0) == 0.0
+def test_momentum_fades_with_staleness_at_the_same_step():
+    # Fresh gradients: the optimizer as configured.
+    assert momentum_for_staleness(0.9, 0) == (0.9, 1.0)
+    # Half a round old on average: half the momentum, the rate raised so that
+    # lr / (1 - momentum) is the configured optimizer's.
+    momentum, rate = momentum_for_staleness(0.9, 0.5)
+    assert momentum == pytest.approx(0.45) and rate == pytest.approx(5.5)
+    assert rate / (1 - momentum) == pytest.approx(1 / (1 - 0.9))
+    # A round or more old: plain SGD at the step lr / (1 - 0.9).
+    assert momentum_for_staleness(0.9, 1) == (0.0, pytest.approx(10.0))
+    assert momentum_for_staleness(0.9, 2.3) == (0.0, pytest.approx(10.0))
+    assert momentum_for_staleness(0.0, 3) == (0.0, 1.0)
 
 
 @pytest.mark.parametrize(
@@ -169,9 +168,9 @@ def test_momentum_under_staleness_keeps_the_total_momentum():
     [(1.0, 0, "momentum"), (-0.1, 0, "momentum"), (float("nan"), 0, "momentum"),
      (0.9, -1, "staleness"), (0.9, float("inf"), "staleness")],
 )  # fmt: skip
-def test_momentum_under_staleness_rejects_invalid_input(momentum, staleness, match):
+def test_momentum_for_staleness_rejects_invalid_input(momentum, staleness, match):
     with pytest.raises(InfeasibleError, match=match):
-        momentum_under_staleness(momentum, staleness)
+        momentum_for_staleness(momentum, staleness)
 
 
 # --- §4 grouping ---------------------------------------------------------------------

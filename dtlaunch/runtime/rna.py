@@ -80,8 +80,8 @@ FIRST_GROUP_NOTE_S = 30.0
 @dataclass(frozen=True, slots=True)
 class RnaSettings:
     """What ``DTLAUNCH_RNA`` carries: the staleness bound, and whether the
-    rounds' optimizer corrects an SGD momentum for the gradients' staleness
-    (``auto``, ``solvers.rna.momentum_under_staleness``) or keeps it (``keep``)."""
+    rounds' optimizer fades an SGD momentum out for stale gradients (``auto``,
+    ``solvers.rna.momentum_for_staleness``) or keeps it (``keep``)."""
 
     staleness: int
     momentum: str = "keep"

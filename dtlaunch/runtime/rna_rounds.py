@@ -48,7 +48,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from dtlaunch.errors import ConfigError
-from dtlaunch.solvers.rna import lr_factor, momentum_under_staleness, staleness_weights
+from dtlaunch.solvers.rna import lr_factor, momentum_for_staleness, staleness_weights
 from dtlaunch.wire.messages import (
     RnaFailed,
     RnaFormed,
@@ -512,8 +512,8 @@ class RoundWorker(threading.Thread):
     def _apply(self, mean: torch.Tensor, factor: float, staleness: float) -> None:
         """One optimizer step on the global model with the round's mean gradient,
         whose contributions were ``staleness`` rounds old on average: with
-        ``correct_momentum`` an SGD momentum is lightened by what that staleness
-        adds (``solvers.rna.momentum_under_staleness``)."""
+        ``correct_momentum`` an SGD momentum fades out as that staleness nears a
+        round, at the same step (``solvers.rna.momentum_for_staleness``)."""
         offset = 0
         for shadow in self.shadow:
             count = shadow.numel()
@@ -527,7 +527,8 @@ class RoundWorker(threading.Thread):
                     mine[key] = value
             mine["lr"] = users["lr"] * factor
             if self.correct_momentum and isinstance(self._optimizer, torch.optim.SGD):
-                mine["momentum"] = momentum_under_staleness(users["momentum"], staleness)
+                mine["momentum"], rate = momentum_for_staleness(users["momentum"], staleness)
+                mine["lr"] *= rate
         self._optimizer.step()
 
     def _note_round(

@@ -15,11 +15,11 @@ Parameters:
   older than the round that would use it is dropped (§3.3's bounded staleness).
 - ``group_timeout`` (60 s): how long a group may take to form, and how long one
   collective may block before the group is formed again without the silent member.
-- ``momentum`` (``auto``): ``auto`` lightens an SGD momentum in each round by
-  the implicit momentum of that round's stale gradients, so that the total is
-  the one configured (``solvers.rna.momentum_under_staleness``; not in the
-  paper: with heavy momentum and gradients 1-3 rounds old the model oscillated
-  late in training and ended worse than BSP's); ``keep`` applies the
+- ``momentum`` (``auto``): ``auto`` fades an SGD momentum out in each round as
+  its gradients' mean staleness nears one round, keeping the step ``lr / (1 -
+  momentum)`` (``solvers.rna.momentum_for_staleness``; not in the paper: with
+  momentum 0.9 and gradients 1-3 rounds old the model oscillated late in
+  training and ended 3-4 accuracy points below BSP's); ``keep`` applies the
   optimizer's momentum as it is, as the paper does.
 """
 
