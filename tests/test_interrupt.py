@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import random
 import signal
+import subprocess
 import time
 
 import psutil
 import pytest
 
-from tests.jobs import SCRIPTS, started
+from tests.jobs import SCRIPTS, dtlaunch_argv, events, job_env, started, summary, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -91,3 +92,78 @@ def test_ctrl_c_the_instant_job_json_is_written_stops_in_order(tmp_path):
     handling did not yet; that exited 130 with no line and no summary."""
     for loop in range(3):
         assert interrupt_at(tmp_path, None, loop)
+
+
+@pytest.mark.parametrize("tick_s", [0.0, 0.05], ids=["quiet", "echoing"])
+def test_a_terminal_that_goes_away_does_not_take_the_supervisor_with_it(tmp_path, tick_s):
+    """``dtlaunch run ... | tee log`` with the tee killed, or an ssh session that
+    drops: stdout and stderr become broken pipes. Rich answered the next log
+    line with SystemExit(1): SIGTERM's "stopping the job" killed the supervisor
+    with its agents and workers left to the orphan timeout, no job_end and no
+    summary. The workers' echoed output met the same pipe."""
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    argv = dtlaunch_argv("run", "--workers", "2", "--run-dir", str(run_dir),
+                         str(SCRIPTS / "sleeper.py"), str(out), "600", str(tick_s))  # fmt: skip
+    proc = subprocess.Popen(
+        argv, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        # Both workers running (each records itself and its child); the pipe is
+        # not read meanwhile, but what comes before is far below its 64 KiB.
+        wait_until(lambda: len(list(out.glob("*.json"))) == 2, timeout=90, what="the job running")
+        left = processes_of(run_dir, out)
+        assert proc.stdout is not None
+        proc.stdout.close()  # the terminal is gone
+        time.sleep(1.0)  # the echoed ticks (every 50 ms) meet the broken pipe
+        assert proc.poll() is None, "the supervisor died with its terminal"
+        proc.send_signal(signal.SIGTERM)  # its "stopping the job" line meets it too
+        assert proc.wait(timeout=60) == 1  # stopped, in order
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = events(run_dir)
+    assert log[-1]["kind"] == "job_end" and log[-1]["status"] == "stopped", log[-3:]
+    assert summary(run_dir)["status"] == "stopped"
+    wait_until(lambda: not any(alive(*p) for p in left), timeout=15, what="every process gone")
+    if tick_s:
+        assert "tick" in (run_dir / "logs" / "worker-0.log").read_text()
+
+
+@pytest.mark.parametrize("nohup", [False, True], ids=["hangup", "nohup"])
+def test_a_hangup_stops_the_job_in_order_unless_it_was_ignored(tmp_path, nohup):
+    """SIGHUP (the terminal closed) stops the job as SIGTERM does, as torchrun's
+    agent does; under ``nohup`` (SIGHUP ignored at launch) the job goes on."""
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    argv = dtlaunch_argv("run", "--workers", "2", "--run-dir", str(run_dir),
+                         str(SCRIPTS / "sleeper.py"), str(out), "600")  # fmt: skip
+
+    def ignore_hangup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    proc = subprocess.Popen(
+        argv, env=job_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, preexec_fn=ignore_hangup if nohup else None,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: len(list(out.glob("*.json"))) == 2, timeout=90, what="the job running")
+        left = processes_of(run_dir, out)
+        proc.send_signal(signal.SIGHUP)
+        if nohup:
+            # Still training 3 s later (a stop takes well under a second here).
+            time.sleep(3.0)
+            assert proc.poll() is None and all(alive(*p) for p in left)
+            proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = events(run_dir)
+    assert log[-1]["kind"] == "job_end" and log[-1]["status"] == "stopped", log[-3:]
+    stop = "SIGTERM" if nohup else "SIGHUP"
+    assert stop in log[-1].get("reason", ""), log[-1]
+    wait_until(lambda: not any(alive(*p) for p in left), timeout=15, what="every process gone")

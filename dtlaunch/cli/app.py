@@ -4,6 +4,7 @@ command reports an error."""
 from __future__ import annotations
 
 import logging
+import os
 from typing import Annotated
 
 import typer
@@ -22,7 +23,29 @@ app = typer.Typer(
     add_completion=True,
     pretty_exceptions_enable=False,
 )
-err_console = Console(stderr=True)
+
+
+class _TerminalConsole(Console):
+    """A Console that outlives its terminal. Rich's answer to a broken pipe is
+    ``SystemExit(1)`` from whatever printed, and a log line is printed from
+    anywhere: a supervisor whose terminal closed (a dropped ssh session, a
+    killed ``| tee``) died at its next log line, its job left to the agents'
+    orphan timeout. Here the console falls silent instead: its file is pointed
+    at /dev/null and the job goes on (its events and the processes' logs are in
+    the run directory)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self.file.fileno())
+        except (OSError, ValueError):  # not a real file descriptor: quiet is enough
+            pass
+        finally:
+            os.close(devnull)
+
+
+err_console = _TerminalConsole(stderr=True)
 
 
 def setup_logging(verbose: bool) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 import logging
+import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -470,5 +472,10 @@ def _run_to_end(spec: JobSpec, *, resume: bool) -> None:
 
     if result.summary["failures"]:
         err_console.print(failures_table(result.summary))
-    print(outcome_line(result.summary, str(result.run_dir)), flush=True)
+    try:
+        print(outcome_line(result.summary, str(result.run_dir)), flush=True)
+    except BrokenPipeError:  # the terminal went away; summary.json says it
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
     raise typer.Exit(result.exit_code)

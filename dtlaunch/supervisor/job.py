@@ -573,12 +573,18 @@ def _keys_of_a_fresh_start(run: RunDir) -> RunKeys:
 
 @contextlib.contextmanager
 def _signals_to(stops: _StopRequests) -> Any:
-    """SIGINT/SIGTERM stop the job in order instead of killing the supervisor."""
+    """SIGINT/SIGTERM, and SIGHUP (the terminal closed) as torchrun treats it,
+    stop the job in order instead of killing the supervisor. A SIGHUP ignored
+    when we start (``nohup``) stays ignored: that user wants the job to outlive
+    the terminal."""
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
     # Only the main thread gets signals (a job run from a notebook's thread does not).
     if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        wanted = [signal.SIGINT, signal.SIGTERM]
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+            wanted.append(signal.SIGHUP)
+        for signum in wanted:
             loop.add_signal_handler(signum, stops, signal.Signals(signum).name)
             installed.append(signum)
     try:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from typing import IO, TextIO
 
 from dtlaunch.config import OutputSpec
 from dtlaunch.supervisor.rundir import RunDir
+
+log = logging.getLogger(__name__)
 
 
 def console_prefix(proc_id: str, host: str) -> str:
@@ -16,11 +20,14 @@ def console_prefix(proc_id: str, host: str) -> str:
 
 class OutputRouter:
     """Appends every chunk to ``logs/<role>-<rank>.log`` (all attempts in one file)
-    and echoes complete lines of the selected processes to the console."""
+    and echoes complete lines of the selected processes to the console.
+
+    A console that goes away (its terminal closed, the ``| tee`` reading it
+    killed) ends the echo, not the job: the lines stay in the log files."""
 
     def __init__(self, run: RunDir, console: TextIO, spec: OutputSpec) -> None:
         self._run = run
-        self._console = console
+        self._console: TextIO | None = console
         self._spec = spec
         self._files: dict[str, IO[bytes]] = {}
         self._partial: dict[tuple[str, str], bytes] = {}
@@ -58,10 +65,8 @@ class OutputRouter:
         if rest:
             self._partial[key] = rest
         prefix = console_prefix(proc_id, host)
-        for line in lines:
-            self._console.write(f"{prefix} {line.decode('utf-8', 'replace')}\n")
         if lines:
-            self._console.flush()
+            self._echo("".join(f"{prefix} {line.decode('utf-8', 'replace')}\n" for line in lines))
 
     def flush_partial(self, proc_id: str, host: str) -> None:
         """A process ended: print what it left without a final newline."""
@@ -69,7 +74,28 @@ class OutputRouter:
         for stream in ("stdout", "stderr"):
             rest = self._partial.pop((proc_id, stream), b"")
             if rest and self._spec.shows(proc_id):
-                self._console.write(f"{prefix} {rest.decode('utf-8', 'replace')}\n")
+                self._echo(f"{prefix} {rest.decode('utf-8', 'replace')}\n")
+
+    def _echo(self, text: str) -> None:
+        console = self._console
+        if console is None:
+            return
+        try:
+            console.write(text)
+            console.flush()
+        except BrokenPipeError:
+            self._console = None
+            # Python's last flush at exit would meet the same broken pipe.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, console.fileno())
+            except (OSError, ValueError):  # not a real file descriptor
+                pass
+            finally:
+                os.close(devnull)
+            log.warning(
+                "the console went away; the processes' output goes on into %s", self._run.logs
+            )
 
     def close(self) -> None:
         for handle in self._files.values():
