@@ -141,12 +141,14 @@ def test_a_hangup_stops_the_job_in_order_unless_it_was_ignored(tmp_path, nohup):
     argv = dtlaunch_argv("run", "--workers", "2", "--run-dir", str(run_dir),
                          str(SCRIPTS / "sleeper.py"), str(out), "600")  # fmt: skip
 
-    def ignore_hangup() -> None:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    def hangup_as_nohup_would_leave_it() -> None:
+        # Set both ways: the test runner itself may run with SIGHUP ignored (CI
+        # under nohup), which the child would inherit.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN if nohup else signal.SIG_DFL)
 
     proc = subprocess.Popen(
         argv, env=job_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True, preexec_fn=ignore_hangup if nohup else None,
+        start_new_session=True, preexec_fn=hangup_as_nohup_would_leave_it,
     )  # fmt: skip
     try:
         wait_until(lambda: len(list(out.glob("*.json"))) == 2, timeout=90, what="the job running")
