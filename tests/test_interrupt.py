@@ -121,13 +121,9 @@ def test_a_terminal_that_goes_away_does_not_take_the_supervisor_with_it(tmp_path
         proc.send_signal(signal.SIGTERM)  # its "stopping the job" line meets it too
         assert proc.wait(timeout=60) == 1  # stopped, in order
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    log = events(run_dir)
-    assert log[-1]["kind"] == "job_end" and log[-1]["status"] == "stopped", log[-3:]
+        _reap(proc)
+    _stopped_in_order(run_dir, left)
     assert summary(run_dir)["status"] == "stopped"
-    wait_until(lambda: not any(alive(*p) for p in left), timeout=15, what="every process gone")
     if tick_s:
         assert "tick" in (run_dir / "logs" / "worker-0.log").read_text()
 
@@ -161,11 +157,22 @@ def test_a_hangup_stops_the_job_in_order_unless_it_was_ignored(tmp_path, nohup):
             proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 1
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _reap(proc)
+    end = _stopped_in_order(run_dir, left)
+    assert ("SIGTERM" if nohup else "SIGHUP") in end.get("reason", ""), end
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    """A supervisor a failed assertion left running is killed, not leaked."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def _stopped_in_order(run_dir, left: list[tuple[int, float]]) -> dict:
+    """The run ended as a stopped job (its job_end, returned) and every process
+    it started is gone."""
     log = events(run_dir)
     assert log[-1]["kind"] == "job_end" and log[-1]["status"] == "stopped", log[-3:]
-    stop = "SIGTERM" if nohup else "SIGHUP"
-    assert stop in log[-1].get("reason", ""), log[-1]
     wait_until(lambda: not any(alive(*p) for p in left), timeout=15, what="every process gone")
+    return log[-1]
