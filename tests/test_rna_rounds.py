@@ -56,11 +56,14 @@ class Member:
         *,
         staleness: int = 4,
         momentum: float = 0.0,
+        dampening: float = 0.0,
         correct_momentum: bool = False,
     ):
         torch.manual_seed(100 + rank)  # every member starts elsewhere; the source wins
         self.param = torch.nn.Parameter(torch.randn(DIM, dtype=torch.float64))
-        self.optimizer = torch.optim.SGD([self.param], lr=LR, momentum=momentum)
+        self.optimizer = torch.optim.SGD(
+            [self.param], lr=LR, momentum=momentum, dampening=dampening
+        )
         self.inbox: queue.Queue[object] = queue.Queue()
         self.outbox: queue.Queue[object] = queue.Queue()
         self.worker = RoundWorker(
@@ -193,13 +196,19 @@ def test_rounds_average_the_contributions_and_scale_the_learning_rate(three):
     assert report.sampled and report.sampled[0].contributors == [0, 2]
 
 
-@pytest.mark.parametrize("correct", [True, False], ids=["auto", "keep"])
-def test_momentum_is_lightened_by_the_rounds_mean_staleness(correct):
+@pytest.mark.parametrize(
+    ("correct", "dampening"), [(True, 0.0), (False, 0.0), (True, 0.2)],
+    ids=["auto", "keep", "auto-dampened"],
+)  # fmt: skip
+def test_momentum_is_lightened_by_the_rounds_mean_staleness(correct, dampening):
     """``momentum=auto``: each round's SGD momentum is ``0.9 x (1 - mean
     staleness)`` over that round's contributors, its rate raised to keep the step
-    ``lr / (1 - 0.9)``; ``keep`` applies 0.9 and the rate. Held against a
+    ``lr / (1 - 0.9)``; ``keep`` applies 0.9 and the rate, and so does ``auto``
+    for a momentum with dampening (its step is another formula). Held against a
     single-process SGD with those momenta and rates."""
-    members = [Member(r, 3, momentum=0.9, correct_momentum=correct) for r in range(3)]
+    members = [
+        Member(r, 3, momentum=0.9, dampening=dampening, correct_momentum=correct) for r in range(3)
+    ]
     try:
         start = members[0].global_model()
         form(members)
@@ -215,10 +224,10 @@ def test_momentum_is_lightened_by_the_rounds_mean_staleness(correct):
         members[0].worker.hand_over(0, torch.tensor(g["c"]))
         members[1].worker.hand_over(1, torch.tensor(g["d"]))
         run_round(members, 1, 1, initiator=1)
-        momentum, rate = (0.45, 5.5) if correct else (0.9, 1.0)
-        buf = (g["a"] + g["b"]) / 2
+        momentum, rate = (0.45, 5.5) if correct and not dampening else (0.9, 1.0)
+        buf = (g["a"] + g["b"]) / 2  # torch's first step: the buffer is the gradient
         expected = start - LR * (2 / 3) * buf
-        buf = momentum * buf + (g["c"] + g["d"]) / 2
+        buf = momentum * buf + (1 - dampening) * (g["c"] + g["d"]) / 2
         expected = expected - LR * (2 / 3) * rate * buf
         models = [m.global_model() for m in members]
         for model in models:

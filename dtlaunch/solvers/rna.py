@@ -41,10 +41,12 @@ mean staleness ``tau`` goes from 0 to 1, ``mu' = mu * max(0, 1 - tau)``, and
 keeps the step of the configured optimizer, ``lr / (1 - mu)``, by scaling the
 rate by ``(1 - mu') / (1 - mu)``: fresh gradients get the optimizer as
 configured, gradients a round or more old plain SGD at the same step.
-Measured (``benchmarks/rna.py``, 8 workers, momentum 0.9): test accuracy
-after one epoch 75.6-75.7 % against BSP's 75.9 %, where keeping the momentum
-gave 71.5-73.2 %; lightening it by the implicit-momentum estimate
-``tau / (tau + 1)`` alone, at the same step, 74.7 %.
+Measured (``benchmarks/rna.py``, 8 workers, momentum 0.9, scenarios a, b, c
+in two runs): test accuracy after one epoch 75.2-76.2 % against BSP's 75.9 %,
+where keeping the momentum gave 65.3-73.2 %; lightening it by the
+implicit-momentum estimate ``tau / (tau + 1)`` alone, at the same step,
+74.7-75.7 %. Not corrected: a momentum with dampening (the step formula
+differs) or of 1 or more (no finite step to keep).
 
 §4 hierarchical grouping
 ------------------------
