@@ -161,11 +161,14 @@ def test_momentum_fades_with_staleness_at_the_same_step():
     assert momentum_for_staleness(0.9, 1) == (0.0, pytest.approx(10.0))
     assert momentum_for_staleness(0.9, 2.3) == (0.0, pytest.approx(10.0))
     assert momentum_for_staleness(0.0, 3) == (0.0, 1.0)
+    # Not corrected: no finite step to keep, or a step of another formula.
+    assert momentum_for_staleness(1.0, 2) == (1.0, 1.0)
+    assert momentum_for_staleness(0.9, 2, dampening=0.1) == (0.9, 1.0)
 
 
 @pytest.mark.parametrize(
     ("momentum", "staleness", "match"),
-    [(1.0, 0, "momentum"), (-0.1, 0, "momentum"), (float("nan"), 0, "momentum"),
+    [(-0.1, 0, "momentum"), (float("nan"), 0, "momentum"),
      (0.9, -1, "staleness"), (0.9, float("inf"), "staleness")],
 )  # fmt: skip
 def test_momentum_for_staleness_rejects_invalid_input(momentum, staleness, match):

@@ -526,13 +526,10 @@ class RoundWorker(threading.Thread):
                 if key != "params":
                     mine[key] = value
             mine["lr"] = users["lr"] * factor
-            if (
-                self.correct_momentum
-                and isinstance(self._optimizer, torch.optim.SGD)
-                and 0 < users["momentum"] < 1
-                and not users.get("dampening")  # its step is another formula
-            ):
-                mine["momentum"], rate = momentum_for_staleness(users["momentum"], staleness)
+            if self.correct_momentum and isinstance(self._optimizer, torch.optim.SGD):
+                mine["momentum"], rate = momentum_for_staleness(
+                    users["momentum"], staleness, dampening=users.get("dampening", 0.0)
+                )
                 mine["lr"] *= rate
         self._optimizer.step()
 

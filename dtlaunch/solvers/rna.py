@@ -146,20 +146,26 @@ def lr_factor(contributors: float, world: int) -> float:
     return float(contributors) / world
 
 
-def momentum_for_staleness(momentum: float, staleness: float) -> tuple[float, float]:
+def momentum_for_staleness(
+    momentum: float, staleness: float, *, dampening: float = 0.0
+) -> tuple[float, float]:
     """The SGD momentum and the factor on the learning rate for a round whose
     contributions were ``staleness`` rounds old on average (see the module
     docstring): ``(mu', (1 - mu') / (1 - mu))`` with ``mu' = mu * max(0, 1 -
-    staleness)``. Fresh gradients (``staleness`` 0) give ``(momentum, 1.0)``.
+    staleness)``. Fresh gradients (``staleness`` 0) give ``(momentum, 1.0)``,
+    and so do a momentum of 1 or more (no finite step to keep) and one with
+    ``dampening`` (its step is another formula): those are not corrected.
 
     Raises:
-        InfeasibleError: (a ``ValueError``) ``momentum`` not in ``[0, 1)`` or
-            ``staleness`` not a finite number ``>= 0``.
+        InfeasibleError: (a ``ValueError``) ``momentum`` not a number ``>= 0``
+            or ``staleness`` not a finite number ``>= 0``.
     """
-    if not 0 <= momentum < 1:  # also rejects NaN
-        raise InfeasibleError(f"momentum is {momentum!r}; it must be a number in [0, 1)")
+    if not momentum >= 0:  # also rejects NaN
+        raise InfeasibleError(f"momentum is {momentum!r}; it must be a number >= 0")
     if not (math.isfinite(staleness) and staleness >= 0):
         raise InfeasibleError(f"staleness is {staleness!r}; it must be a finite number >= 0")
+    if momentum >= 1 or dampening:
+        return momentum, 1.0
     faded = momentum * max(0.0, 1.0 - staleness)
     return faded, (1.0 - faded) / (1.0 - momentum)
 
