@@ -23,7 +23,7 @@ from dtlaunch.supervisor.control.loop import job_resources
 from dtlaunch.supervisor.control.monitor import JobResources, Monitor, ProcessUse
 from dtlaunch.supervisor.control.policies import AutoPolicy, parse_policy
 from dtlaunch.supervisor.jobstate.limits import LimitRules
-from tests.test_jobstate import bring_up, make_state
+from tests.test_jobstate import bring_up, exited, make_state
 from tests.test_policies import run
 
 PARAMS = {"sample_s": "10", "interval_s": "20", "l_trans": "5", "l_per": "10"}
@@ -135,6 +135,44 @@ def test_growth_goes_on_while_it_pays():
     mon.workers = 6  # each as fast as before: 1.5x the throughput
     again = decide(pol, mon, 50.0, resources(6, server_cores=0.6))
     assert isinstance(again, ScaleWorkers) and again.count == 8
+
+
+def test_workers_that_finished_their_data_hold_the_job_as_it_is():
+    """The race the clean-clone CI found: 4 workers, 2 finished as the data ran
+    out; the 2 still running looked like the whole job, and an idle-PS "2 -> 3"
+    removed rank 3. Scaling at the end adds nothing: hold, and count every rank."""
+    pol = AutoPolicy(PARAMS)
+    mon = Feed()
+    adjusted(pol, mon, 4)
+    mon.workers = 2  # ranks 0 and 1 still report steps
+    ending = dataclasses.replace(
+        resources(2, server_cores=0.2), job_workers=4, finished_workers=(2, 3)
+    )
+    hold = decide(pol, mon, 30.0, ending)
+    assert isinstance(hold, NoAction) and "finished their data" in hold.reason
+    assert "holding 4 workers" in hold.reason
+    assert hold.inputs["workers"] == 4 and hold.inputs["running_workers"] == 2
+
+
+def test_a_scale_counts_the_job_s_ranks_not_only_the_running_ones():
+    pol = AutoPolicy(PARAMS)
+    mon = Feed()
+    adjusted(pol, mon, 4)
+    # Rank 3 is restarting: three run, four are the job; the servers idle.
+    restarting = dataclasses.replace(resources(3, server_cores=0.3), job_workers=4)
+    mon.workers = 3
+    grow = decide(pol, mon, 20.0, restarting)
+    assert isinstance(grow, ScaleWorkers) and grow.count == 6  # 4 + sqrt(4)
+
+
+def test_the_job_s_resources_count_every_worker_rank_and_the_finished_ones():
+    state = make_state(workers=2, servers=1)
+    bring_up(state)
+    slot = state.procs["worker-1"]
+    state.exited(slot.host, exited("worker-1", slot.attempt, code=0), 5.0)
+    res = job_resources(state)
+    assert sorted(res.workers) == [0]  # running
+    assert (res.job_workers, res.worker_count, res.finished_workers) == (2, 2, (1,))
 
 
 def test_busy_servers_hold_and_no_room_holds():

@@ -122,6 +122,7 @@ def job_resources(state: JobState) -> JobResources:
         )
 
     running = [s for s in state.procs.values() if s.state is ProcState.RUNNING]
+    workers = [s for s in state.procs.values() if s.role == "worker"]
     return JobResources(
         workers={s.rank: use(s) for s in running if s.role == "worker"},
         servers={s.rank: use(s) for s in running if s.role == "server"},
@@ -131,6 +132,8 @@ def job_resources(state: JobState) -> JobResources:
             state.limits.first_cpus(host) or share(host) for host in state.free_worker_hosts()
         ),
         servers_scalable=state.builtin_ps and not state.tf_tasks and state.ps_map_servers > 0,
+        job_workers=len(workers),
+        finished_workers=tuple(sorted(s.rank for s in workers if s.state is ProcState.SUCCEEDED)),
     )
 
 

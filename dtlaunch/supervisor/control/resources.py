@@ -36,6 +36,17 @@ class JobResources:
     # Whether the servers may be scaled now (built-in servers, a block map):
     # SCALE_SERVERS can then add the servers a plan needs.
     servers_scalable: bool = False
+    # Every worker rank the job has (running, starting, restarting or finished):
+    # the count a SCALE_WORKERS changes. None: the running ones are all there are.
+    job_workers: int | None = None
+    # Workers that ended with their data (``job.batches()`` ran out): the job is
+    # ending, and a scale planned from the ones still running would undo its ranks.
+    finished_workers: tuple[int, ...] = ()
+
+    @property
+    def worker_count(self) -> int:
+        """The workers the job runs, the base of a SCALE_WORKERS."""
+        return len(self.workers) if self.job_workers is None else self.job_workers
 
     @property
     def total_cores(self) -> float:

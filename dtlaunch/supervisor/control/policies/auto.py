@@ -143,7 +143,8 @@ class AutoPolicy:
                 readings.popleft()
         inputs = {
             "phase": self.phase,
-            "workers": n,
+            "workers": res.worker_count,
+            "running_workers": n,
             "worker_cores": round(worker_cores, 3),
             "server_cores": round(server_cores, 3),
             "server_cores_given": round(res.server_cores_given, 3),
@@ -151,6 +152,17 @@ class AutoPolicy:
             "free_worker_slots": res.free_worker_slots,
             "measured_rate": round(rate, 3),
         }
+        if res.finished_workers:
+            # Scaling now would add workers with nothing left to read, and plan
+            # from the ranks still running as if they were the whole job.
+            finished = ", ".join(map(str, res.finished_workers))
+            return [
+                NoAction(
+                    reason=f"auto: worker(s) {finished} finished their data: the job is "
+                    f"ending; holding {res.worker_count} workers",
+                    inputs=inputs,
+                )
+            ]
         if self.phase == "sample":
             if snap.restart_pending:  # a server moving: its readings are not the job's
                 return [NoAction(reason="auto: waiting for a move to settle", inputs=inputs)]
@@ -160,7 +172,7 @@ class AutoPolicy:
         hot = self._hot_server(snap, res, server_cores, n, inputs)
         if hot is not None:
             return [hot]
-        return [self._grow(snap.now, res, server_cores, rate, n, inputs)]
+        return [self._grow(snap.now, res, server_cores, rate, res.worker_count, inputs)]
 
     # ------------------------------------------------------------------ phases
 
@@ -199,7 +211,7 @@ class AutoPolicy:
                     inputs=inputs,
                 )
             ]
-        current = len(res.workers)
+        current = res.worker_count
         ceiling = current + res.free_worker_slots
         if self.max_workers:
             ceiling = min(ceiling, self.max_workers)
@@ -344,7 +356,7 @@ class AutoPolicy:
         servers bound; [] when it does not. ``blocks``: the model's block sizes,
         which no server can split: a model in one big block gains nothing from
         more servers."""
-        current, servers = len(res.workers), len(res.servers)
+        current, servers = res.worker_count, len(res.servers)
         server_limit = statistics.median(use.cpu_limit for use in res.servers.values())
         try:
             plan = plan_job(
