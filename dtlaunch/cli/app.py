@@ -4,7 +4,6 @@ command reports an error."""
 from __future__ import annotations
 
 import logging
-import os
 from typing import Annotated
 
 import typer
@@ -12,6 +11,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
 
+from dtlaunch.deadstream import silence
 from dtlaunch.version import __version__
 
 __all__ = ["app", "err_console", "fail", "setup_logging"]
@@ -36,13 +36,7 @@ class _TerminalConsole(Console):
 
     def on_broken_pipe(self) -> None:
         self.quiet = True
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, self.file.fileno())
-        except (OSError, ValueError):  # not a real file descriptor: quiet is enough
-            pass
-        finally:
-            os.close(devnull)
+        silence(self.file)
 
 
 err_console = _TerminalConsole(stderr=True)

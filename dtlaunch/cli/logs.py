@@ -3,7 +3,6 @@ process logs with the live console's prefixes (``dtlaunch.ui.logs`` reads them).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ import typer
 
 from dtlaunch.cli.app import err_console, fail
 from dtlaunch.cli.replay import POLL_S, SUMMARY_GRACE_S, EventTail
+from dtlaunch.deadstream import silence
 from dtlaunch.errors import DtlaunchError
 from dtlaunch.ui.logs import RunLogs, follow_logs, parse_selection, print_logs
 
@@ -116,9 +116,8 @@ def logs(
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except BrokenPipeError:
-        # The reader went away (| head): stop quietly, and keep Python's last flush
-        # at exit from reporting the same broken pipe.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        # The reader went away (| head): stop quietly.
+        silence(sys.stdout)
         raise typer.Exit(EXIT_BROKEN_PIPE) from None
     if grep is not None and printed == 0:
         raise typer.Exit(EXIT_NO_MATCH)

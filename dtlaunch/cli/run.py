@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,6 +22,7 @@ from dtlaunch.cli.jobfile import (
     show_resolved_options,
 )
 from dtlaunch.config import DEFAULT_PS_BLOCK_BYTES, DEFAULT_SSH_CONCURRENCY, JobSpec, RunOptions
+from dtlaunch.deadstream import silence
 from dtlaunch.errors import DtlaunchError
 from dtlaunch.proctitle import name_this_process
 
@@ -475,7 +475,5 @@ def _run_to_end(spec: JobSpec, *, resume: bool) -> None:
     try:
         print(outcome_line(result.summary, str(result.run_dir)), flush=True)
     except BrokenPipeError:  # the terminal went away; summary.json says it
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        silence(sys.stdout)
     raise typer.Exit(result.exit_code)

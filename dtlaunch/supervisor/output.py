@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import IO, TextIO
 
 from dtlaunch.config import OutputSpec
+from dtlaunch.deadstream import silence
 from dtlaunch.supervisor.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -85,14 +85,7 @@ class OutputRouter:
             console.flush()
         except BrokenPipeError:
             self._console = None
-            # Python's last flush at exit would meet the same broken pipe.
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            try:
-                os.dup2(devnull, console.fileno())
-            except (OSError, ValueError):  # not a real file descriptor
-                pass
-            finally:
-                os.close(devnull)
+            silence(console)
             log.warning(
                 "the console went away; the processes' output goes on into %s", self._run.logs
             )
