@@ -281,12 +281,15 @@ class JobSpec:
         return self
 
     def _validate_rna(self) -> None:
-        if self.policy.partition(":")[0].strip() != "rna":
+        name, _, raw = self.policy.partition(":")
+        if name.strip() != "rna":
             return
-        if self.mode != "allreduce" or self.framework != "torch":
+        hierarchical = dict(kv.partition("=")[::2] for kv in raw.split(",")).get("hierarchical")
+        if self.mode == "ps" and (self.ps_server != "builtin" or hierarchical == "off"):
             raise ConfigError(
-                "--policy rna averages gradients of torch.distributed workers without a "
-                "barrier; run an allreduce job (--servers 0, --framework torch)"
+                "--policy rna with --servers is hierarchical RNA, whose groups exchange "
+                "through dtlaunch's built-in parameter server: use --ps-server builtin and "
+                "hierarchical=auto, or drop --servers"
             )
         if self.restart_scope != "process":
             raise ConfigError(

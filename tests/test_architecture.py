@@ -16,7 +16,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "dtlaunch"
 
 # One cohesive state machine may be long (docs/ARCHITECTURE.md names it).
-LONG_STATE_MACHINES = {"dtlaunch.supervisor.jobstate.machine"}
+LONG_STATE_MACHINES = {
+    "dtlaunch.supervisor.jobstate.machine",
+    "dtlaunch.supervisor.rna.coordinator",
+}
 MAX_MODULE_LINES = 600
 
 

@@ -146,3 +146,54 @@ def test_rna_goes_on_after_the_supervisor_is_killed_and_resumed(tmp_path):
     # resume depends on when the data ends: the bound is what the rounds before
     # the kill (>= a second of them) already reach, not full convergence.
     assert finals[0]["final_loss"] < 1e-2, finals[0]["final_loss"]
+
+
+@pytest.mark.integration
+def test_hierarchical_rna_splits_off_the_slow_workers_and_all_end_on_one_model(sshd, tmp_path):
+    """Two fast and two slow workers and one built-in server (RNA §4): the policy
+    splits them into a fast and a slow group, each runs its rounds apart, the
+    groups exchange through the server, and every worker ends on the server's
+    final model; every record is trained."""
+    a0, a1, a2 = sshd.addresses
+    hosts = hostfile(sshd, tmp_path / "hosts", [f"{a0} slots=2", f"{a1} slots=2", f"{a2} slots=1"])
+    out = tmp_path / "out"
+    out.mkdir()
+    run_dir = tmp_path / "run"
+    records = 8000
+    args = [
+        "run", "-H", str(hosts), "--workers", "4", "--servers", "1", "--run-dir", str(run_dir),
+        "--dataset-size", str(records), "--shard-size", "100", "--global-batch", "40",
+        "--control-interval", "0.5",
+        "--policy", "rna:split=0.3,confirm=2,l_trans=1,l_per=2,exchange_every=2",
+        "--output", "0", SCRIPT, str(out), "0.03", "2,3", "0.09",
+    ]  # fmt: skip
+    with started(args, env=sshd.env(), log=tmp_path / "run.log") as job:
+        code = job.wait(timeout=240)
+        assert code == 0, job.output()
+    log = events(run_dir)
+    assert summary(run_dir)["status"] == "succeeded"
+    partitions = [e for e in log if e["kind"] == "rna_partition" and "refused" not in e]
+    assert [p["groups"] for p in partitions] == [[[0, 1], [2, 3]]], partitions
+    decided = [e for e in log if e["kind"] == "decision" and e.get("action") == "RNA_GROUPS"]
+    assert decided and decided[0]["inputs"]["zeta_s"] > 0.3 * decided[0]["inputs"]["v_s"]
+    formed = [e["members"] for e in log if e["kind"] == "rna_group" and e["phase"] == "formed"]
+    assert formed[0] == [0, 1, 2, 3] and {(0, 1), (2, 3)} <= {tuple(m) for m in formed}
+    exchanges = [e for e in log if e["kind"] == "rna_exchange"]
+    assert exchanges and not [e for e in exchanges if "error" in e], exchanges
+    assert {e["group"] for e in exchanges} == {0, 1}
+    # Each group ran rounds of its own after the split.
+    apart = {tuple(e["members"]) for e in log if e["kind"] == "rna_rounds" and e["rounds"]}
+    assert {(0, 1), (2, 3)} <= apart, apart
+    finals = results(out, range(4))
+    assert {f["mode"] for f in finals} == {"rna"}
+    # The release: every worker took the server's final model.
+    assert len({f["final_digest"] for f in finals}) == 1, finals
+    assert finals[0]["final_loss"] < 1e-3, finals[0]["final_loss"]
+    # The fast group read more of the data than the slow one.
+    fast, slow = (
+        finals[0]["records"] + finals[1]["records"],
+        finals[2]["records"] + finals[3]["records"],
+    )
+    assert fast + slow == records and fast > slow
+    data = summary(run_dir)
+    assert data["shards_done"] == data["shards_total"] == records // 100

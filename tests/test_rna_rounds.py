@@ -22,11 +22,8 @@ torch = pytest.importorskip("torch")
 
 from torch._C._distributed_c10d import TCPStore  # noqa: E402
 
-from dtlaunch.runtime.rna_rounds import (  # noqa: E402
-    RoundWorker,
-    local_contribution,
-    state_source,
-)
+from dtlaunch.runtime.rna_pending import local_contribution, state_source  # noqa: E402
+from dtlaunch.runtime.rna_rounds import RoundWorker  # noqa: E402
 from dtlaunch.wire.messages import (  # noqa: E402
     RnaFailed,
     RnaFormed,
@@ -331,6 +328,10 @@ def test_the_state_comes_from_the_member_with_the_most_rounds():
     assert state_source([7, 8, 8], 0) == 1  # a round ended on workers 1 and 2 only
     assert state_source([8, 7, 8], 2) == 2
     assert state_source([0, 5, 0], 0) == 1
+    # Hierarchical RNA: (rounds, exchanges); an exchange whose broadcast ended on
+    # worker 1 only put the server's model there: it is ahead at equal rounds.
+    assert state_source([(7, 2), (7, 3), (7, 2)], 0) == 1
+    assert state_source([(8, 2), (7, 3)], 1) == 0  # rounds first
 
 
 def test_a_round_that_ended_on_some_members_only_is_kept_by_the_next_group():

@@ -219,6 +219,21 @@ def test_min_size_keeps_a_group_whole():
     assert split_groups(times, min_size=4) == [(0, 1, 2, 3, 4, 5)]
 
 
+def test_a_threshold_below_one_splits_a_milder_spread():
+    # benchmarks/rna.py's scenario b: four workers at ~75 ms, four at ~125 ms.
+    # v = 100, zeta = 50: the paper's zeta > v keeps them whole; zeta > 0.3 v
+    # splits them, and each half (zeta 2 <= 0.3 x 75) stays whole.
+    times = {r: 74.0 + 2.0 * (r % 2) for r in range(4)} | {
+        r: 124.0 + 2.0 * (r % 2) for r in range(4, 8)
+    }
+    assert split_groups(times) == [tuple(range(8))]
+    assert split_groups(times, threshold=0.3) == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    assert split_groups({0: 1.0, 1: 1.0}, threshold=0.01) == [(0, 1)]  # zeta 0
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(InfeasibleError, match="threshold"):
+            split_groups({0: 1.0}, threshold=bad)
+
+
 def test_grouping_corners():
     assert split_groups({}) == []
     assert split_groups({7: 0.25}) == [(7,)]

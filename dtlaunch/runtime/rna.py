@@ -36,6 +36,13 @@ What ``step()`` does depends on how the script runs:
   member applies every round's update in the same order and all models stay
   equal. A newcomer (a restarted worker) gets the model, the optimizer state
   and the round count from a survivor when the group re-forms.
+- ``dtlaunch run --policy rna --servers 1``: hierarchical RNA (§4). The
+  supervisor may split the workers into groups by their iteration times; each
+  group runs the rounds above among its members (the learning rate scaled by
+  the group's size) and every few rounds exchanges its model with the
+  parameter server (``rna_exchange``: asynchronous model averaging between
+  the groups). At the end every worker takes the server's final model, so all
+  end equal, as in one group.
 - ``dtlaunch run`` with another policy, or torchrun: a plain synchronous step.
   Gradients are averaged over the workers weighted by their batch's records
   (``allreduce_gradients``), then the optimizer steps. The trainer creates the
@@ -61,8 +68,10 @@ import torch
 import torch.distributed as dist
 
 from dtlaunch.errors import ConfigError
+from dtlaunch.ps.config import ENV_SERVERS as ENV_PS_SERVERS
 from dtlaunch.runtime.context import Job, current_job
 from dtlaunch.runtime.environ import ENV_RNA
+from dtlaunch.runtime.rna_exchange import ServerExchange, job_client_factory
 from dtlaunch.runtime.rna_rounds import RoundWorker
 from dtlaunch.solvers.rna import MOMENTUM_MODES
 
@@ -152,6 +161,12 @@ class Trainer:
                 world_size=self._job.world_size,
                 staleness=settings.staleness,
                 correct_momentum=settings.momentum == "auto",
+                # With --servers: hierarchical RNA's groups exchange through them.
+                exchange=(
+                    ServerExchange(job_client_factory(self._job))
+                    if os.environ.get(ENV_PS_SERVERS)
+                    else None
+                ),
             )
             self._comms.start()
             self._await_first_group()

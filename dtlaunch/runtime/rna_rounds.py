@@ -23,6 +23,15 @@ that failed on it are kept aside until then: the state taken says whether that
 round ran in the same generation, with them in it (then they are dropped,
 else they go back to the pending ones).
 
+Under hierarchical RNA (§4) a group's ``RnaGroup`` names its size in the
+partition: its rounds scale the learning rate by that size, not the job's, and
+some of its rounds end with an exchange with the parameter server
+(``rna_exchange``): the initiator pushes the group's progress since its last
+exchange and pulls the server's model, then broadcasts it (with whether the
+exchange worked) to the group, whose members take it as model and as the base
+of the next exchange. The base and the count of exchanges travel with the
+state a new group takes.
+
 A group is formed once every member is at its store. Until then the thread
 keeps reading its messages (set aside, handled afterwards in order): a newer
 generation's (the coordinator gave up on this one, e.g. a member of it died
@@ -39,8 +48,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -48,8 +56,11 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from dtlaunch.errors import ConfigError
-from dtlaunch.solvers.rna import lr_factor, momentum_for_staleness, staleness_weights
+from dtlaunch.runtime.rna_exchange import ServerExchange
+from dtlaunch.runtime.rna_pending import PendingGradients, local_contribution, state_source
+from dtlaunch.solvers.rna import lr_factor, momentum_for_staleness
 from dtlaunch.wire.messages import (
+    RnaExchanged,
     RnaFailed,
     RnaFormed,
     RnaGroup,
@@ -65,13 +76,7 @@ from dtlaunch.wire.messages import (
     RnaStoreReady,
 )
 
-__all__ = [
-    "Contribution",
-    "PendingGradients",
-    "RoundWorker",
-    "local_contribution",
-    "state_source",
-]
+__all__ = ["RoundWorker"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,87 +86,6 @@ IDLE_POLL_S = 0.5
 GATHER_POLL_S = 0.02  # forming: how often the store is asked who is there (or a message ends it)
 WAKE = object()  # the training thread handed a gradient over
 STOP = object()
-
-
-@dataclass(frozen=True, slots=True)
-class Contribution:
-    """What a member puts into a round: the staleness-weighted mean of its
-    pending gradients (None: nothing, weight 0) and the largest staleness kept."""
-
-    gradient: torch.Tensor | None
-    staleness: int
-
-
-def local_contribution(
-    pending: Sequence[tuple[int, torch.Tensor, int]], *, current: int, bound: int
-) -> Contribution:
-    """RNA §3.3's local reduction of ``pending``: (model version, sum of the
-    gradients computed on it, how many) for round ``current``.
-
-    Each gradient of version ``t`` weighs ``t - min_kept + 1`` (newer ones more);
-    versions more than ``bound`` rounds old are dropped. A version newer than
-    ``current`` (a member that ran a round the re-formed group did not) counts as
-    current.
-    """
-    versions = [min(version, current) for version, _, count in pending for _ in range(count)]
-    if not versions:
-        return Contribution(None, 0)
-    weights = staleness_weights(versions, current=current, bound=bound)
-    total: torch.Tensor | None = None
-    oldest = 0
-    index = 0
-    for version, summed, count in pending:
-        weight = weights[index]  # every gradient of one version weighs the same
-        index += count
-        if weight <= 0.0:
-            continue
-        term = summed * weight
-        total = term if total is None else total + term
-        oldest = max(oldest, current - min(version, current))
-    return Contribution(total, oldest)
-
-
-def state_source(applied: Sequence[int], named: int) -> int:
-    """The group index whose state a new group takes: the member whose model
-    holds the most rounds (``applied``, by group index), ``named`` (the
-    coordinator's source) among equals, else the first of them."""
-    most = max(applied)
-    if applied[named] == most:
-        return named
-    return applied.index(most)
-
-
-@dataclass(slots=True)
-class PendingGradients:
-    """Gradients handed over and not yet in a round: per model version, their sum."""
-
-    by_version: dict[int, tuple[torch.Tensor, int]] = field(default_factory=dict)
-
-    def add(self, version: int, gradient: torch.Tensor) -> None:
-        summed, count = self.by_version.get(version, (None, 0))
-        self.by_version[version] = (gradient if summed is None else summed + gradient, count + 1)
-
-    def prune(self, *, current: int, bound: int) -> None:
-        """Drop what no round can use any more: memory stays bounded while no
-        round runs (a group forming)."""
-        for version in [v for v in self.by_version if current - v > bound]:
-            del self.by_version[version]
-
-    def take(self) -> list[tuple[int, torch.Tensor, int]]:
-        taken = [(v, s, c) for v, (s, c) in sorted(self.by_version.items())]
-        self.by_version.clear()
-        return taken
-
-    def put_back(self, taken: list[tuple[int, torch.Tensor, int]]) -> None:
-        for version, summed, count in taken:
-            held, held_count = self.by_version.get(version, (None, 0))
-            self.by_version[version] = (
-                summed if held is None else held + summed,
-                held_count + count,
-            )
-
-    def __bool__(self) -> bool:
-        return bool(self.by_version)
 
 
 class RoundWorker(threading.Thread):
@@ -182,6 +106,7 @@ class RoundWorker(threading.Thread):
         world_size: int,
         staleness: int,
         correct_momentum: bool = False,
+        exchange: ServerExchange | None = None,
     ) -> None:
         super().__init__(name=f"dtlaunch-rna-{rank}", daemon=True)
         self.rank = rank
@@ -219,6 +144,12 @@ class RoundWorker(threading.Thread):
         self._sampled: list[RnaRoundRecord] = []
         self._reported_at = time.monotonic()
         self._sampled_at = 0.0
+        # Hierarchical RNA: the group's size in the partition (0: one group of
+        # all), the model of its last exchange, and the exchanges in the model
+        self._exchange = exchange
+        self._group_size = 0
+        self._base: list[torch.Tensor] | None = None
+        self.exchanges = 0
 
     # --------------------------------------------------- training thread side
 
@@ -261,6 +192,8 @@ class RoundWorker(threading.Thread):
             except Exception:  # a bug here must not end the thread silently
                 logger.exception("rna: handling %r failed", item)
             self._maybe_report()
+        if self._exchange is not None:
+            self._exchange.close()  # its sockets are this thread's
 
     def _handle(self, item: object) -> None:
         if item is WAKE:
@@ -321,6 +254,7 @@ class RoundWorker(threading.Thread):
         self._probe = None
         self._gen = msg.gen
         self._members = list(msg.members)
+        self._group_size = msg.group_size
         if self.rank not in msg.members:
             return
         timeout = datetime.timedelta(seconds=msg.timeout_s)
@@ -392,19 +326,20 @@ class RoundWorker(threading.Thread):
         lineage, to every member (module docstring); ``named_index``: the
         coordinator's source, which wins among equals."""
         index = self._members.index(self.rank)
-        counts = torch.zeros(len(self._members), dtype=torch.int64)
-        counts[index] = self.applied
+        counts = torch.zeros((len(self._members), 2), dtype=torch.int64)
+        counts[index, 0], counts[index, 1] = self.applied, self.exchanges
         group.allreduce([counts]).wait()
-        source_index = state_source([int(c) for c in counts.tolist()], named_index)
+        ranked = [(int(a), int(e)) for a, e in counts.tolist()]
+        source_index = state_source(ranked, named_index)
         if source_index != named_index:
             logger.warning(
                 "rna: group %d takes the state of worker %d (%d rounds), the most advanced, "
                 "not worker %d's (%d)",
                 gen,
                 self._members[source_index],
-                int(counts[source_index]),
+                ranked[source_index][0],
                 self._members[named_index],
-                int(counts[named_index]),
+                ranked[named_index][0],
             )
         is_source = index == source_index
         payload = torch.zeros(0, dtype=torch.uint8)
@@ -417,6 +352,9 @@ class RoundWorker(threading.Thread):
                         "optimizer": self._optimizer.state_dict(),
                         "applied": self.applied,
                         "lineage": self._lineage,
+                        # hierarchical RNA: the model of the last exchange
+                        "base": self._base if self._base is not None else [],
+                        "exchanges": self.exchanges,
                     },
                     buffer,
                 )
@@ -435,7 +373,11 @@ class RoundWorker(threading.Thread):
                 self._optimizer.load_state_dict(state["optimizer"])
                 self.applied = int(state["applied"])
                 self._lineage = {int(r): int(g) for r, g in state["lineage"].items()}
+                self._base = [t.clone() for t in state["base"]] or None
+                self.exchanges = int(state["exchanges"])
                 self.published += 1
+        if self._base is None and self._exchange is not None:
+            self._base = [t.clone() for t in self.shadow]  # no exchange yet
         self._settle()
 
     def _settle(self) -> None:
@@ -495,7 +437,7 @@ class RoundWorker(threading.Thread):
                 mean_staleness = float((weights * staleness).sum().item()) / contributors
                 self._apply(
                     buffer[:size] / contributors,
-                    lr_factor(contributors, self.world_size),
+                    lr_factor(contributors, self._group_size or self.world_size),
                     mean_staleness,
                 )
             self.applied = start.round + 1
@@ -505,6 +447,58 @@ class RoundWorker(threading.Thread):
             del self._lineage[old]
         self.rounds_joined += 1
         self._note_round(start, weights, staleness, comm_s)
+        if start.exchange:
+            self._exchange_round(group, start)
+
+    def _exchange_round(self, group: Any, start: RnaStart) -> None:
+        """Hierarchical RNA: the initiator exchanges the group's model with the
+        parameter server and broadcasts the outcome (module docstring)."""
+        source = self._members.index(start.initiator)
+        size = self.shadow_size()
+        buffer = torch.zeros(size + 1, dtype=self.shadow[0].dtype)  # [worked, model...]
+        if self.rank == start.initiator:
+            began, error = time.monotonic(), ""
+            try:
+                if self._exchange is None:
+                    raise ConfigError("this worker has no parameter server to exchange with")
+                assert self._base is not None  # set when the group formed
+                with self.lock:
+                    model = [t.clone() for t in self.shadow]
+                weight = self._group_size / self.world_size if self._group_size else 1.0
+                pulled = self._exchange.push_pull(model, self._base, weight)
+                buffer[0] = 1.0
+                buffer[1:] = torch.cat([t.reshape(-1) for t in pulled])
+            except Exception as err:
+                error = f"{type(err).__name__}: {err}"[:500]
+                logger.warning("rna: exchange after round %d failed: %s", start.round, error)
+            self._send(
+                RnaExchanged(
+                    gen=self._gen,
+                    round=start.round,
+                    seconds=round(time.monotonic() - began, 6),
+                    ok=not error,
+                    error=error,
+                )
+            )
+        try:
+            group.broadcast(buffer, source).wait()
+        except Exception as err:
+            self._group = None
+            logger.warning("rna: exchange of group %d failed: %s", self._gen, err)
+            self._send(RnaFailed(gen=self._gen, round=start.round, error=str(err)[:500]))
+            self._ask_back_in()
+            return
+        if buffer[0] == 0:
+            return  # the exchange failed: the group keeps its model and its base
+        with self.lock:
+            offset = 1
+            with torch.no_grad():
+                for shadow in self.shadow:
+                    shadow.copy_(buffer[offset : offset + shadow.numel()].view_as(shadow))
+                    offset += shadow.numel()
+            self._base = [t.clone() for t in self.shadow]
+            self.exchanges += 1
+            self.published += 1
 
     def shadow_size(self) -> int:
         return sum(p.numel() for p in self.shadow)

@@ -51,9 +51,10 @@ differs) or of 1 or more (no finite step to keep).
 §4 hierarchical grouping
 ------------------------
 ``zeta`` = slowest minus fastest iteration time, ``v`` = the mean iteration time.
-If ``zeta > v`` the workers are split into the faster (time ``<= v``) and the
-slower (time ``> v``) ones, and each subset is split again the same way until
-``zeta <= v`` inside every group (:func:`split_groups`). Each group then runs
+If ``zeta > v`` (``zeta > threshold * v`` in general) the workers are split
+into the faster (time ``<= v``) and the slower (time ``> v``) ones, and each
+subset is split again the same way until ``zeta <= v`` inside every group
+(:func:`split_groups`). Each group then runs
 RNA inside and exchanges with a parameter server between groups.
 
 §3.2 power-of-d-choices probe (Fig. 10, §8.4)
@@ -170,21 +171,27 @@ def momentum_for_staleness(
     return faded, (1.0 - faded) / (1.0 - momentum)
 
 
-def split_groups(iteration_s: Mapping[int, float], *, min_size: int = 1) -> list[tuple[int, ...]]:
+def split_groups(
+    iteration_s: Mapping[int, float], *, min_size: int = 1, threshold: float = 1.0
+) -> list[tuple[int, ...]]:
     """§4's recursive split of workers by iteration time.
 
     ``iteration_s`` maps rank to its iteration time. While ``zeta = max - min >
-    v = mean`` inside a group, it is split into ranks with time ``<= v`` and ranks
-    with time ``> v``. A split that would leave either part with fewer than
+    threshold * v`` (``v`` the mean; the paper's rule is ``threshold`` 1) inside
+    a group, it is split into ranks with time ``<= v`` and ranks with time
+    ``> v``. A split that would leave either part with fewer than
     ``min_size`` ranks is not made (the group stays whole). Returns the groups
     fastest first, each a sorted tuple of ranks; empty input gives ``[]``. The
     answer does not depend on the mapping's order.
 
     Raises:
         InfeasibleError: (a ``ValueError``) a rank that is not an integer >= 0, a time
-            that is not a finite number ``>= 0``, or ``min_size < 1``.
+            that is not a finite number ``>= 0``, ``min_size < 1``, or a
+            ``threshold`` that is not a finite number ``> 0``.
     """
     min_size = _validated_int("min_size", min_size, minimum=1)
+    if not (math.isfinite(threshold) and threshold > 0):
+        raise InfeasibleError(f"threshold is {threshold!r}; it must be a finite number > 0")
     times: dict[int, float] = {}
     for rank, seconds in iteration_s.items():
         r = _validated_int("rank", rank)
@@ -199,24 +206,28 @@ def split_groups(iteration_s: Mapping[int, float], *, min_size: int = 1) -> list
     # Ranks in time order (rank breaks ties). Every split is a threshold on time,
     # so each group is a run of this order and emitting the faster part first
     # gives the groups fastest first, by mean as by any other statistic.
-    _split(sorted(times, key=lambda r: (times[r], r)), times, min_size, groups)
+    _split(sorted(times, key=lambda r: (times[r], r)), times, min_size, threshold, groups)
     return groups
 
 
 def _split(
-    ranks: list[int], times: dict[int, float], min_size: int, out: list[tuple[int, ...]]
+    ranks: list[int],
+    times: dict[int, float],
+    min_size: int,
+    threshold: float,
+    out: list[tuple[int, ...]],
 ) -> None:
     values = [times[r] for r in ranks]
     zeta = values[-1] - values[0]  # ranks are in time order
     mean = math.fsum(values) / len(values)  # fsum: exact, so no order flips a tie at v
-    if zeta > mean:
-        # zeta > mean >= 0 puts min < mean < max strictly: both parts are non-empty,
+    if zeta > threshold * mean and zeta > 0:
+        # zeta > 0 puts min < mean < max strictly: both parts are non-empty,
         # each smaller than the group, so the recursion ends.
         faster = [r for r in ranks if times[r] <= mean]
         slower = [r for r in ranks if times[r] > mean]
         if len(faster) >= min_size and len(slower) >= min_size:
-            _split(faster, times, min_size, out)
-            _split(slower, times, min_size, out)
+            _split(faster, times, min_size, threshold, out)
+            _split(slower, times, min_size, threshold, out)
             return
     out.append(tuple(sorted(ranks)))
 

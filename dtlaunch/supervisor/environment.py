@@ -102,7 +102,7 @@ def process_env(
     }
     if spec.inject:
         env["DTLAUNCH_INJECT"] = ";".join(spec.inject)
-    if a.role == "worker" and spec.policy.partition(":")[0].strip() == "rna":
+    if a.role == "worker" and _runs_rna(spec):
         policy = parse_policy(spec.policy)
         assert isinstance(policy, RnaPolicy)
         env.update(policy.worker_env())
@@ -164,6 +164,10 @@ def gpu_env(spec: JobSpec, slot: ProcSlot) -> dict[str, str]:
     return env
 
 
+def _runs_rna(spec: JobSpec) -> bool:
+    return spec.policy.partition(":")[0].strip() == "rna"
+
+
 def builtin_ps(spec: JobSpec) -> bool:
     """Whether the servers are dtlaunch's own (``python -m dtlaunch.ps``); with
     ``--framework tf`` they are TensorFlow's ps tasks instead."""
@@ -188,7 +192,9 @@ def ps_env(ctx: LaunchContext, slot: ProcSlot, workers: Sequence[int]) -> dict[s
     snapshot = f"{ctx.state_dirs.get(slot.host, '/tmp')}/ps/server-{slot.rank}.snapshot"
     env = {
         "DTLAUNCH_PS_BIND": f"tcp://*:{slot.listen_port}",
-        "DTLAUNCH_PS_MODE": spec.ps_consistency,
+        # Hierarchical RNA's groups push and pull at their own pace: a BSP step
+        # would wait for every worker, and only a group's initiator pushes.
+        "DTLAUNCH_PS_MODE": "asp" if _runs_rna(spec) else spec.ps_consistency,
         "DTLAUNCH_PS_WORKERS": ",".join(str(r) for r in workers),
         "DTLAUNCH_PS_SNAPSHOT": snapshot,
     }

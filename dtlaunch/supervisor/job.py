@@ -44,7 +44,7 @@ from dtlaunch.supervisor.output import OutputRouter
 from dtlaunch.supervisor.placement import place
 from dtlaunch.supervisor.psfleet import PlacementKeeper
 from dtlaunch.supervisor.regroup import RegroupCoordinator
-from dtlaunch.supervisor.rna import RoundCoordinator
+from dtlaunch.supervisor.rna import GroupedCoordinator
 from dtlaunch.supervisor.rundir import RunDir
 from dtlaunch.supervisor.services import JobServices
 from dtlaunch.supervisor.status import StatusTracker
@@ -390,20 +390,23 @@ def _still_leaving(history: History) -> dict[int, tuple[str, int]]:
     }
 
 
-def _round_coordinator(spec: JobSpec, history: History | None) -> RoundCoordinator | None:
-    """RNA's groups, probes and rounds, with ``--policy rna``'s parameters. A
-    resumed supervisor numbers its groups after the last one's: a worker's
-    message about a group of the crashed supervisor is then never mistaken for
-    one about a new group."""
+def _round_coordinator(spec: JobSpec, history: History | None) -> GroupedCoordinator | None:
+    """RNA's groups, probes and rounds, with ``--policy rna``'s parameters; with
+    the built-in parameter servers (and ``hierarchical`` not off) the groups
+    exchange through them (§4). A resumed supervisor numbers its groups after
+    the last one's: a worker's message about a group of the crashed supervisor
+    is then never mistaken for one about a new group. It starts with one group;
+    the policy partitions the workers again from their iteration times."""
     policy = parse_policy(spec.policy)
     if not isinstance(policy, RnaPolicy):
         return None
-    return RoundCoordinator(
+    return GroupedCoordinator(
         world_size=spec.workers,
         probes=policy.probes,
         group_timeout_s=policy.group_timeout_s,
         seed=spec.seed,
         first_gen=(history.rna_gen + 1) if history is not None else 1,
+        exchange_every=policy.exchange_every if policy.hierarchical and builtin_ps(spec) else 0,
     )
 
 

@@ -11,7 +11,7 @@ from dtlaunch.supervisor.dds import DdsService
 from dtlaunch.supervisor.output import OutputRouter
 from dtlaunch.supervisor.psfleet import PlacementKeeper
 from dtlaunch.supervisor.regroup import RegroupCoordinator
-from dtlaunch.supervisor.rna import RoundCoordinator
+from dtlaunch.supervisor.rna import GroupedCoordinator
 from dtlaunch.wire.keys import PeerKeys
 
 __all__ = ["JobServices"]
@@ -28,4 +28,4 @@ class JobServices:
     regroup: RegroupCoordinator | None  # allreduce mode: replace without a group restart
     placements: PlacementKeeper | None  # PS mode: the job's block placement map
     ps_keys: PeerKeys | None  # built-in PS: how the supervisor reaches the servers
-    rounds: RoundCoordinator | None = None  # --policy rna: groups, probes and rounds
+    rounds: GroupedCoordinator | None = None  # --policy rna: groups, probes and rounds

@@ -172,6 +172,7 @@ class Supervisor:
                 workers=self._regroup,
                 scale=self._commands.scale,
                 scale_servers=self._commands.scale_servers,
+                rna=self._rounds,
             ),
             remaining_steps=self._dds.remaining_steps,
             clock=clock,

@@ -69,6 +69,7 @@ _INT_MIN: dict[str, int] = {
     "store_port": 1,
     "master_port": 1,
     "source_rank": 0,
+    "group_size": 0,
     # parameter server (messages' "version" is not here: Hello.version is a str)
     "worker": 0,
     "server": 0,
@@ -100,6 +101,7 @@ _FLOAT_MIN: dict[str, float] = {
     "update_s": 0.0,
     "wait_s": 0.0,
     "waited_s": 0.0,
+    "seconds": 0.0,
     "ended_s": 0.0,
     "now_s": 0.0,
     # status (eta_s may be None: unknown)

@@ -1,11 +1,12 @@
 """A regression trained through ``dtlaunch.rna.Trainer``, the same script under
 ``--policy rna``, ``--policy none`` and standalone.
 
-argv: OUT_DIR [SLEEP_S] [SLOW_RANK] [SLOW_SLEEP_S]. Every step sleeps SLEEP_S
-(SLOW_SLEEP_S on SLOW_RANK) to stand for compute. Writes OUT_DIR/<rank>.json:
-the model version and a digest of the parameters after each step (equal
-versions must hold equal models on every worker), the final loss and the
-records this worker trained; and OUT_DIR/pid-<rank>-<restart count> at start.
+argv: OUT_DIR [SLEEP_S] [SLOW_RANKS] [SLOW_SLEEP_S]. Every step sleeps SLEEP_S
+(SLOW_SLEEP_S on the comma-separated SLOW_RANKS) to stand for compute. Writes
+OUT_DIR/<rank>.json: the model version and a digest of the parameters after
+each step (in one group, equal versions must hold equal models on every
+worker), the final loss and the records this worker trained; and
+OUT_DIR/pid-<rank>-<restart count> at start.
 Standalone, RNA_STANDALONE_RECORDS gives the data set's size.
 """
 
@@ -39,7 +40,7 @@ def digest(model):
 def main():
     out = Path(sys.argv[1])
     sleep_s = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
-    slow_rank = int(sys.argv[3]) if len(sys.argv) > 3 else -1
+    slow_ranks = {int(r) for r in sys.argv[3].split(",")} if len(sys.argv) > 3 else set()
     slow_sleep = float(sys.argv[4]) if len(sys.argv) > 4 else sleep_s
     standalone = int(os.environ.get("RNA_STANDALONE_RECORDS", "0"))
     if standalone:  # python script.py: the data set comes from here
@@ -58,7 +59,7 @@ def main():
             x, y = records(idx)
             loss = torch.nn.functional.mse_loss(model(x).squeeze(-1), y)
             loss.backward()
-        time.sleep(slow_sleep if job.rank == slow_rank else sleep_s)
+        time.sleep(slow_sleep if job.rank in slow_ranks else sleep_s)
         rna.step()
         job.step()
         trained += len(idx)

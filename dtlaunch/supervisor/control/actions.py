@@ -12,6 +12,8 @@ blocks between servers at a step boundary the servers agree on (``psfleet``).
 ``ScaleWorkers`` (DLRover's elasticity, ``--policy auto``) changes the number of
 workers as ``dtlaunch scale`` does, ``ScaleServers`` (PSLD §5, DLRover's server
 count) the number of built-in parameter servers as ``dtlaunch scale --servers``.
+``RnaGroups`` (RNA §4) splits an RNA job's workers into groups that run their
+rounds apart and exchange through a parameter server.
 """
 
 from __future__ import annotations
@@ -99,6 +101,15 @@ class ScaleServers(Action):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RnaGroups(Action):
+    """Hierarchical RNA (§4): the workers run their rounds in ``groups`` (lists
+    of ranks, together every rank once) from now on, without a restart."""
+
+    NAME: ClassVar[str] = "RNA_GROUPS"
+    groups: list[list[int]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NoAction(Action):
     """The dummy action: nothing to do this interval (still logged with its inputs)."""
 
@@ -107,7 +118,7 @@ class NoAction(Action):
 
 def action_name(action: Action) -> str:
     """``"ADJUST_BS" | "KILL_RESTART" | "ADJUST_LR" | "BACKUP_WORKERS" |
-    "REASSIGN_BLOCKS" | "SCALE_WORKERS" | "SCALE_SERVERS" | "NONE"``.
+    "REASSIGN_BLOCKS" | "SCALE_WORKERS" | "SCALE_SERVERS" | "RNA_GROUPS" | "NONE"``.
 
     Raises:
         TypeError: ``action`` is not one of the action classes above.

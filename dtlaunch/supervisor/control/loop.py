@@ -26,7 +26,7 @@ import asyncio
 import logging
 import operator
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from dtlaunch.events import EventRecorder
@@ -36,6 +36,7 @@ from dtlaunch.supervisor.control.actions import (
     BackupWorkers,
     KillRestart,
     ReassignBlocks,
+    RnaGroups,
     ScaleServers,
     ScaleWorkers,
     action_fields,
@@ -153,6 +154,14 @@ class WorkerReplacer(Protocol):
         ...
 
 
+class RnaPartitioner(Protocol):
+    """RNA's round service: RNA_GROUPS (hierarchical RNA's groups)."""
+
+    async def partition(self, groups: Sequence[Sequence[int]], reason: str) -> str | None:
+        """Why the groups cannot change now, or None (done)."""
+        ...
+
+
 class ActionTargets:
     """Who carries out the actions that are not messages to the workers."""
 
@@ -165,6 +174,7 @@ class ActionTargets:
         workers: WorkerReplacer | None = None,
         scale: Scaler | None = None,
         scale_servers: Scaler | None = None,
+        rna: RnaPartitioner | None = None,
     ) -> None:
         self.state = state
         self.apply = apply  # carries out the node table's commands
@@ -172,6 +182,7 @@ class ActionTargets:
         self.workers = workers  # allreduce mode: regroups around the survivors
         self.scale = scale  # SCALE_WORKERS, as dtlaunch scale does it
         self.scale_servers = scale_servers  # SCALE_SERVERS, as dtlaunch scale --servers
+        self.rna = rna  # RNA_GROUPS: --policy rna's round service
 
 
 class ReportIntake:
@@ -390,6 +401,15 @@ class ControlLoop:
                 )
                 if refused is not None:
                     log.warning("%s(%d) not carried out: %s", action.NAME, action.count, refused)
+            elif isinstance(action, RnaGroups):
+                rna = self._targets.rna
+                refused = (
+                    await rna.partition(action.groups, action.reason)
+                    if rna is not None
+                    else "this job runs no RNA rounds"
+                )
+                if refused is not None:
+                    log.warning("RNA_GROUPS %s not carried out: %s", action.groups, refused)
             elif isinstance(action, ReassignBlocks):
                 servers = self._targets.servers
                 if servers is None or not servers.reassign(action, now):

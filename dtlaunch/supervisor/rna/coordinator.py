@@ -25,14 +25,25 @@ the round. A probe unanswered after ``reprobe_after`` (three times the median
 recent response, at least ``MIN_REPROBE_S``) widens the round to ``probes``
 more members, so one lost probe or two busy workers cannot hold the group up.
 Answers name their round: one for a round already started is late and ignored.
+
+Hierarchical RNA (§4, ``groups.py``) runs one coordinator per group of the
+partition, on that group's ``ranks``, numbering generations from one shared
+counter. Every ``exchange_every`` rounds, a round carries an exchange with the
+parameter server between the groups (``RnaStart.exchange``). With
+``hold_at_end`` a group whose members all finished does not let them go: its
+last round exchanges (its progress reaches the server), the initiator confirms
+it (``exchanged``), and the group ``HOLDING``s until ``release``: one more
+exchange, after every group's last one, gives all of them the job's final model.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 import random
 import statistics
 from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +95,7 @@ class GroupPhase(enum.Enum):
     OPENING = "opening"  # one member opens the store
     FORMING = "forming"  # every member connects and takes the state
     RUNNING = "running"  # rounds
+    HOLDING = "holding"  # every member finished; waits for the other groups (§4)
     DONE = "done"  # every worker left
 
 
@@ -113,17 +125,37 @@ class RoundCoordinator:
         sample_every_s: float = 1.0,
         seed: int = 0,
         first_gen: int = 1,
+        ranks: Iterable[int] | None = None,
+        gens: Iterator[int] | None = None,
+        group_size: int = 0,
+        exchange_every: int = 0,
+        hold_at_end: bool = False,
     ) -> None:
+        """``ranks``: this coordinator's workers (default: all ``world_size``);
+        ``gens``: the generation numbers to use (default: from ``first_gen``),
+        shared by the groups of a partition; ``group_size``, ``exchange_every``,
+        ``hold_at_end``: hierarchical RNA's (module docstring; 0, 0, False: one
+        group without a parameter server)."""
         if probes < 1:
             raise ValueError(f"probes must be at least 1, got {probes}")
         self.world_size = world_size
+        self.ranks = frozenset(ranks if ranks is not None else range(world_size))
+        self._gens = gens if gens is not None else itertools.count(first_gen)
+        self.group_size = group_size
+        self.exchange_every = exchange_every
+        self.hold_at_end = hold_at_end
+        self._rounds_to_exchange = exchange_every
+        self.final_round = -1  # HOLDING: the last round, whose exchange is awaited
+        self.final_exchanged = False
+        self._final_initiator = -1  # of the last round that exchanged
+        self.exchanges = 0  # confirmed by the initiators
         self.probes = probes
         self.group_timeout_s = group_timeout_s
         self.join_grace_s = join_grace_s
         self.sample_every_s = sample_every_s
         self._rng = random.Random(seed)
         self.phase = GroupPhase.WAITING
-        self.expected: set[int] = set(range(world_size))  # alive, not left
+        self.expected: set[int] = set(self.ranks)  # alive, not left
         self.joined: dict[int, int] = {}  # rank -> rounds in its model, since the last group
         self.leaving: set[int] = set()  # members whose training ended, kept until all have
         self.restarting: set[int] = set()  # exited, expected back (a restart joins again)
@@ -132,7 +164,6 @@ class RoundCoordinator:
         self._first_join_at: float | None = None
         self.current: _Generation | None = None
         self._last_formed: _Generation | None = None  # its members hold the newest model
-        self._last_gen = first_gen - 1
         self.round = 0  # the round being probed
         self._probed: dict[int, float] = {}  # rank -> when probed, for the open round
         self._opened_at = 0.0
@@ -165,7 +196,7 @@ class RoundCoordinator:
         """``rank``'s communication thread is ready: a first start, a restart, or
         a member that lost its group (a failed collective) asking back in;
         ``finished``: its training ended already (it only waits to be let go)."""
-        if not 0 <= rank < self.world_size:
+        if rank not in self.ranks:
             return []
         self.expected.add(rank)
         if finished:
@@ -179,7 +210,7 @@ class RoundCoordinator:
         if self.phase is GroupPhase.WAITING or self.phase is GroupPhase.DONE:
             return self._maybe_open(now)
         if self.current is not None and rank in self.current.members:
-            if self.phase is not GroupPhase.RUNNING:
+            if self.phase in (GroupPhase.OPENING, GroupPhase.FORMING):
                 return []  # the group being formed has it: its RnaGroup is on the way
             # A member of the running group lost it (its process restarted before
             # we heard it died, or a collective of an older group failed late).
@@ -201,9 +232,10 @@ class RoundCoordinator:
         self.leaving.add(rank)
         if self.phase is not GroupPhase.RUNNING:
             return out  # the group forms first; its first round uses the gradient
-        out += self._start(rank, now)
-        if self._all_finished(cur):
-            return out + self._let_go(now)
+        finished = self._all_finished(cur)
+        out += self._start(rank, now, exchange=finished and self.hold_at_end, timed=not finished)
+        if finished:
+            return out + self._end(now)
         return out + self._open_round(now)
 
     def worker_gone(self, rank: int, now: float, *, succeeded: bool = False) -> list[Command]:
@@ -226,6 +258,26 @@ class RoundCoordinator:
             return self._regroup(now, reason=f"worker {rank} exited")
         return self._maybe_open(now) if self.phase is GroupPhase.WAITING else []
 
+    def take_over(
+        self,
+        *,
+        joined: dict[int, int],
+        expected: set[int],
+        restarting: set[int],
+        now: float,
+        reason: str,
+    ) -> list[Command]:
+        """Start as one group of a new partition (``groups.py``): ``joined``, its
+        ranks alive in the old groups (rank -> rounds in their models), form its
+        first generation at once; ``expected``: its ranks not let go yet;
+        ``restarting``: those of them whose restart will join."""
+        self.expected = set(expected) & self.ranks
+        self.restarting = set(restarting) & self.ranks
+        self.joined = {r: a for r, a in joined.items() if r in self.ranks}
+        if not self.joined:
+            return self._maybe_open(now)
+        return self._open(now, sorted(self.joined), reason=reason)
+
     # ------------------------------------------------------------- forming
 
     def store_ready(self, rank: int, gen: int, port: int, addr: str) -> list[Command]:
@@ -247,6 +299,7 @@ class RoundCoordinator:
             store_port=port,
             source_rank=cur.source_rank,
             timeout_s=self.group_timeout_s,
+            group_size=self.group_size,
         )
         return [SendTo(member, msg) for member in cur.members]
 
@@ -279,7 +332,12 @@ class RoundCoordinator:
             )
         ]
         if self._all_finished(cur):  # they all finished while it formed
-            return out + self._start(min(cur.members), now) + self._let_go(now)
+            first = min(cur.members)
+            return (
+                out
+                + self._start(first, now, exchange=self.hold_at_end, timed=False)
+                + self._end(now)
+            )
         return out + self._open_round(now)
 
     def failed(self, rank: int, gen: int, round_: int, error: str, now: float) -> list[Command]:
@@ -308,6 +366,32 @@ class RoundCoordinator:
             return []
         return self._start(rank, now) + self._open_round(now)
 
+    def exchanged(self, rank: int, gen: int, round_: int) -> list[Command]:
+        """``rank``, the initiator of ``round_``, exchanged the group's model with
+        the parameter server. For a ``HOLDING`` group's last round: its progress
+        is on the server, and the group may be released."""
+        cur = self.current
+        if cur is None or gen != cur.gen or rank not in cur.members:
+            return []
+        self.exchanges += 1
+        if self.phase is GroupPhase.HOLDING and round_ == self.final_round:
+            self.final_exchanged = True
+            return [Note("rna_group", {"phase": "holding", "gen": gen, "round": round_})]
+        return []
+
+    @property
+    def ready_to_release(self) -> bool:
+        """Holding, with its last round's exchange confirmed."""
+        return self.phase is GroupPhase.HOLDING and self.final_exchanged
+
+    def release(self, now: float) -> list[Command]:
+        """Every group's last exchange is on the server: one more exchange takes
+        the job's final model to every member, then they are let go together."""
+        cur = self.current
+        if cur is None or not self.ready_to_release:
+            return []
+        return self._start(min(cur.members), now, exchange=True, timed=False) + self._let_go(now)
+
     def tick(self, now: float) -> list[Command]:
         """Time passed: widen an unanswered round, give up on silent members."""
         cur = self.current
@@ -315,6 +399,23 @@ class RoundCoordinator:
             return self._maybe_open(now)
         if cur is None:
             return []
+        if self.phase is GroupPhase.HOLDING:
+            if now - self._noted_wait_at < WAIT_NOTE_EVERY_S:
+                return []
+            self._noted_wait_at = now
+            why = (
+                "every member finished; waiting for the other groups to finish, to take "
+                "the job's final model from the parameter server"
+                if self.final_exchanged
+                else f"every member finished; waiting for worker {self._final_initiator}'s "
+                "last exchange with the parameter server"
+            )
+            return [
+                Note(
+                    "rna_wait",
+                    {"round": self.final_round, "gen": cur.gen, "probed": [], "why": why},
+                )
+            ]
         if self.phase in (GroupPhase.OPENING, GroupPhase.FORMING) and now >= cur.deadline:
             silent = (
                 [cur.store_rank]
@@ -388,6 +489,7 @@ class RoundCoordinator:
         )
         self.regroups += 1
         self._probed.clear()
+        self.final_round, self.final_exchanged = -1, False
         if not members:
             self.current = None
             self.phase = GroupPhase.WAITING
@@ -407,6 +509,18 @@ class RoundCoordinator:
     def _all_finished(self, cur: _Generation) -> bool:
         """Every member finished and nobody else is expected (a restart)."""
         return self.leaving >= set(cur.members) and self.expected <= set(cur.members)
+
+    def _end(self, now: float) -> list[Command]:
+        """Every member finished, after their last round: let them go, or hold
+        them (``hold_at_end``) until the other groups finished too."""
+        cur = self.current
+        assert cur is not None
+        if not self.hold_at_end:
+            return self._let_go(now)
+        self.phase = GroupPhase.HOLDING
+        self.final_round, self.final_exchanged = self.round - 1, False
+        self._noted_wait_at = now
+        return []
 
     def _let_go(self, now: float) -> list[Command]:
         """Every member finished: release them together after the last round."""
@@ -444,12 +558,12 @@ class RoundCoordinator:
             source = survivors[0]  # holds the group's model (maybe a round behind)
         else:
             source = max(members, key=lambda m: (self.joined.get(m, 0), -m))
-        self._last_gen += 1
+        gen = next(self._gens)
         # The store goes on a survivor too, when there is one: a newcomer's
         # host may be the one that just failed.
         store = source
         self.current = _Generation(
-            gen=self._last_gen,
+            gen=gen,
             members=members,
             store_rank=store,
             source_rank=source,
@@ -460,14 +574,14 @@ class RoundCoordinator:
             "rna_group",
             {
                 "phase": "opening",
-                "gen": self._last_gen,
+                "gen": gen,
                 "members": members,
                 "source": source,
                 "reason": reason,
                 **({"missing": missing} if missing else {}),
             },
         )
-        return [note, SendTo(store, RnaOpenStore(gen=self._last_gen))]
+        return [note, SendTo(store, RnaOpenStore(gen=gen))]
 
     def _open_round(self, now: float) -> list[Command]:
         self._probed.clear()
@@ -492,13 +606,26 @@ class RoundCoordinator:
         msg = RnaProbe(gen=cur.gen, round=self.round)
         return [SendTo(rank, msg) for rank in ranks]
 
-    def _start(self, initiator: int, now: float) -> list[Command]:
+    def _start(
+        self, initiator: int, now: float, *, exchange: bool = False, timed: bool = True
+    ) -> list[Command]:
+        """Round ``self.round`` starts, ``initiator`` first. It exchanges with the
+        parameter server when asked (``exchange``) or when ``exchange_every``
+        rounds ran since the last one. ``timed``: its probes' response counts
+        (not for the rounds a group ends with)."""
         cur = self.current
         assert cur is not None
         response = now - self._opened_at
-        self._responses.append(response)
+        if timed:
+            self._responses.append(response)
         self.rounds_started += 1
-        msg = RnaStart(gen=cur.gen, round=self.round, initiator=initiator)
+        if self.exchange_every > 0:
+            self._rounds_to_exchange -= 1
+            if exchange or self._rounds_to_exchange <= 0:
+                exchange, self._rounds_to_exchange = True, self.exchange_every
+        if exchange:
+            self._final_initiator = initiator
+        msg = RnaStart(gen=cur.gen, round=self.round, initiator=initiator, exchange=exchange)
         out: list[Command] = [SendTo(member, msg) for member in cur.members]
         if now - self._sampled_at >= self.sample_every_s:
             self._sampled_at = now

@@ -1,7 +1,9 @@
 """The supervisor's side of RNA's rounds: messages in, the coordinator's commands out.
 
 ``RoundService`` feeds each worker's RNA message to the I/O-free
-``RoundCoordinator``, sends the messages it asks for and records its events.
+``GroupedCoordinator`` (one ``RoundCoordinator`` per group; one group unless
+the policy partitions the workers, §4), sends the messages it asks for and
+records its events.
 A group's reports of its rounds (``RnaRounds``) become ``rna_rounds`` events,
 from which ``dtlaunch status`` shows rounds per second and each worker's share
 of them, and ``dtlaunch replay`` draws them.
@@ -12,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from dtlaunch.events import EventRecorder
-from dtlaunch.supervisor.rna.coordinator import Command, Note, RoundCoordinator, SendTo
+from dtlaunch.supervisor.rna.coordinator import Command, Note, SendTo
+from dtlaunch.supervisor.rna.groups import GroupedCoordinator
 from dtlaunch.wire.messages import (
     Message,
+    RnaExchanged,
     RnaFailed,
     RnaFormed,
     RnaJoin,
@@ -34,13 +38,22 @@ log = logging.getLogger(__name__)
 # Well under the shortest re-probe delay (coordinator.MIN_REPROBE_S).
 TICK_S = 0.02
 
-RNA_MESSAGES = (RnaJoin, RnaStoreReady, RnaFormed, RnaReady, RnaFailed, RnaLeave, RnaRounds)
+RNA_MESSAGES = (
+    RnaJoin,
+    RnaStoreReady,
+    RnaFormed,
+    RnaReady,
+    RnaFailed,
+    RnaLeave,
+    RnaRounds,
+    RnaExchanged,
+)
 
 
 class RoundService:
     def __init__(
         self,
-        coordinator: RoundCoordinator,
+        coordinator: GroupedCoordinator,
         *,
         send: Callable[[int, Message], Awaitable[None]],
         recorder: EventRecorder,
@@ -69,6 +82,10 @@ class RoundService:
             commands = coord.failed(rank, msg.gen, msg.round, msg.error, now)
         elif isinstance(msg, RnaLeave):
             commands = coord.leave(rank, msg.applied, now)
+        elif isinstance(msg, RnaExchanged):
+            commands = coord.exchanged(
+                rank, msg.gen, msg.round, now, seconds=msg.seconds, ok=msg.ok, error=msg.error
+            )
         elif isinstance(msg, RnaRounds):
             self._recorder.emit(
                 "rna_rounds",
@@ -97,6 +114,13 @@ class RoundService:
         while True:
             await asyncio.sleep(TICK_S)
             await self._carry_out(self.coordinator.tick(self._clock()))
+
+    async def partition(self, groups: Sequence[Sequence[int]], reason: str) -> str | None:
+        """Replace the groups (hierarchical RNA, the policy's PARTITION_RNA);
+        the reason it cannot be done now, or None."""
+        refusal = self.coordinator.partition_refusal(groups)
+        await self._carry_out(self.coordinator.partition(groups, self._clock(), reason))
+        return refusal
 
     async def worker_gone(self, rank: int, *, succeeded: bool = False) -> None:
         now = self._clock()

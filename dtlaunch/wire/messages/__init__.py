@@ -101,6 +101,7 @@ if TYPE_CHECKING:  # what the names below resolve to, for the type checker
         PsUpdate,
     )
     from dtlaunch.wire.messages.rna import (
+        RnaExchanged,
         RnaFailed,
         RnaFormed,
         RnaGroup,
@@ -208,6 +209,7 @@ _PROTOCOLS: dict[str, tuple[str, ...]] = {
         "StepReports",
     ),
     "rna": (
+        "RnaExchanged",
         "RnaFailed",
         "RnaFormed",
         "RnaGroup",
@@ -362,6 +364,7 @@ __all__ = [
     "RegroupReady",
     "Rehello",
     "ReleaseShards",
+    "RnaExchanged",
     "RnaFailed",
     "RnaFormed",
     "RnaGroup",

@@ -11,7 +11,9 @@ whatever gradient it has (weight 0 when none). Probes carry the round they are
 for, so an answer to a round already started is recognised as late. A failed
 collective is reported (``RnaFailed``); a worker whose training ended leaves
 (``RnaLeave``, acting as a ready answer so its last gradient is used) and is
-let go (``RnaLeft``). The
+let go (``RnaLeft``). Under hierarchical RNA (§4) each group of the partition
+runs its own generations and rounds; some rounds carry an exchange with the
+parameter server between the groups (``RnaStart.exchange``). The
 group's first member reports rounds, sampled (``RnaRounds``).
 """
 
@@ -24,6 +26,7 @@ from dtlaunch.wire.messages.base import Message, Record
 
 __all__ = [
     "MESSAGES",
+    "RnaExchanged",
     "RnaFailed",
     "RnaFormed",
     "RnaGroup",
@@ -74,7 +77,10 @@ class RnaGroup(Message):
     order) at ``store_addr:store_port``; the member whose model holds the most
     rounds broadcasts its model, optimizer state and round count
     (``source_rank`` among equals), so every member starts the generation equal;
-    ``timeout_s`` bounds every collective of the group."""
+    ``timeout_s`` bounds every collective of the group. ``group_size``: under
+    hierarchical RNA (§4) the workers the partition gave this group (its
+    rounds' learning rate and its weight at the parameter server count them;
+    members that died leave it unchanged); 0: one group of the whole job."""
 
     TYPE: ClassVar[str] = "rna_group"
     gen: int
@@ -83,6 +89,7 @@ class RnaGroup(Message):
     store_port: int
     source_rank: int
     timeout_s: float
+    group_size: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,12 +123,16 @@ class RnaReady(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RnaStart(Message):
-    """To every member: run round ``round`` now; ``initiator`` answered first."""
+    """To every member: run round ``round`` now; ``initiator`` answered first.
+    ``exchange`` (hierarchical RNA, §4): after the round the initiator
+    exchanges the group's model with the parameter server and broadcasts what
+    it pulled to the group."""
 
     TYPE: ClassVar[str] = "rna_start"
     gen: int
     round: int
     initiator: int
+    exchange: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,6 +160,21 @@ class RnaLeft(Message):
 
     TYPE: ClassVar[str] = "rna_left"
     round: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RnaExchanged(Message):
+    """From the initiator of round ``round`` of generation ``gen`` (hierarchical
+    RNA, §4): it exchanged the group's model with the parameter server, in
+    ``seconds`` (push and pull); ``ok`` False: the exchange failed (``error``)
+    and the group kept its own model."""
+
+    TYPE: ClassVar[str] = "rna_exchanged"
+    gen: int
+    round: int
+    seconds: float
+    ok: bool = True
+    error: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,4 +218,5 @@ MESSAGES: tuple[type[Message], ...] = (
     RnaLeave,
     RnaLeft,
     RnaRounds,
+    RnaExchanged,
 )

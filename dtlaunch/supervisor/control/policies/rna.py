@@ -1,11 +1,25 @@
-"""``rna``: RNA's randomized non-blocking allreduce (RNA §3).
+"""``rna``: RNA's randomized non-blocking allreduce (RNA §3) and its hierarchical
+groups (§4).
 
 With ``--policy rna`` the workers train through ``dtlaunch.rna.Trainer``: their
 gradients are averaged in rounds that start when the first of ``probes`` random
 workers has one ready, and every worker joins each round with what it has,
 without blocking its training. The rounds run in the supervisor's round
 coordinator (``dtlaunch.supervisor.rna``) and in each worker's communication
-thread; this policy holds their parameters and takes no Controller action.
+thread; this policy holds their parameters and decides the groups.
+
+Hierarchical RNA (§4) needs a parameter server between the groups: run the job
+with ``--servers 1`` (the built-in server holds the groups' shared model,
+asynchronously). Then, from the workers' mean iteration times over the long
+window, the policy splits them as the paper does (``solvers.rna.split_groups``:
+while ``zeta``, slowest minus fastest, exceeds ``split`` times the mean ``v``,
+the faster and the slower halves become groups of their own, recursively).
+Each group runs RNA inside; every ``exchange_every`` of its rounds its
+initiator exchanges the group's model with the server. A new partition is
+asked for (``RNA_GROUPS``) only when the same one came out of
+``confirm`` decisions in a row, and at most once every ``regroup_s`` seconds:
+regrouping re-forms gloo groups (no process restarts), which is cheap but not
+free.
 
 Parameters:
 
@@ -23,12 +37,22 @@ Parameters:
   optimizer's momentum as it is, as the paper does. What ``auto`` gives up is
   heavy-ball's speed-up where gradients are exact: a noise-free least-squares
   regression converges faster with ``keep``.
+- ``hierarchical`` (``auto``): ``auto`` splits the workers into groups when
+  their iteration times call for it and the job has a parameter server;
+  ``off`` keeps one group (the servers, if any, are then unused by RNA).
+- ``split`` (1.0): split a group while ``zeta > split * v`` (the paper's rule
+  is 1: the slowest worker takes twice the mean's time more than the fastest;
+  lower values split milder spreads).
+- ``min_group`` (2): no group smaller than this.
+- ``exchange_every`` (4): a group's rounds between its exchanges with the
+  parameter server.
+- ``confirm`` (2), ``regroup_s`` (60 s): see above.
 """
 
 from __future__ import annotations
 
-from dtlaunch.solvers.rna import MOMENTUM_MODES
-from dtlaunch.supervisor.control.actions import Action, NoAction
+from dtlaunch.solvers.rna import MOMENTUM_MODES, split_groups
+from dtlaunch.supervisor.control.actions import Action, NoAction, RnaGroups
 from dtlaunch.supervisor.control.monitor import MonitorSnapshot
 from dtlaunch.supervisor.control.policies.base import ParamReader, read_windows
 
@@ -37,6 +61,8 @@ __all__ = ["RnaPolicy"]
 DEFAULT_PROBES = 2
 DEFAULT_STALENESS = 8
 DEFAULT_GROUP_TIMEOUT_S = 60.0
+HIERARCHICAL_MODES = ("auto", "off")
+MIN_REPORTS = 5  # a worker's long window must hold this many steps to be grouped
 
 
 class RnaPolicy:
@@ -50,11 +76,86 @@ class RnaPolicy:
         self.staleness = params.integer("staleness", DEFAULT_STALENESS, low=0)
         self.group_timeout_s = params.number("group_timeout", DEFAULT_GROUP_TIMEOUT_S, low=1.0)
         self.momentum = params.choice("momentum", "auto", MOMENTUM_MODES)
+        self.hierarchical = params.choice("hierarchical", "auto", HIERARCHICAL_MODES) == "auto"
+        self.split = params.number("split", 1.0, low=0.0, low_open=True)
+        self.min_group = params.integer("min_group", 2, low=1)
+        self.exchange_every = params.integer("exchange_every", 4, low=1)
+        self.confirm = params.integer("confirm", 2, low=1)
+        self.regroup_s = params.number("regroup_s", 60.0, low=0.0)
         params.finish()
+        self.groups: list[list[int]] | None = None  # the partition asked for last
+        self._candidate: list[list[int]] | None = None
+        self._seen = 0  # decisions in a row that gave the candidate
+        self._regrouped_at = float("-inf")
 
     def worker_env(self) -> dict[str, str]:
         """What every worker's ``dtlaunch.rna.Trainer`` reads (``DTLAUNCH_RNA``)."""
         return {"DTLAUNCH_RNA": f"staleness={self.staleness},momentum={self.momentum}"}
 
     def decide(self, snap: MonitorSnapshot) -> list[Action]:
-        return [NoAction(reason="rna: the round coordinator averages without a barrier")]
+        quiet = "rna: the round coordinator averages without a barrier"
+        if not self.hierarchical:
+            return [NoAction(reason=quiet)]
+        if snap.resources is not None and not snap.resources.servers:
+            return [
+                NoAction(
+                    reason=f"{quiet}; one group: hierarchical groups exchange through a "
+                    "parameter server and this job runs none (--servers 1)"
+                )
+            ]
+        ranks = sorted(set(snap.workers) | set(snap.devices))
+        times = {
+            r: snap.worker_long[r].mean_bpt
+            for r in ranks
+            if r in snap.worker_long and snap.worker_long[r].reports >= MIN_REPORTS
+        }
+        if not ranks or len(times) < len(ranks):
+            return [NoAction(reason=f"{quiet}; waiting for every worker's iteration times")]
+        groups = [
+            list(g) for g in split_groups(times, min_size=self.min_group, threshold=self.split)
+        ]
+        mean = sum(times.values()) / len(times)
+        inputs = {
+            "iteration_s": {r: round(t, 6) for r, t in times.items()},
+            "zeta_s": round(max(times.values()) - min(times.values()), 6),
+            "v_s": round(mean, 6),
+            "split": self.split,
+            "groups": groups,
+        }
+        current = self.groups if self.groups is not None else [ranks]
+        if sorted(groups) == sorted(current):
+            self._candidate, self._seen = None, 0
+            return [NoAction(reason=f"rna: groups {current} stay", inputs=inputs)]
+        if groups == self._candidate:
+            self._seen += 1
+        else:
+            self._candidate, self._seen = groups, 1
+        if self._seen < self.confirm:
+            return [
+                NoAction(
+                    reason=f"rna: groups {groups} seen {self._seen} of {self.confirm} times",
+                    inputs=inputs,
+                )
+            ]
+        if snap.now - self._regrouped_at < self.regroup_s:
+            return [
+                NoAction(
+                    reason=f"rna: groups {groups} wait; the last regroup was "
+                    f"{snap.now - self._regrouped_at:.0f} s ago (regroup_s {self.regroup_s:g})",
+                    inputs=inputs,
+                )
+            ]
+        self.groups, self._candidate, self._seen = groups, None, 0
+        self._regrouped_at = snap.now
+        zeta, v = inputs["zeta_s"], inputs["v_s"]
+        return [
+            RnaGroups(
+                groups=groups,
+                reason=(
+                    f"rna: iteration times spread {zeta:.3f} s against a mean of {v:.3f} s "
+                    f"(split above {self.split:g} x the mean): {len(groups)} group(s) "
+                    f"{groups}, exchanging through the parameter server"
+                ),
+                inputs=inputs,
+            )
+        ]
