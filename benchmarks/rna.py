@@ -213,7 +213,14 @@ def loopback_cluster(keep: bool) -> Iterator[tuple[Path, dict[str, str], Path]]:
 
 
 def run_column(
-    workload: Workload, scenario: Scenario, column: str, *, hostfile: Path, env: dict, work: Path
+    workload: Workload,
+    scenario: Scenario,
+    column: str,
+    *,
+    hostfile: Path,
+    env: dict,
+    work: Path,
+    rna_h_policy: str = RNA_H_POLICY,
 ) -> Outcome:
     out = work / f"{scenario.name}-{column}-{time.monotonic_ns()}"
     script_args = [*workload.script_args(), *scenario.script_args(), "--out", str(out / "ranks")]
@@ -233,7 +240,7 @@ def run_column(
             "-H", str(hostfile.with_name("hosts-ps") if hierarchical else hostfile),
             "--workers", str(WORKERS), *(["--servers", "1"] if hierarchical else []),
             "--run-dir", str(run_dir), "--output", "none",
-            "--policy", RNA_H_POLICY if hierarchical else column,
+            "--policy", rna_h_policy if hierarchical else column,
             "--control-interval", f"{CONTROL_INTERVAL_S:g}",
             "--env", "OMP_NUM_THREADS=1", "--workdir", str(REPO),
             str(SCRIPT), *script_args,
@@ -607,7 +614,8 @@ def write_results(results: dict[str, Any], path: Path) -> Path:
         f"{w['shard_size']}; test split {w['test_records']}), SGD lr {w['lr']:g} momentum "
         f"{w['momentum']:g} in every column; rna with its defaults (probes=2, staleness=8, "
         "momentum=auto); "
-        f"rna-h: --servers 1 (on 127.0.0.10) --policy {RNA_H_POLICY}; "
+        f"rna-h: --servers 1 (on 127.0.0.10) --policy "
+        f"{results.get('rna_h_policy', RNA_H_POLICY)}; "
         f"nd with its defaults; --control-interval {results['control_interval_s']:g} s. "
         f"Target loss: {results['target_rule']}. Times from the first global update "
         "(rank 0's model); wall s = launch to exit."
@@ -662,6 +670,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, help="diagnosis: another rate, for every column")
     parser.add_argument(
         "--momentum", type=float, help="diagnosis: another momentum, for every column"
+    )
+    parser.add_argument(
+        "--rna-h-policy", default=RNA_H_POLICY, help=f"the rna-h column's (default {RNA_H_POLICY})"
     )
     opts = parser.parse_args(argv)
     names = (
@@ -734,8 +745,9 @@ def main(argv: list[str] | None = None) -> int:
             for column in opts.column_list:  # none first: it sets the target
                 for _ in range(opts.repeats):
                     outcome = run_column(
-                        workload, sc, column, hostfile=hostfile, env=env, work=work
-                    )
+                        workload, sc, column, hostfile=hostfile, env=env, work=work,
+                        rna_h_policy=opts.rna_h_policy,
+                    )  # fmt: skip
                     _say(outcome)
                     outcomes.append(outcome)
                 if column == "none":
@@ -744,6 +756,7 @@ def main(argv: list[str] | None = None) -> int:
     results = summarize(workload, opts.scenario_list, outcomes, opts.quick)
     results["bench_wall_s"] = round(time.monotonic() - began, 1)
     results["repeats"] = opts.repeats
+    results["rna_h_policy"] = opts.rna_h_policy
     print(render_text(results))
     md = write_results(results, opts.out)
     print(f"wrote {opts.out} and {md} ({results['bench_wall_s']:.0f} s)")
