@@ -13,7 +13,7 @@ columns, per scenario:
     rna-h     hierarchical RNA (§4): the same policy with --servers 1 (one built-in
               server on a ninth loopback host, 127.0.0.10), split=0.3 and windows of
               2/4 s: the workers are split into groups by iteration time, each runs
-              RNA inside and exchanges through the server every 4 of its rounds
+              RNA inside and exchanges through the server after every round
 
 Every iteration is a balanced 50 ms of "compute" (the MLP's real forward and
 backward, stretched by a sleep to 50 ms: the device time of a real model, the

@@ -74,15 +74,28 @@ def test_a_partition_re_forms_the_workers_into_groups_that_probe_only_their_memb
     assert coord.failed(0, gen, 1, "old", now=1.2) == []
 
 
-def test_every_few_rounds_one_exchanges_with_the_server():
+def test_groups_exchange_every_few_rounds_from_the_first_partition_on():
     coord, out = running(exchange_every=3)
     (sub,) = coord.coordinators
     gen = sub.current.gen
-    flags = []
-    for round_ in range(7):
+    # One group before any partition: plain RNA, no exchange, the server unused.
+    for round_ in range(4):
         out = coord.ready(sent(out, RnaProbe)[0][0], gen, round_, now=0.2 + round_)
+        assert not sent(out, RnaStart)[0][1].exchange
+    assert sub.group_size == 0 and not sub.hold_at_end
+    form(coord, coord.partition([[0, 1], [2, 3]], now=5.0, reason="spread"), 5.1, applied=4)
+    a, _ = coord.coordinators
+    assert a.group_size == 2 and a.hold_at_end
+    flags, out = [], []
+    for round_ in range(4, 11):
+        probed = [r for r, m in sent(out, RnaProbe) if m.gen == a.current.gen] or [0]
+        out = coord.ready(probed[0], a.current.gen, round_, now=6.0 + round_)
         flags.append(sent(out, RnaStart)[0][1].exchange)
     assert flags == [False, False, True, False, False, True, False]
+    # Merged back into one group, it goes on exchanging: the server holds the model.
+    out = coord.partition([[0, 1, 2, 3]], now=30.0, reason="even")
+    (whole,) = coord.coordinators
+    assert whole.exchange_every == 3 and whole.group_size == 4
 
 
 def test_without_a_server_there_is_one_group_and_no_exchange():

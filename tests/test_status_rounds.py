@@ -43,6 +43,17 @@ def test_status_shows_rounds_per_second_and_each_workers_share():
     assert {n.rank: n.rna_share for n in snap.nodes} == {0: 1.0, 1: 0.0, 2: 0.0}
 
 
+def test_under_hierarchical_rna_a_workers_share_counts_its_own_groups_rounds():
+    fold = StatusFold(run_id="r", policy="rna", mode="ps")
+    for rank in range(4):
+        fold.node("worker", rank)
+    fold.emit(rounds_event(10.0, 40, [40, 20], members=(0, 1)))  # the fast group
+    fold.emit(rounds_event(10.0, 10, [5, 10], members=(2, 3)))  # the slow one
+    snap = fold.snapshot(now=10.5, source="live", stragglers={})
+    assert snap.rna_rounds_per_s == 50.0  # both groups' rounds
+    assert {n.rank: n.rna_share for n in snap.nodes} == {0: 1.0, 1: 0.5, 2: 0.5, 3: 1.0}
+
+
 def test_replay_plot_data_has_the_rounds_and_each_workers_share():
     from dtlaunch.ui.plots import plot_data
 

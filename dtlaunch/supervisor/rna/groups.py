@@ -8,15 +8,20 @@ members it takes over, formed at once, with the state of its most advanced
 member. A worker's messages go to the coordinator of its group; those about a
 generation of the old partition are then stale and ignored.
 
-With a parameter server (``exchange_every`` > 0), each group exchanges its
-model with the server every ``exchange_every`` of its rounds (the initiator
+With a parameter server (``exchange_every`` > 0), from the first partition on
+each group exchanges its model with the server every ``exchange_every`` of its
+rounds (the initiator
 pushes the group's progress since its last exchange, weighted by the group's
 share of the workers, and pulls the server's model, which it broadcasts to the
 group: asynchronous model averaging between the groups). At the end every group
 holds its members after its last exchange, and once every group's last
 exchange is on the server, one more exchange gives all of them the same final
 model before they are let go together, as a single group's members are.
-Without a parameter server there is one group and no exchange: plain RNA.
+Until the first partition the one group runs plain RNA, without exchanges
+(and the server stays empty: the first exchange seeds it with the model the
+groups start from); after it, the server holds the job's model, and the groups
+keep exchanging even if they are merged back into one. Without a parameter
+server there is one group and no exchange: plain RNA.
 """
 
 from __future__ import annotations
@@ -125,8 +130,8 @@ class GroupedCoordinator:
             ]
         old = self._subs
         self.groups = [tuple(sorted(g)) for g in groups]
-        self._subs = [self._new(group, i) for i, group in enumerate(self.groups)]
         self.partitions += 1
+        self._subs = [self._new(group, i) for i, group in enumerate(self.groups)]
         out: list[Command] = [
             Note(
                 "rna_partition",
@@ -152,7 +157,7 @@ class GroupedCoordinator:
                 expected=expected,
                 restarting=restarting,
                 now=now,
-                reason=f"partition {self.partitions}: {reason}",
+                reason=f"partition {self.partitions}",
             )
         return out
 
@@ -236,6 +241,7 @@ class GroupedCoordinator:
     # ------------------------------------------------------------ internals
 
     def _new(self, ranks: Sequence[int], index: int) -> RoundCoordinator:
+        exchanging = self.hierarchical and self.partitions > 0
         return RoundCoordinator(
             world_size=self.world_size,
             probes=self.probes,
@@ -245,9 +251,9 @@ class GroupedCoordinator:
             seed=self._seed + 7919 * (self.partitions * len(self.groups) + index),
             ranks=ranks,
             gens=self._gens,
-            group_size=len(ranks) if self.hierarchical else 0,
-            exchange_every=self.exchange_every,
-            hold_at_end=self.hierarchical,
+            group_size=len(ranks) if exchanging else 0,
+            exchange_every=self.exchange_every if exchanging else 0,
+            hold_at_end=exchanging,
         )
 
     def _release(self, now: float) -> list[Command]:

@@ -1,6 +1,9 @@
 """RNA's rounds as ``dtlaunch status`` shows them: rounds per second and each
 worker's share of the rounds it contributed a gradient to, over the recent
-``rna_rounds`` reports (``dtlaunch.supervisor.rna``). I/O-free."""
+``rna_rounds`` reports (``dtlaunch.supervisor.rna``). Under hierarchical RNA
+several groups report, each its own rounds: the rate counts all of them, a
+worker's share only those of its group (the reports it is a member of).
+I/O-free."""
 
 from __future__ import annotations
 
@@ -45,14 +48,15 @@ class RoundRates:
         return sum(r[1] for r in recent) / span
 
     def shares(self) -> dict[int, float]:
-        """Each worker's contributions over the rounds in the window, 0 to 1."""
+        """Each worker's contributions over its group's rounds in the window, 0 to 1."""
         if self._shares is None:
-            rounds = sum(r[1] for r in self._reports)
             counts: dict[int, int] = {}
-            for _, _, by_rank in self._reports:
+            rounds: dict[int, int] = {}  # rank -> rounds of the reports it is in
+            for _, in_report, by_rank in self._reports:
                 for rank, count in by_rank.items():
                     counts[rank] = counts.get(rank, 0) + count
-            self._shares = (
-                {rank: count / rounds for rank, count in sorted(counts.items())} if rounds else {}
-            )
+                    rounds[rank] = rounds.get(rank, 0) + in_report
+            self._shares = {
+                rank: count / rounds[rank] for rank, count in sorted(counts.items()) if rounds[rank]
+            }
         return self._shares
