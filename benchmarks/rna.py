@@ -278,9 +278,11 @@ def rna_stats(run_dir: Path, outcome: Outcome) -> dict[str, Any]:
     reports = [e for e in events if e.get("kind") == "rna_rounds"]
     rounds = sum(int(e.get("rounds", 0)) for e in reports)
     per_rank: dict[int, int] = {}
+    rounds_of: dict[int, int] = {}  # a rank's group's rounds (several groups under rna-h)
     for e in reports:
         for member, count in zip(e.get("members", []), e.get("contributions", []), strict=False):
             per_rank[int(member)] = per_rank.get(int(member), 0) + int(count)
+            rounds_of[int(member)] = rounds_of.get(int(member), 0) + int(e.get("rounds", 0))
     sampled = [s for e in reports for s in e.get("sampled", [])]
     stale = [int(v) for s in sampled for v in s.get("staleness", [])]
     comm = [float(s.get("comm_s", 0.0)) for s in sampled]
@@ -305,9 +307,9 @@ def rna_stats(run_dir: Path, outcome: Outcome) -> dict[str, Any]:
         else None,
         "rounds_per_s": round(rounds / train, 2) if train else None,
         "contributors_per_round": round(sum(per_rank.values()) / rounds, 2) if rounds else None,
-        "share_by_rank": {r: round(c / rounds, 3) for r, c in sorted(per_rank.items())}
-        if rounds
-        else {},
+        "share_by_rank": {
+            r: round(c / rounds_of[r], 3) for r, c in sorted(per_rank.items()) if rounds_of[r]
+        },
         "sampled_rounds": len(sampled),
         "sampled_contributors_mean": round(statistics.mean(contributors), 2)
         if contributors

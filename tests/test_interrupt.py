@@ -126,6 +126,11 @@ def test_a_terminal_that_goes_away_does_not_take_the_supervisor_with_it(tmp_path
     assert summary(run_dir)["status"] == "stopped"
     if tick_s:
         assert "tick" in (run_dir / "logs" / "worker-0.log").read_text()
+    # What the supervisor said after its terminal went is in the run directory.
+    said = (run_dir / "logs" / "supervisor.log").read_text()
+    assert "stopping the job" in said, said
+    if tick_s:
+        assert "the console went away" in said, said
 
 
 @pytest.mark.parametrize("nohup", [False, True], ids=["hangup", "nohup"])

@@ -12,7 +12,6 @@ by the group's size, not the job's.
 
 from __future__ import annotations
 
-import queue
 import time
 from pathlib import Path
 
@@ -23,10 +22,8 @@ torch = pytest.importorskip("torch")
 
 from dtlaunch.ps import Client  # noqa: E402
 from dtlaunch.runtime.rna_exchange import ServerExchange  # noqa: E402
-from dtlaunch.runtime.rna_rounds import RoundWorker  # noqa: E402
 from dtlaunch.wire.messages import (  # noqa: E402
     RnaExchanged,
-    RnaFailed,
     RnaFormed,
     RnaGroup,
     RnaJoin,
@@ -35,53 +32,24 @@ from dtlaunch.wire.messages import (  # noqa: E402
     RnaStoreReady,
 )
 from tests.test_ps_reassign import TIMEOUT_S, new_keys, serving  # noqa: E402
+from tests.test_rna_rounds import DIM, LR, Member  # noqa: E402
 
-DIM = 6
-LR = 0.1
 WAIT_S = 30.0
 WORLD = 4
 
 
-class Member:
-    """One RoundWorker whose model starts at ``x0`` (every member alike), with
-    an exchange through ``endpoints`` (None: no server)."""
-
-    def __init__(self, rank: int, x0: np.ndarray, endpoints=None, keys=None):
-        self.param = torch.nn.Parameter(torch.tensor(x0))
-        self.optimizer = torch.optim.SGD([self.param], lr=LR)
-        self.inbox: queue.Queue[object] = queue.Queue()
-        self.outbox: queue.Queue[object] = queue.Queue()
-        exchange = None
-        if endpoints is not None:
-            exchange = ServerExchange(
-                lambda model: Client(
-                    model, "sgd", lr=1.0, servers=endpoints, keys=keys, worker=rank,
-                    timeout=TIMEOUT_S,
-                )
-            )  # fmt: skip
-        self.worker = RoundWorker(
-            params=[self.param], optimizer=self.optimizer, inbox=self.inbox,
-            send=lambda msg, **_: self.outbox.put(msg), rank=rank, world_size=WORLD,
-            staleness=4, exchange=exchange,
+def member(rank: int, x0: np.ndarray, endpoints=None, keys=None) -> Member:
+    """A RoundWorker of a world of four starting at ``x0``, exchanging through
+    the servers at ``endpoints`` (None: it has no server)."""
+    exchange = None
+    if endpoints is not None:
+        exchange = ServerExchange(
+            lambda model: Client(
+                model, "sgd", lr=1.0, servers=endpoints, keys=keys, worker=rank,
+                timeout=TIMEOUT_S,
+            )
         )  # fmt: skip
-        self.worker.start()
-
-    def expect(self, kind):
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline:
-            try:
-                msg = self.outbox.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            if isinstance(msg, kind):
-                return msg
-            if isinstance(msg, RnaFailed):
-                raise AssertionError(f"worker {self.worker.rank} failed: {msg.error}")
-        raise AssertionError(f"worker {self.worker.rank} sent no {kind.__name__}")
-
-    def model(self) -> np.ndarray:
-        with self.worker.lock:
-            return self.worker.shadow[0].detach().numpy().copy()
+    return Member(rank, WORLD, x0=x0, exchange=exchange)
 
 
 def form(members: list[Member], gen: int, group_size: int) -> None:
@@ -118,7 +86,7 @@ def test_groups_average_their_progress_through_the_server(tmp_path: Path) -> Non
     x0 = rng.normal(size=DIM)
     g = {k: rng.normal(size=DIM) for k in ("a0", "a1", "b2", "b3", "b2'")}
     with serving(keys, 1, workers=tuple(range(WORLD)), mode="asp") as endpoints:
-        members = [Member(rank, x0, endpoints, keys) for rank in range(WORLD)]
+        members = [member(rank, x0, endpoints, keys) for rank in range(WORLD)]
         a, b = members[:2], members[2:]
         try:
             form(a, gen=1, group_size=2)
@@ -131,7 +99,7 @@ def test_groups_average_their_progress_through_the_server(tmp_path: Path) -> Non
             # The server was empty: seeded with a's base x0, then + 2/4 of a's progress.
             server = x0 + 0.5 * d_a
             for m in a:
-                np.testing.assert_allclose(m.model(), server, atol=1e-9, rtol=0)
+                np.testing.assert_allclose(m.global_model(), server, atol=1e-9, rtol=0)
             sent = a[1].expect(RnaExchanged)  # the initiator says it exchanged
             assert (sent.gen, sent.round, sent.ok) == (1, 0, True) and sent.seconds > 0
             # Group b: two rounds of its own (one contributor of 2: rate x 1/2), then
@@ -143,14 +111,14 @@ def test_groups_average_their_progress_through_the_server(tmp_path: Path) -> Non
             run_round(b, 2, 1, initiator=3, exchange=True)
             d_b = -LR * 0.5 * g["b2"] - LR * (g["b3"] + g["b2'"]) / 2
             server = server + 0.5 * d_b
-            models = [m.model() for m in b]
+            models = [m.global_model() for m in b]
             for model in models:
                 np.testing.assert_allclose(model, server, atol=1e-9, rtol=0)
             assert np.array_equal(models[0], models[1])  # bit for bit within the group
             # Group a exchanges again without progress: it takes b's work too.
             run_round(a, 1, 1, initiator=0, exchange=True)
             for m in members:
-                np.testing.assert_allclose(m.model(), server, atol=1e-9, rtol=0)
+                np.testing.assert_allclose(m.global_model(), server, atol=1e-9, rtol=0)
             assert [m.worker.exchanges for m in members] == [2, 2, 1, 1]
         finally:
             for m in members:
@@ -159,7 +127,7 @@ def test_groups_average_their_progress_through_the_server(tmp_path: Path) -> Non
 
 def test_an_exchange_that_fails_leaves_the_group_its_own_model() -> None:
     x0 = np.arange(DIM, dtype=np.float64)
-    members = [Member(rank, x0) for rank in range(2)]  # no server to exchange with
+    members = [member(rank, x0) for rank in range(2)]  # no server to exchange with
     try:
         form(members, gen=1, group_size=2)
         members[0].worker.hand_over(0, torch.ones(DIM, dtype=torch.float64))
@@ -172,7 +140,7 @@ def test_an_exchange_that_fails_leaves_the_group_its_own_model() -> None:
         # A round after it ends after its broadcast of the verdict (rounds are in order).
         run_round(members, 1, 2, initiator=1)
         for m in members:
-            np.testing.assert_allclose(m.model(), expected, atol=1e-12, rtol=0)
+            np.testing.assert_allclose(m.global_model(), expected, atol=1e-12, rtol=0)
             assert m.worker.exchanges == 0
     finally:
         for m in members:

@@ -146,13 +146,19 @@ def finish_group(coord, ranks, now):
     return out
 
 
-def test_groups_hold_their_finished_members_until_every_group_exchanged_last():
+def first_group_finished():
+    """Groups {0, 1} and {2, 3}; the first one's data ended: (the coordinator,
+    the commands of its end, its last RnaStart)."""
     coord, _ = running()
     form(coord, coord.partition([[0, 1], [2, 3]], now=1.0, reason="spread"), 1.1, applied=4)
-    a, b = coord.coordinators
-    # Group a's data ends: its last round exchanges, and it holds its members.
     out = finish_group(coord, [0, 1], now=5.0)
-    last = [m for _, m in sent(out, RnaStart)][-1]
+    return coord, out, [m for _, m in sent(out, RnaStart)][-1]
+
+
+def test_groups_hold_their_finished_members_until_every_group_exchanged_last():
+    # Group a's data ends: its last round exchanges, and it holds its members.
+    coord, out, last = first_group_finished()
+    a, b = coord.coordinators
     assert last.exchange and sent(out, RnaLeft) == []
     assert a.phase is GroupPhase.HOLDING
     out = coord.exchanged(last.initiator, a.current.gen, last.round, 5.1, seconds=0.01)
@@ -177,11 +183,8 @@ def test_groups_hold_their_finished_members_until_every_group_exchanged_last():
 
 
 def test_a_failed_exchange_is_recorded_and_a_member_dying_while_held_re_forms_the_group():
-    coord, _ = running()
-    form(coord, coord.partition([[0, 1], [2, 3]], now=1.0, reason="spread"), 1.1, applied=4)
+    coord, _, last = first_group_finished()
     a, _ = coord.coordinators
-    out = finish_group(coord, [0, 1], now=5.0)
-    last = [m for _, m in sent(out, RnaStart)][-1]
     out = coord.exchanged(
         last.initiator, a.current.gen, last.round, 5.1, seconds=0.5, ok=False, error="PsError: x"
     )

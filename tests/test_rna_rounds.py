@@ -44,7 +44,9 @@ WAIT_S = 30.0
 
 
 class Member:
-    """One RoundWorker with a model of its own and a record of what it sent."""
+    """One RoundWorker with a model of its own and a record of what it sent;
+    ``x0``: its model's start (default: random, every member elsewhere);
+    ``exchange``: hierarchical RNA's exchange with a parameter server."""
 
     def __init__(
         self,
@@ -55,9 +57,12 @@ class Member:
         momentum: float = 0.0,
         dampening: float = 0.0,
         correct_momentum: bool = False,
+        x0: np.ndarray | None = None,
+        exchange=None,
     ):
         torch.manual_seed(100 + rank)  # every member starts elsewhere; the source wins
-        self.param = torch.nn.Parameter(torch.randn(DIM, dtype=torch.float64))
+        start = torch.randn(DIM, dtype=torch.float64) if x0 is None else torch.tensor(x0)
+        self.param = torch.nn.Parameter(start)
         self.optimizer = torch.optim.SGD(
             [self.param], lr=LR, momentum=momentum, dampening=dampening
         )
@@ -72,6 +77,7 @@ class Member:
             world_size=world,
             staleness=staleness,
             correct_momentum=correct_momentum,
+            exchange=exchange,
         )
         self.worker.start()
 

@@ -205,6 +205,7 @@ async def _run_job(
         keys = create_run_keys(run.keys)
         bind = _bind_address(spec)
     event_log = JsonlEventLog(run.events_path)
+    stop_copying_log = run.copy_log_lines()
     status = StatusTracker(run_id=spec.run_id, policy=spec.policy, mode=spec.mode)
     recorder = EventRecorder([event_log, status])
     output = OutputRouter(run, console, spec.output)
@@ -303,6 +304,7 @@ async def _run_job(
         ctx.destroy(linger=0)
         status_ctx.destroy(linger=0)
         event_log.close()
+        stop_copying_log()
     # A resumed run's JCT is wall time from its first event: the time without a
     # supervisor is part of the job's time too.
     if history is not None and history.first_wall:

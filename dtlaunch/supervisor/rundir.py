@@ -5,7 +5,8 @@
     <run_dir>/job.json          the resolved JobSpec
     <run_dir>/supervisor.json   endpoints (job, status) and pid of the live supervisor
     <run_dir>/events.jsonl      every event
-    <run_dir>/logs/             <role>-<rank>.log per process, agent-<host>.log per agent
+    <run_dir>/logs/             <role>-<rank>.log per process, agent-<host>.log per agent,
+                                supervisor.log: the supervisor's own log lines
     <run_dir>/keys/             CURVE key pairs (0700 folder, 0600 files)
     <run_dir>/agents/<host>/    embedded mode: the local agent's folder
     <run_dir>/hosts.json        per host: supervisor endpoint and agent folder (for --resume)
@@ -18,7 +19,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +60,24 @@ class RunDir:
     @property
     def logs(self) -> Path:
         return self.path / "logs"
+
+    def copy_log_lines(self) -> Callable[[], None]:
+        """From now on dtlaunch's log lines (INFO and up) also go to
+        ``logs/supervisor.log``, appended to by a resumed supervisor: what the
+        supervisor said stays when its terminal is gone (a dropped ssh session,
+        ``nohup`` without a file). Returns what stops it."""
+        self.logs.mkdir(exist_ok=True)
+        handler = logging.FileHandler(self.logs / "supervisor.log", encoding="utf-8")
+        handler.setLevel(logging.INFO)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger = logging.getLogger("dtlaunch")
+        logger.addHandler(handler)
+
+        def stop() -> None:
+            logger.removeHandler(handler)
+            handler.close()
+
+        return stop
 
     @property
     def keys(self) -> Path:
