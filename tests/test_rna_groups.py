@@ -51,6 +51,7 @@ def test_a_partition_re_forms_the_workers_into_groups_that_probe_only_their_memb
     gen = one.current.gen
     one.ready(sent(out, RnaProbe)[0][0], gen, 0, now=0.2)  # a round of the one group ran
     out = coord.partition([[0, 1], [2, 3]], now=1.0, reason="spread")
+    assert coord.rounds_started == 1  # the old group's round still counts
     assert notes(out, "rna_partition") == [{"groups": [[0, 1], [2, 3]], "reason": "spread"}]
     opens = sent(out, RnaOpenStore)
     assert len(opens) == 2 and len({m.gen for _, m in opens}) == 2

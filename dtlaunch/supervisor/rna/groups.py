@@ -68,6 +68,7 @@ class GroupedCoordinator:
         self.groups: list[tuple[int, ...]] = [tuple(range(world_size))]
         self._subs: list[RoundCoordinator] = [self._new(self.groups[0], 0)]
         self._exchange_noted_at: dict[int, float] = {}
+        self._rounds_before = 0  # started by the groups of earlier partitions
 
     # ------------------------------------------------------------- queries
 
@@ -87,7 +88,8 @@ class GroupedCoordinator:
 
     @property
     def rounds_started(self) -> int:
-        return sum(sub.rounds_started for sub in self._subs)
+        """Rounds started by every group, those of earlier partitions included."""
+        return self._rounds_before + sum(sub.rounds_started for sub in self._subs)
 
     def group_of(self, rank: int) -> RoundCoordinator | None:
         for sub in self._subs:
@@ -129,6 +131,7 @@ class GroupedCoordinator:
                 )
             ]
         old = self._subs
+        self._rounds_before += sum(o.rounds_started for o in old)
         self.groups = [tuple(sorted(g)) for g in groups]
         self.partitions += 1
         self._subs = [self._new(group, i) for i, group in enumerate(self.groups)]
