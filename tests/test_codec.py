@@ -192,6 +192,7 @@ SAMPLES = [
                               recent_bpt_s=[0.1, 0.3], straggler="3.0x the mean BPT")],
             actions=[ActionStatus(at_s=3.0, action="KILL_RESTART", target="worker 2",
                                   reason="persistent straggler")],
+            rna_groups=[[0, 2], [1, 3]],
         ),
     ),
     Hello(

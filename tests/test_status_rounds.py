@@ -49,9 +49,25 @@ def test_under_hierarchical_rna_a_workers_share_counts_its_own_groups_rounds():
         fold.node("worker", rank)
     fold.emit(rounds_event(10.0, 40, [40, 20], members=(0, 1)))  # the fast group
     fold.emit(rounds_event(10.0, 10, [5, 10], members=(2, 3)))  # the slow one
+    fold.emit(Event(kind="rna_partition", mono=9.0, wall=9.0, data={"groups": [[0, 1], [2, 3]]}))
     snap = fold.snapshot(now=10.5, source="live", stragglers={})
     assert snap.rna_rounds_per_s == 50.0  # both groups' rounds
     assert {n.rank: n.rna_share for n in snap.nodes} == {0: 1.0, 1: 0.5, 2: 0.5, 3: 1.0}
+    assert snap.rna_groups == [[0, 1], [2, 3]]
+    from rich.console import Console
+
+    console = Console(width=120, record=True)
+    console.print(render_status(snap, width=120))
+    text = console.export_text()
+    assert (
+        "rna 50.0 rounds/s in 2 groups, contributed:  [w0 100%  w1 50%]  [w2 50%  w3 100%]" in text
+    )
+    # A refused partition changes nothing; one group again shows no brackets.
+    refused = {"groups": [[0], [1, 2, 3]], "refused": "workers are finishing"}
+    fold.emit(Event(kind="rna_partition", mono=11.0, wall=11.0, data=refused))
+    assert fold.snapshot(now=11.0, source="live", stragglers={}).rna_groups == [[0, 1], [2, 3]]
+    fold.emit(Event(kind="rna_partition", mono=12.0, wall=12.0, data={"groups": [[0, 1, 2, 3]]}))
+    assert fold.snapshot(now=12.0, source="live", stragglers={}).rna_groups == []
 
 
 def test_replay_plot_data_has_the_rounds_and_each_workers_share():

@@ -237,17 +237,23 @@ def _ps_map_line(snap: StatusSnapshot) -> Text:
 
 
 def _rounds_line(snap: StatusSnapshot) -> Text:
-    """RNA: rounds per second, and the share of them each worker contributed to."""
+    """RNA: rounds per second, and the share of them each worker contributed to
+    (of its own group's, in brackets, under hierarchical RNA)."""
+    groups = snap.rna_groups
+    where = f" in {len(groups)} groups" if groups else ""
     text = Text(
-        f"rna {snap.rna_rounds_per_s:.1f} rounds/s, contributed:",
+        f"rna {snap.rna_rounds_per_s:.1f} rounds/s{where}, contributed:",
         style="dim",
         no_wrap=True,
         overflow="ellipsis",
     )
-    for node in snap.nodes:
-        if node.role == "worker":
-            text.append(f"  w{node.rank} ")
-            text.append(f"{100 * node.rna_share:.0f}%", style="bold")
+    workers = {node.rank: node for node in snap.nodes if node.role == "worker"}
+    for group in groups or [sorted(workers)]:
+        text.append("  [" if groups else "")
+        for i, rank in enumerate(r for r in group if r in workers):
+            text.append(f"{'' if groups and i == 0 else '  '}w{rank} ")
+            text.append(f"{100 * workers[rank].rna_share:.0f}%", style="bold")
+        text.append("]" if groups else "")
     return text
 
 

@@ -66,6 +66,7 @@ class StatusFold:
         self._samples_recent = 0  # the sum of the history's samples
         self._first_report_t: float | None = None
         self.ps_map_version = 0
+        self.rna_groups: list[list[int]] = []  # hierarchical RNA's groups ([]: one group)
         self._ps_bytes: dict[int, int] = {}  # server -> bytes of its blocks in the map
         self._exchanges: dict[int, deque[tuple[float, float]]] = {}
         self.rounds = RoundRates()  # --policy rna
@@ -178,6 +179,11 @@ class StatusFold:
         if isinstance(version, int) and isinstance(loads, list):
             self.ps_map_version = version
             self._ps_bytes = {j: int(b) for j, b in enumerate(loads) if isinstance(b, int)}
+
+    def _partition(self, event: Event) -> None:
+        groups = event.data.get("groups")
+        if "refused" not in event.data and isinstance(groups, list):
+            self.rna_groups = [list(g) for g in groups] if len(groups) > 1 else []
 
     def server_speed(self, server: int) -> float:
         """Bytes/s of ``server`` at its load, from the fit of its recent exchanges
@@ -408,6 +414,7 @@ class StatusFold:
             actions=list(self.actions),
             ps_map_version=self.ps_map_version,
             rna_rounds_per_s=round(self.rounds.per_second(now), 2),
+            rna_groups=[list(g) for g in self.rna_groups],
         )
 
     def _node_status(
@@ -499,6 +506,7 @@ _HANDLERS: dict[str, Callable[[StatusFold, Event], object]] = {
     "decision": StatusFold._decision,
     "ps_placement": StatusFold._placement,
     "rna_rounds": lambda fold, e: fold.rounds.add(e.mono, e.data),
+    "rna_partition": StatusFold._partition,
     "stall": StatusFold._stall,
     "stall_stacks": StatusFold._stall_stacks,
     "stop_requested": StatusFold._stopping,

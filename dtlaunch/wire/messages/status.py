@@ -86,6 +86,7 @@ class StatusSnapshot(Record):
     actions: list[ActionStatus] = field(default_factory=list)  # oldest first
     ps_map_version: int = 0  # the parameter servers' placement map in force (0: none)
     rna_rounds_per_s: float = 0.0  # --policy rna: recent rounds per second (0: none)
+    rna_groups: list[list[int]] = field(default_factory=list)  # hierarchical rna ([]: one)
     # Live only: the policy's latest reading of the job, what it did or why it
     # holds (e.g. auto's phase, its plan, and the throughput it predicts).
     plan: str = ""
