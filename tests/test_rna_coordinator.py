@@ -266,6 +266,35 @@ def test_a_late_failure_of_a_forgotten_group_brings_its_member_back():
     assert sorted(r for r, _ in sent(out, RnaLeft)) == [0, 1, 2], "all let go, one model"
 
 
+def test_workers_whose_data_ends_between_groups_end_on_one_model_not_their_own():
+    """A resumed supervisor's first group timed out (every member still blocked
+    in a crashed round), and the data ran out before another formed: each
+    worker was let go at once with its own model (found by a resume of a
+    hierarchical job). Now one that held rounds waits for the next group, as
+    finished, and all are let go together after its last round."""
+    coord = RoundCoordinator(world_size=3, seed=0, group_timeout_s=5.0, first_gen=8)
+    out = []
+    for rank in range(3):
+        out += coord.join(rank, 20, now=0.0)
+    ((store, opened),) = sent(out, RnaOpenStore)
+    coord.store_ready(store, opened.gen, 4000, "a0")
+    out = coord.tick(5.5)  # no member formed: the group is given up
+    assert notes(out, "rna_group")[0]["silent"] == [0, 1, 2] and coord.current is None
+    out = []
+    for rank in range(3):
+        out += coord.leave(rank, 20 + rank, now=6.0 + rank)
+    assert sent(out, RnaLeft) == [], "let go before a group took them back"
+    ((store, opened),) = [o for o in sent(out, RnaOpenStore)][-1:]
+    assert notes(out, "rna_group")[-1]["members"] == [0, 1, 2]
+    coord.store_ready(store, opened.gen, 4001, "a0")
+    for rank in range(3):
+        out = coord.formed(rank, opened.gen, 22, now=9.0)
+    assert sorted(r for r, _ in sent(out, RnaLeft)) == [0, 1, 2], "all let go, one model"
+    # A worker that never held a round (no group ever formed for it) is not held.
+    fresh = RoundCoordinator(world_size=2, seed=0)
+    assert sent(fresh.leave(1, 0, now=0.0), RnaLeft) == [(1, RnaLeft(round=-1))]
+
+
 def test_a_finished_worker_that_exits_before_it_is_let_go_is_not_waited_for():
     coord, gen, _ = formed_group(world=3)
     coord.leave(0, 5, now=1.0)

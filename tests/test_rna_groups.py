@@ -120,10 +120,38 @@ def test_partitions_that_cannot_be_made_are_refused_with_the_reason():
     coord, _ = running()
     assert "cover" in coord.partition_refusal([[0, 1], [2]])
     assert "cover" in coord.partition_refusal([[0, 1], [1, 2, 3]])
-    assert "in force" in coord.partition_refusal([[3, 2, 1, 0]])
+    # The groups in force: nothing to change, nothing refused.
+    assert coord.partition_refusal([[3, 2, 1, 0]]) is None
+    assert coord.partition([[3, 2, 1, 0]], now=0.5, reason="same") == []
     assert coord.partition_refusal([[0, 1], [2, 3]]) is None
     coord.leave(3, 0, now=1.0)  # its data ended: the job is finishing
     assert "finishing" in coord.partition_refusal([[0, 1], [2, 3]])
+
+
+def test_no_partition_while_a_group_forms():
+    """A resumed supervisor's first group forms while members may still be
+    blocked in a collective of the crashed one's: regrouping them then timed
+    them out and left a worker to end on its own model (found by a resume after
+    a split). The policy is told, and asks again later."""
+    from dtlaunch.supervisor.control.policies import parse_policy
+
+    coord = GroupedCoordinator(world_size=4, seed=3, exchange_every=1)
+    for rank in range(4):
+        coord.join(rank, 0, now=0.0)
+    (sub,) = coord.coordinators
+    assert sub.phase is GroupPhase.OPENING
+    assert "opening" in coord.partition_refusal([[0, 1], [2, 3]])
+    out = coord.partition([[0, 1], [2, 3]], now=1.0, reason="spread")
+    assert "opening" in notes(out, "rna_partition")[0]["refused"]
+    assert coord.groups == [(0, 1, 2, 3)] and sent(out, RnaOpenStore) == []
+    # The policy hears the refusal: its groups in force are the old ones again,
+    # and the regroup_s wait does not hold the next ask back.
+    pol = parse_policy("rna:split=0.3,confirm=1,regroup_s=60")
+    (ask,) = pol.decide(_snapshot(B_TIMES, 10.0))
+    assert ask.groups == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    pol.groups_refused()
+    (again,) = pol.decide(_snapshot(B_TIMES, 11.0))
+    assert again.groups == ask.groups
 
 
 def test_a_worker_that_dies_re_forms_only_its_own_group():

@@ -410,6 +410,9 @@ class ControlLoop:
                 )
                 if refused is not None:
                     log.warning("RNA_GROUPS %s not carried out: %s", action.groups, refused)
+                    refusal_heard = getattr(self.controller.policy, "groups_refused", None)
+                    if callable(refusal_heard):
+                        refusal_heard()
             elif isinstance(action, ReassignBlocks):
                 servers = self._targets.servers
                 if servers is None or not servers.reassign(action, now):

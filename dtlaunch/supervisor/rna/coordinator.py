@@ -225,6 +225,11 @@ class RoundCoordinator:
         cur = self.current
         out: list[Command] = [Note("rna_leave", {"rank": rank, "applied": applied})]
         if cur is None or rank not in cur.members:
+            if applied > 0 and rank in self.expected:
+                # It lost its group (a crash, a member's death, a group that timed
+                # out) and its data ended before the next one formed: it joins that
+                # one as finished, so that it ends on the group's model, not its own.
+                return [*out, *self.join(rank, applied, now, finished=True)]
             # Not in a group (it never formed one): nothing of it to wait for.
             self.expected.discard(rank)
             self.joined.pop(rank, None)

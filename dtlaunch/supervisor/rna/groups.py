@@ -110,12 +110,20 @@ class GroupedCoordinator:
                 f"groups {[list(g) for g in groups]} do not cover ranks "
                 f"0..{self.world_size - 1} once each"
             )
-        if sorted(tuple(sorted(g)) for g in groups) == sorted(self.groups):
-            return "the groups are the ones in force"
+        if self._in_force(groups):
+            return None  # nothing to change
         for sub in self._subs:
             if sub.leaving or sub.phase is GroupPhase.HOLDING:
                 return "workers are finishing their data: the groups stay as they are"
+            if sub.expected and sub.phase is not GroupPhase.RUNNING:
+                # Its members may still be blocked in a collective of a group a
+                # crash or a death interrupted; regrouping them now would time out
+                # on them and leave them out.
+                return f"a group is {sub.phase.value}: the groups change once every one runs"
         return None
+
+    def _in_force(self, groups: Sequence[Sequence[int]]) -> bool:
+        return sorted(tuple(sorted(g)) for g in groups) == sorted(self.groups)
 
     # --------------------------------------------------------- partition
 
@@ -123,6 +131,8 @@ class GroupedCoordinator:
         """Replace the groups by ``groups`` (each a list of ranks; together every
         rank once). Refused (a note, nothing changed) per ``partition_refusal``."""
         refusal = self.partition_refusal(groups)
+        if refusal is None and self._in_force(groups):
+            return []
         if refusal is not None:
             return [
                 Note(

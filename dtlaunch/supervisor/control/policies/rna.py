@@ -87,9 +87,16 @@ class RnaPolicy:
         self.regroup_s = params.number("regroup_s", 60.0, low=0.0)
         params.finish()
         self.groups: list[list[int]] | None = None  # the partition asked for last
+        self._groups_before: list[list[int]] | None = None  # in force before that ask
         self._candidate: list[list[int]] | None = None
         self._seen = 0  # decisions in a row that gave the candidate
         self._regrouped_at = float("-inf")
+
+    def groups_refused(self) -> None:
+        """The round service could not change the groups now (they were forming,
+        or the data is ending): the ones before stay in force, and the next
+        decisions may ask again."""
+        self.groups, self._regrouped_at = self._groups_before, float("-inf")
 
     def worker_env(self) -> dict[str, str]:
         """What every worker's ``dtlaunch.rna.Trainer`` reads (``DTLAUNCH_RNA``)."""
@@ -148,6 +155,7 @@ class RnaPolicy:
                     inputs=inputs,
                 )
             ]
+        self._groups_before = self.groups
         self.groups, self._candidate, self._seen = groups, None, 0
         self._regrouped_at = snap.now
         zeta, v = inputs["zeta_s"], inputs["v_s"]
