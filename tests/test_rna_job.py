@@ -25,6 +25,19 @@ def results(out, ranks):
     return [json.loads((out / f"{rank}.json").read_text()) for rank in ranks]
 
 
+def killed_once_then_resumed(args, run_dir, tmp_path, ready, *, what):
+    """Run ``args`` (embedded), SIGKILL its supervisor once an event ``ready``
+    is recorded, resume it to the end: (the events, the index of ``resume``)."""
+    with started(args, env={}, log=tmp_path / "run-0.log") as first:
+        wait_for_event(run_dir, ready, timeout=120, what=what)
+        first.signal(signal.SIGKILL)
+        first.wait(timeout=10)
+    with started(["run", "--resume", str(run_dir)], env={}, log=tmp_path / "run-1.log") as job:
+        assert job.wait(timeout=240) == 0, job.output()
+    log = events(run_dir)
+    return log, next(i for i, e in enumerate(log) if e["kind"] == "resume")
+
+
 def assert_one_model(finals):
     """Equal versions hold equal models on every worker; all end on the same one."""
     seen = {}
@@ -126,14 +139,9 @@ def test_rna_goes_on_after_the_supervisor_is_killed_and_resumed(tmp_path):
         "--dataset-size", "6000", "--shard-size", "100", "--global-batch", "60",
         "--policy", "rna:group_timeout=6", "--output", "0", SCRIPT, str(out), "0.03",
     ]  # fmt: skip
-    with started(args, env={}, log=tmp_path / "run-0.log") as first:
-        wait_for_event(run_dir, kind("rna_rounds"), timeout=120, what="rounds under way")
-        first.signal(signal.SIGKILL)
-        first.wait(timeout=10)
-    with started(["run", "--resume", str(run_dir)], env={}, log=tmp_path / "run-1.log") as job:
-        assert job.wait(timeout=240) == 0, job.output()
-    log = events(run_dir)
-    resumed = next(i for i, e in enumerate(log) if e["kind"] == "resume")
+    log, resumed = killed_once_then_resumed(
+        args, run_dir, tmp_path, kind("rna_rounds"), what="rounds under way"
+    )
     formed = [e for e in log[resumed:] if e["kind"] == "rna_group" and e["phase"] == "formed"]
     assert formed and formed[0]["members"] == [0, 1, 2], formed
     assert any(e["kind"] == "rna_rounds" for e in log[resumed:]), "no round after the resume"
@@ -163,14 +171,9 @@ def test_hierarchical_rna_goes_on_after_the_supervisor_is_killed_and_resumed(tmp
         "--policy", "rna:split=0.3,confirm=2,l_trans=1,l_per=2,group_timeout=6",
         "--output", "0", SCRIPT, str(out), "0.03", "2,3", "0.09",
     ]  # fmt: skip
-    with started(args, env={}, log=tmp_path / "run-0.log") as first:
-        wait_for_event(run_dir, kind("rna_exchange", group=1), timeout=120, what="groups apart")
-        first.signal(signal.SIGKILL)
-        first.wait(timeout=10)
-    with started(["run", "--resume", str(run_dir)], env={}, log=tmp_path / "run-1.log") as job:
-        assert job.wait(timeout=240) == 0, job.output()
-    log = events(run_dir)
-    resumed = next(i for i, e in enumerate(log) if e["kind"] == "resume")
+    log, resumed = killed_once_then_resumed(
+        args, run_dir, tmp_path, kind("rna_exchange", group=1), what="groups apart"
+    )
     # Partitions asked for while a group formed (or at the end) were refused, never
     # carried out into members still blocked in a crashed round.
     partitions = [e for e in log[resumed:] if e["kind"] == "rna_partition"]
