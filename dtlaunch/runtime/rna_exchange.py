@@ -111,9 +111,9 @@ class ServerExchange:
 
     def push_pull(
         self, model: Sequence[torch.Tensor], base: Sequence[torch.Tensor], weight: float
-    ) -> list[torch.Tensor]:
-        """Push ``weight x (model - base)``, pull the server's model (returned,
-        shaped as ``model``).
+    ) -> torch.Tensor:
+        """Push ``weight x (model - base)``, pull the server's model (returned
+        flat, its tensors one after the other as in ``model``).
 
         Raises:
             Exception: whatever the client raises (``PsError``, ``ConfigError``,
@@ -140,7 +140,7 @@ class ServerExchange:
             self.close(notify=False)
             raise
         self.exchanges += 1
-        return [p.detach().clone() for p in params]
+        return torch.cat([p.detach().reshape(-1) for p in params])
 
     def close(self, *, notify: bool = True) -> None:
         client, self._client, self._mirror = self._client, None, None

@@ -462,12 +462,10 @@ class RoundWorker(threading.Thread):
                 if self._exchange is None:
                     raise ConfigError("this worker has no parameter server to exchange with")
                 assert self._base is not None  # set when the group formed
-                with self.lock:
-                    model = [t.clone() for t in self.shadow]
                 weight = self._group_size / self.world_size if self._group_size else 1.0
-                pulled = self._exchange.push_pull(model, self._base, weight)
+                # This thread is the only writer of the shadow: it reads it unlocked.
+                buffer[1:] = self._exchange.push_pull(self.shadow, self._base, weight)
                 buffer[0] = 1.0
-                buffer[1:] = torch.cat([t.reshape(-1) for t in pulled])
             except Exception as err:
                 error = f"{type(err).__name__}: {err}"[:500]
                 logger.warning("rna: exchange after round %d failed: %s", start.round, error)

@@ -29,8 +29,8 @@ Answers name their round: one for a round already started is late and ignored.
 Hierarchical RNA (§4, ``groups.py``) runs one coordinator per group of the
 partition, on that group's ``ranks``, numbering generations from one shared
 counter. Every ``exchange_every`` rounds, a round carries an exchange with the
-parameter server between the groups (``RnaStart.exchange``). With
-``hold_at_end`` a group whose members all finished does not let them go: its
+parameter server between the groups (``RnaStart.exchange``). A group that
+exchanges (``hold_at_end``) and whose members all finished does not let them go: its
 last round exchanges (its progress reaches the server), the initiator confirms
 it (``exchanged``), and the group ``HOLDING``s until ``release``: one more
 exchange, after every group's last one, gives all of them the job's final model.
@@ -129,13 +129,12 @@ class RoundCoordinator:
         gens: Iterator[int] | None = None,
         group_size: int = 0,
         exchange_every: int = 0,
-        hold_at_end: bool = False,
     ) -> None:
         """``ranks``: this coordinator's workers (default: all ``world_size``);
         ``gens``: the generation numbers to use (default: from ``first_gen``),
-        shared by the groups of a partition; ``group_size``, ``exchange_every``,
-        ``hold_at_end``: hierarchical RNA's (module docstring; 0, 0, False: one
-        group without a parameter server)."""
+        shared by the groups of a partition; ``group_size``, ``exchange_every``:
+        hierarchical RNA's (module docstring; 0, 0: one group without a
+        parameter server)."""
         if probes < 1:
             raise ValueError(f"probes must be at least 1, got {probes}")
         self.world_size = world_size
@@ -143,7 +142,7 @@ class RoundCoordinator:
         self._gens = gens if gens is not None else itertools.count(first_gen)
         self.group_size = group_size
         self.exchange_every = exchange_every
-        self.hold_at_end = hold_at_end
+        self.hold_at_end = exchange_every > 0  # the last exchange comes before leaving
         self._rounds_to_exchange = exchange_every
         self.final_round = -1  # HOLDING: the last round, whose exchange is awaited
         self.final_exchanged = False

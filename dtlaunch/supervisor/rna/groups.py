@@ -266,7 +266,6 @@ class GroupedCoordinator:
             gens=self._gens,
             group_size=len(ranks) if exchanging else 0,
             exchange_every=self.exchange_every if exchanging else 0,
-            hold_at_end=exchanging,
         )
 
     def _release(self, now: float) -> list[Command]:
