@@ -6,22 +6,14 @@ small batches; weighting each worker's mean gradient by its share of the step's
 samples, ``n_i / sum(n)``, gives exactly the gradient of the whole global batch:
 ``sum_i (n_i / N) * (1 / n_i) * sum_{x in batch_i} g(x) = (1 / N) * sum_x g(x)``.
 torch is an optional dependency; only torch helpers import this module.
-
-Also ``connect_store``: a TCPStore client whose connect is bounded.
 """
 
 from __future__ import annotations
 
-import datetime
-import queue
-import threading
 import time
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import TCPStore
-
-STORE_CONNECT_GRACE_S = 5.0  # beyond the store's timeout, before a connect is given up
 
 
 def allreduce_gradients(
@@ -84,30 +76,3 @@ def agree(done: bool, gen: int, *, group: dist.ProcessGroup | None = None) -> tu
     value = torch.tensor([1 if done else 0, -gen], dtype=torch.int64)
     dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
     return bool(value[0].item()), int(-value[1].item())
-
-
-def connect_store(addr: str, port: int, timeout: datetime.timedelta) -> TCPStore:
-    """A client of the store at ``addr:port``, or TimeoutError after ``timeout``
-    and a grace. TCPStore's own timeout was seen not to hold: after a supervisor
-    crash a worker's connect blocked for minutes in native code, its group never
-    formed and the job stalled. The connect runs on a thread of its own, left
-    behind (a daemon) if it never returns."""
-    answer: queue.Queue[TCPStore | BaseException] = queue.Queue(maxsize=1)
-
-    def connect() -> None:
-        try:
-            answer.put(TCPStore(addr, port, None, False, timeout=timeout))
-        except BaseException as err:  # handed to the caller
-            answer.put(err)
-
-    threading.Thread(target=connect, name="dtlaunch-rna-store", daemon=True).start()
-    limit = timeout.total_seconds() + STORE_CONNECT_GRACE_S
-    try:
-        got = answer.get(timeout=limit)
-    except queue.Empty:
-        raise TimeoutError(
-            f"the group's store at {addr}:{port} did not answer in {limit:.0f} s"
-        ) from None
-    if isinstance(got, BaseException):
-        raise got
-    return got

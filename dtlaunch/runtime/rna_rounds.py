@@ -56,7 +56,6 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from dtlaunch.errors import ConfigError
-from dtlaunch.runtime.collective import connect_store
 from dtlaunch.runtime.rna_exchange import ServerExchange
 from dtlaunch.runtime.rna_pending import PendingGradients, local_contribution, state_source
 from dtlaunch.solvers.rna import lr_factor, momentum_for_staleness
@@ -263,7 +262,7 @@ class RoundWorker(threading.Thread):
             if self._store_server is not None and self._store_gen == msg.gen:
                 store: Any = self._store_server
             else:
-                store = connect_store(msg.store_addr, msg.store_port, timeout)
+                store = TCPStore(msg.store_addr, msg.store_port, None, False, timeout=timeout)
             if not self._gather(PrefixStore(f"rna/{msg.gen}/here", store), msg):
                 logger.warning("rna: group %d was given up for a newer one as it formed", msg.gen)
                 return  # the newer generation's message is next
