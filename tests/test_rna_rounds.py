@@ -10,8 +10,10 @@ times ``contributors / world``.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import queue
+import socket
 import threading
 import time
 
@@ -22,8 +24,10 @@ torch = pytest.importorskip("torch")
 
 from torch._C._distributed_c10d import TCPStore  # noqa: E402
 
+from dtlaunch.runtime.rna_meeting import SUPERSEDED_VISIT_S  # noqa: E402
 from dtlaunch.runtime.rna_pending import local_contribution, state_source  # noqa: E402
 from dtlaunch.runtime.rna_rounds import RoundWorker  # noqa: E402
+from dtlaunch.runtime.store import CONNECT_GRACE_S  # noqa: E402
 from dtlaunch.wire.messages import (  # noqa: E402
     RnaFailed,
     RnaFormed,
@@ -59,6 +63,7 @@ class Member:
         correct_momentum: bool = False,
         x0: np.ndarray | None = None,
         exchange=None,
+        run: bool = True,
     ):
         torch.manual_seed(100 + rank)  # every member starts elsewhere; the source wins
         start = torch.randn(DIM, dtype=torch.float64) if x0 is None else torch.tensor(x0)
@@ -79,7 +84,8 @@ class Member:
             correct_momentum=correct_momentum,
             exchange=exchange,
         )
-        self.worker.start()
+        if run:
+            self.worker.start()
 
     def expect(self, kind, *, given_up=()):
         """The next message of ``kind``; a failure (other than forming one of the
@@ -459,6 +465,87 @@ def test_a_member_that_comes_late_to_a_group_given_up_fails_it_at_once():
         members[2].expect(RnaJoin)
     finally:
         stop(members)
+
+
+class SilentListener:
+    """A port where something accepts connections and never answers (as a gloo
+    pair's listener does to a store client): where a store that went away may
+    have been."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self):
+        with contextlib.suppress(OSError):
+            while True:
+                self.accepted.append(self.sock.accept()[0])
+
+    def close(self):
+        self.sock.close()
+        for conn in self.accepted:
+            conn.close()
+
+
+def test_a_store_that_never_answers_fails_the_formation_within_its_timeout():
+    """Told to meet at a port where something accepts and stays silent, torch's
+    store client would wait for its ping's answer forever: the formation fails
+    within the group's timeout plus the connect's grace, the worker asks back
+    in, and forms the next group."""
+    silent = SilentListener()
+    members = [Member(rank, 2) for rank in range(2)]
+    try:
+        for m in members:
+            m.expect(RnaJoin)
+        lost = RnaGroup(
+            gen=1, members=[0, 1], store_addr="127.0.0.1", store_port=silent.port,
+            source_rank=0, timeout_s=1.0,
+        )  # fmt: skip
+        began = time.monotonic()
+        members[1].inbox.put(lost)
+        failed = members[1].expect(RnaFailed)
+        took = time.monotonic() - began
+        assert failed.gen == 1 and "did not answer" in failed.error, failed.error
+        assert took < 1.0 + CONNECT_GRACE_S + 3.0, took
+        members[1].expect(RnaJoin)
+        assert [f.gen for f in regroup(members, gen=2, source=0)] == [2, 2]
+        run_round(members, 2, 0, initiator=0)
+    finally:
+        stop(members)
+        silent.close()
+
+
+def test_a_group_already_superseded_when_read_gets_only_a_short_visit():
+    """A group read after a newer one arrived (the thread was busy, or the
+    message is a crashed supervisor's) names a store that may be gone, or
+    whose port something else took (here: a listener that never answers): the
+    worker visits it only briefly, then forms the newer group."""
+    silent = SilentListener()
+    members = [Member(rank, 2, run=False) for rank in range(2)]
+    try:
+        store = TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+        stale = RnaGroup(
+            gen=1, members=[0, 1], store_addr="127.0.0.1", store_port=silent.port,
+            source_rank=0, timeout_s=WAIT_S,
+        )  # fmt: skip
+        newer = RnaGroup(
+            gen=2, members=[0, 1], store_addr="127.0.0.1", store_port=store.port,
+            source_rank=0, timeout_s=WAIT_S,
+        )  # fmt: skip
+        began = time.monotonic()
+        for m in members:
+            m.inbox.put(stale)
+            m.inbox.put(newer)
+            m.worker.start()
+        assert [m.expect(RnaFormed).gen for m in members] == [2, 2]
+        assert time.monotonic() - began < 2 * SUPERSEDED_VISIT_S + 2.0
+        run_round(members, 2, 0, initiator=1)
+    finally:
+        stop(members)
+        silent.close()
 
 
 def test_the_optimizer_state_travels_to_a_newcomer():

@@ -52,6 +52,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from dtlaunch.errors import ConfigError
+from dtlaunch.runtime.store import connect_store
 from dtlaunch.wire.messages import Message, Regroup, RegroupGo, RegroupReady
 
 __all__ = ["ENV_JOIN", "ElasticGroup", "JoinInfo", "parse_join"]
@@ -215,12 +216,8 @@ class ElasticGroup:
             self._link.wait_regroup_go(gen, timeout)
         else:
             go = self._link.wait_regroup_go(gen, timeout)
-            store = TCPStore(
-                go.master_addr,
-                go.master_port,
-                self._world_size,
-                is_master=False,
-                timeout=timedelta(seconds=timeout),
+            store = connect_store(
+                go.master_addr, go.master_port, timeout, world_size=self._world_size
             )
         dist.init_process_group(
             backend,

@@ -32,22 +32,22 @@ exchange worked) to the group, whose members take it as model and as the base
 of the next exchange. The base and the count of exchanges travel with the
 state a new group takes.
 
-A group is formed once every member is at its store. Until then the thread
-keeps reading its messages (set aside, handled afterwards in order): a newer
-generation's (the coordinator gave up on this one, e.g. a member of it died
-before it formed) ends the wait at once instead of after ``timeout_s``.
+A group is formed once every member is at its store (``rna_meeting``). Until
+then the thread keeps reading its messages (set aside, handled afterwards in
+order): a newer generation's (the coordinator gave up on this one) ends the
+wait at once instead of after ``timeout_s``; a group whose successor is
+already waiting when it is read gets only a short visit to its store, which
+may be gone.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import io
 import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +57,7 @@ from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from dtlaunch.errors import ConfigError
 from dtlaunch.runtime.rna_exchange import ServerExchange
+from dtlaunch.runtime.rna_meeting import STOP, Inbox, meet
 from dtlaunch.runtime.rna_pending import PendingGradients, local_contribution, state_source
 from dtlaunch.solvers.rna import lr_factor, momentum_for_staleness
 from dtlaunch.wire.messages import (
@@ -83,9 +84,7 @@ logger = logging.getLogger(__name__)
 REPORT_EVERY_S = 1.0  # the group's first member reports its rounds this often
 SAMPLE_EVERY_S = 0.5  # and one round in full at most this often
 IDLE_POLL_S = 0.5
-GATHER_POLL_S = 0.02  # forming: how often the store is asked who is there (or a message ends it)
 WAKE = object()  # the training thread handed a gradient over
-STOP = object()
 
 
 class RoundWorker(threading.Thread):
@@ -117,8 +116,7 @@ class RoundWorker(threading.Thread):
         self.shadow = [p.detach().to("cpu", copy=True) for p in params]
         self._user_optimizer = optimizer
         self._optimizer = _shadow_optimizer(optimizer, params, self.shadow)
-        self._inbox = inbox
-        self._deferred: deque[object] = deque()  # read while a group formed, not yet handled
+        self._incoming = inbox
         self._send = send
         self._pending = PendingGradients()
         self.applied = 0  # rounds in the shadow model
@@ -139,6 +137,7 @@ class RoundWorker(threading.Thread):
         self.formed = threading.Event()  # a group formed: the shadow is the group's model
         self._finished = False  # leave() was called
         self._stopped = threading.Event()
+        self._inbox = Inbox(inbox, self._stopped)
         self._rounds_since_report = 0
         self._contributions: list[int] = []
         self._sampled: list[RnaRoundRecord] = []
@@ -157,7 +156,7 @@ class RoundWorker(threading.Thread):
         with self.lock:
             self._pending.add(version, gradient)
             self._pending.prune(current=self.applied, bound=self.staleness)
-        self._inbox.put(WAKE)
+        self._incoming.put(WAKE)
 
     def leave(self, timeout: float) -> bool:
         self._finished = True
@@ -166,7 +165,7 @@ class RoundWorker(threading.Thread):
 
     def stop(self) -> None:
         self._stopped.set()
-        self._inbox.put(STOP)
+        self._incoming.put(STOP)
         self.join(timeout=5.0)
 
     # ------------------------------------------------------------ the thread
@@ -177,11 +176,7 @@ class RoundWorker(threading.Thread):
         self._send(RnaJoin(applied=self.applied), repeat_on_rehello=True)
         while not self._stopped.is_set():
             try:
-                item = (
-                    self._deferred.popleft()
-                    if self._deferred
-                    else self._inbox.get(timeout=IDLE_POLL_S)
-                )
+                item = self._inbox.next(timeout=IDLE_POLL_S)
             except queue.Empty:
                 self._maybe_report()
                 continue
@@ -252,18 +247,18 @@ class RoundWorker(threading.Thread):
         advanced member (``_sync_state``)."""
         self._group = None
         self._probe = None
+        if msg.gen < self._gen:
+            return  # a generation older than one handled already
         self._gen = msg.gen
         self._members = list(msg.members)
         self._group_size = msg.group_size
         if self.rank not in msg.members:
             return
         timeout = datetime.timedelta(seconds=msg.timeout_s)
+        hosted = self._store_server if self._store_gen == msg.gen else None
         try:
-            if self._store_server is not None and self._store_gen == msg.gen:
-                store: Any = self._store_server
-            else:
-                store = TCPStore(msg.store_addr, msg.store_port, None, False, timeout=timeout)
-            if not self._gather(PrefixStore(f"rna/{msg.gen}/here", store), msg):
+            store = meet(msg, self.rank, self._inbox, hosted)
+            if store is None:
                 logger.warning("rna: group %d was given up for a newer one as it formed", msg.gen)
                 return  # the newer generation's message is next
             group = dist.ProcessGroupGloo(
@@ -282,44 +277,6 @@ class RoundWorker(threading.Thread):
         self._contributions = [0] * len(msg.members)
         self.formed.set()
         self._send(RnaFormed(gen=msg.gen, applied=self.applied))
-
-    def _gather(self, store: Any, msg: RnaGroup) -> bool:
-        """Wait until every member of ``msg.gen`` is at its store (True: form
-        it), or a newer generation's message, or stop(), comes first (False: it
-        was given up). The members agree at the store on one verdict (whoever
-        decides first sets it), so none forms a group another one gave up.
-
-        Raises:
-            TimeoutError: a member did not come in ``timeout_s``, or another
-                member gave the group up meanwhile.
-        """
-        store.set(str(self.rank), "1")
-        keys = [str(m) for m in msg.members]
-        deadline = time.monotonic() + msg.timeout_s
-        while True:
-            if store.check(keys):
-                verdict = store.compare_set("verdict", "", "go")
-            elif self._superseded(msg.gen) or time.monotonic() >= deadline:
-                verdict = store.compare_set("verdict", "", "gone")
-            elif store.check(["verdict"]):
-                verdict = store.get("verdict")
-            else:
-                with contextlib.suppress(queue.Empty):
-                    self._deferred.append(self._inbox.get(timeout=GATHER_POLL_S))
-                continue
-            if verdict == b"go":
-                return True
-            if self._superseded(msg.gen):
-                return False
-            missing = [m for m in msg.members if not store.check([str(m)])]
-            raise TimeoutError(f"group {msg.gen} was given up: members {missing} did not come")
-
-    def _superseded(self, gen: int) -> bool:
-        """stop() was called, or a message of a generation after ``gen`` came."""
-        return self._stopped.is_set() or any(
-            item is STOP or (isinstance(item, RnaGroup | RnaOpenStore) and item.gen > gen)
-            for item in self._deferred
-        )
 
     def _sync_state(self, group: Any, named_index: int, gen: int) -> None:
         """The most advanced member's model, optimizer state, round count and
