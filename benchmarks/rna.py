@@ -95,6 +95,7 @@ SERVER_HOST = f"127.0.0.{2 + WORKERS}"  # rna-h's parameter server
 COLUMNS = ("none", "torchrun", "nd", "rna", "rna-h")
 RUN_COLUMNS = COLUMNS
 RNA_COLUMNS = ("rna", "rna-h")
+RNA_POLICY = "rna"
 RNA_H_POLICY = "rna:split=0.3,l_trans=2,l_per=4"
 TARGET_FRACTION = 0.6  # the target loss: none's loss at this share of its training time
 TARGET_SPEEDUP_A = 1.7
@@ -220,6 +221,7 @@ def run_column(
     hostfile: Path,
     env: dict,
     work: Path,
+    rna_policy: str = RNA_POLICY,
     rna_h_policy: str = RNA_H_POLICY,
 ) -> Outcome:
     out = work / f"{scenario.name}-{column}-{time.monotonic_ns()}"
@@ -240,7 +242,7 @@ def run_column(
             "-H", str(hostfile.with_name("hosts-ps") if hierarchical else hostfile),
             "--workers", str(WORKERS), *(["--servers", "1"] if hierarchical else []),
             "--run-dir", str(run_dir), "--output", "none",
-            "--policy", rna_h_policy if hierarchical else column,
+            "--policy", {"rna": rna_policy, "rna-h": rna_h_policy}.get(column, column),
             "--control-interval", f"{CONTROL_INTERVAL_S:g}",
             "--env", "OMP_NUM_THREADS=1", "--workdir", str(REPO),
             str(SCRIPT), *script_args,
@@ -614,7 +616,8 @@ def write_results(results: dict[str, Any], path: Path) -> Path:
         f"classification task ({w['records']} training records x {w['epochs']} epoch(s) = "
         f"{w['steps']} BSP steps, global batch {w['global_batch']}, shards of "
         f"{w['shard_size']}; test split {w['test_records']}), SGD lr {w['lr']:g} momentum "
-        f"{w['momentum']:g} in every column; rna with its defaults (probes=2, staleness=8, "
+        f"{w['momentum']:g} in every column; rna: --policy "
+        f"{results.get('rna_policy', RNA_POLICY)} (defaults: probes=2, staleness=8, "
         "momentum=auto); "
         f"rna-h: --servers 1 (on 127.0.0.10) --policy "
         f"{results.get('rna_h_policy', RNA_H_POLICY)}; "
@@ -672,6 +675,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, help="diagnosis: another rate, for every column")
     parser.add_argument(
         "--momentum", type=float, help="diagnosis: another momentum, for every column"
+    )
+    parser.add_argument(
+        "--rna-policy", default=RNA_POLICY, help=f"the rna column's (default {RNA_POLICY})"
     )
     parser.add_argument(
         "--rna-h-policy", default=RNA_H_POLICY, help=f"the rna-h column's (default {RNA_H_POLICY})"
@@ -748,7 +754,7 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(opts.repeats):
                     outcome = run_column(
                         workload, sc, column, hostfile=hostfile, env=env, work=work,
-                        rna_h_policy=opts.rna_h_policy,
+                        rna_policy=opts.rna_policy, rna_h_policy=opts.rna_h_policy,
                     )  # fmt: skip
                     _say(outcome)
                     outcomes.append(outcome)
@@ -758,6 +764,7 @@ def main(argv: list[str] | None = None) -> int:
     results = summarize(workload, opts.scenario_list, outcomes, opts.quick)
     results["bench_wall_s"] = round(time.monotonic() - began, 1)
     results["repeats"] = opts.repeats
+    results["rna_policy"] = opts.rna_policy
     results["rna_h_policy"] = opts.rna_h_policy
     print(render_text(results))
     md = write_results(results, opts.out)

@@ -64,6 +64,7 @@ class Member:
         x0: np.ndarray | None = None,
         exchange=None,
         run: bool = True,
+        average: float = 0.0,
     ):
         torch.manual_seed(100 + rank)  # every member starts elsewhere; the source wins
         start = torch.randn(DIM, dtype=torch.float64) if x0 is None else torch.tensor(x0)
@@ -83,6 +84,7 @@ class Member:
             staleness=staleness,
             correct_momentum=correct_momentum,
             exchange=exchange,
+            average=average,
         )
         if run:
             self.worker.start()
@@ -105,6 +107,10 @@ class Member:
     def global_model(self) -> np.ndarray:
         with self.worker.lock:
             return self.worker.shadow[0].detach().numpy().copy()
+
+    def final_model(self) -> np.ndarray:
+        with self.worker.lock:
+            return self.worker.final_model()[0].detach().numpy().copy()
 
 
 def form(members: list[Member], gen: int = 1, source: int = 0) -> None:
@@ -548,6 +554,52 @@ def test_a_group_already_superseded_when_read_gets_only_a_short_visit():
         silent.close()
 
 
+def test_the_final_model_is_the_moving_average_of_the_global_model_s_updates():
+    """``average=b``: the model a worker ends with is ``a_k = b a_(k-1) + (1 - b)
+    x_k`` over the global model's updates ``x_k``, from the model the group
+    formed with; a round without contributions is no update. Every member
+    holds the same average; a newcomer gets it with the state."""
+    beta = 0.6
+    members = [Member(rank, 2, average=beta) for rank in range(2)]
+    try:
+        form(members)
+        x = members[0].global_model()
+        expected = x.copy()
+        rng = np.random.default_rng(3)
+        for round_ in range(4):
+            if round_ != 2:  # round 2: nobody contributes
+                members[round_ % 2].worker.hand_over(round_, torch.tensor(rng.normal(size=DIM)))
+            run_round(members, 1, round_, initiator=0)
+            if round_ != 2:
+                x = members[0].global_model()
+                expected = beta * expected + (1 - beta) * x
+        for m in members:
+            np.testing.assert_allclose(m.final_model(), expected, atol=1e-12, rtol=0)
+            assert not np.allclose(m.final_model(), m.global_model())
+        # Worker 1 restarts: a fresh thread, no average of its own.
+        members[1].worker.stop()
+        members[1] = Member(1, 2, average=beta)
+        members[1].expect(RnaJoin)
+        regroup(members, gen=2, source=0)
+        np.testing.assert_array_equal(members[1].final_model(), members[0].final_model())
+        members[1].worker.hand_over(4, torch.tensor(rng.normal(size=DIM)))
+        run_round(members, 2, 4, initiator=1)
+        expected = beta * expected + (1 - beta) * members[0].global_model()
+        for m in members:
+            np.testing.assert_allclose(m.final_model(), expected, atol=1e-12, rtol=0)
+    finally:
+        stop(members)
+
+
+def test_without_an_average_the_final_model_is_the_last_one(three):
+    form(three)
+    three[0].worker.hand_over(0, torch.ones(DIM, dtype=torch.float64))
+    run_round(three, 1, 0, initiator=0)
+    for m in three:
+        np.testing.assert_array_equal(m.final_model(), m.global_model())
+    stop(three)
+
+
 def test_the_optimizer_state_travels_to_a_newcomer():
     members = [Member(rank, 2, momentum=0.9) for rank in range(2)]
     try:
@@ -585,7 +637,7 @@ def test_threads_stop_and_leave_nothing_behind(three):
     assert not [t for t in threading.enumerate() if t.name.startswith("dtlaunch-rna-")]
 
 
-def test_the_policy_tells_the_workers_how_to_treat_the_momentum():
+def test_the_policy_tells_the_workers_how_to_treat_the_momentum_and_the_final_model():
     from dtlaunch.errors import ConfigError
     from dtlaunch.runtime.rna import RnaSettings, parse_rna_env
     from dtlaunch.supervisor.control.policies import parse_policy
@@ -593,10 +645,19 @@ def test_the_policy_tells_the_workers_how_to_treat_the_momentum():
     def told(policy: str) -> RnaSettings | None:
         return parse_rna_env(parse_policy(policy).worker_env()["DTLAUNCH_RNA"])
 
-    assert told("rna") == RnaSettings(staleness=8, momentum="auto")
-    assert told("rna:momentum=keep,staleness=3") == RnaSettings(staleness=3, momentum="keep")
-    # A supervisor of an earlier version says only the bound: the momentum is kept.
+    assert told("rna") == RnaSettings(staleness=8, momentum="auto", average=0.9)
+    assert told("rna:momentum=keep,staleness=3,average=0") == RnaSettings(
+        staleness=3, momentum="keep", average=0.0
+    )
+    assert told("rna:average=0.75").average == 0.75
+    # A supervisor of an earlier version says only the bound: the momentum is
+    # kept, and the final model is the last one.
     assert parse_rna_env("staleness=8") == RnaSettings(staleness=8, momentum="keep")
+    for bad in ("1", "-0.1", "x"):
+        with pytest.raises(ConfigError, match="average must be a number"):
+            parse_policy(f"rna:average={bad}")
+        with pytest.raises(ConfigError, match="average must be a number in"):
+            parse_rna_env(f"staleness=8,average={bad}")
     with pytest.raises(ConfigError, match="momentum must be one of auto, keep"):
         parse_rna_env("staleness=8,momentum=off")
     with pytest.raises(ConfigError, match="momentum must be one of auto, keep, got 'off'"):

@@ -35,7 +35,10 @@ What ``step()`` does depends on how the script runs:
   hyperparameters, so a learning-rate scheduler on it still works), so every
   member applies every round's update in the same order and all models stay
   equal. A newcomer (a restarted worker) gets the model, the optimizer state
-  and the round count from a survivor when the group re-forms.
+  and the round count from a survivor when the group re-forms. ``close()``
+  leaves your model at a moving average of the global model over its last
+  updates (``--policy rna:average=0.9``, about the last ten; 0: the last
+  model), which smooths the last rounds' noise out of the model you keep.
 - ``dtlaunch run --policy rna --servers 1``: hierarchical RNA (§4). The
   supervisor may split the workers into groups by their iteration times; each
   group runs the rounds above among its members (the learning rate scaled by
@@ -88,18 +91,21 @@ FIRST_GROUP_NOTE_S = 30.0
 
 @dataclass(frozen=True, slots=True)
 class RnaSettings:
-    """What ``DTLAUNCH_RNA`` carries: the staleness bound, and whether the
+    """What ``DTLAUNCH_RNA`` carries: the staleness bound, whether the
     rounds' optimizer fades an SGD momentum out for stale gradients (``auto``,
-    ``solvers.rna.momentum_for_staleness``) or keeps it (``keep``)."""
+    ``solvers.rna.momentum_for_staleness``) or keeps it (``keep``), and the
+    weight of the final model's moving average (0: none)."""
 
     staleness: int
     momentum: str = "keep"
+    average: float = 0.0
 
 
 def parse_rna_env(raw: str | None) -> RnaSettings | None:
-    """The settings ``DTLAUNCH_RNA`` carries (``staleness=N[,momentum=auto|keep]``),
-    or None when RNA is off. Without ``momentum`` (a supervisor of an earlier
-    version) the momentum is kept.
+    """The settings ``DTLAUNCH_RNA`` carries
+    (``staleness=N[,momentum=auto|keep][,average=A]``), or None when RNA is off.
+    Without ``momentum`` or ``average`` (a supervisor of an earlier version) the
+    momentum is kept and the final model is the last one.
 
     Raises:
         ConfigError: the variable is malformed.
@@ -116,7 +122,13 @@ def parse_rna_env(raw: str | None) -> RnaSettings | None:
     momentum = fields.get("momentum", "keep")
     if momentum not in MOMENTUM_MODES:
         raise ConfigError(f"{ENV_RNA}={raw!r}: momentum must be one of {', '.join(MOMENTUM_MODES)}")
-    return RnaSettings(staleness=staleness, momentum=momentum)
+    try:
+        average = float(fields.get("average", "0"))
+    except ValueError:
+        average = -1.0
+    if not 0 <= average < 1:
+        raise ConfigError(f"{ENV_RNA}={raw!r}: average must be a number in [0, 1)")
+    return RnaSettings(staleness=staleness, momentum=momentum, average=average)
 
 
 class Trainer:
@@ -161,6 +173,7 @@ class Trainer:
                 world_size=self._job.world_size,
                 staleness=settings.staleness,
                 correct_momentum=settings.momentum == "auto",
+                average=settings.average,
                 # With --servers: hierarchical RNA's groups exchange through them.
                 exchange=(
                     ServerExchange(job_client_factory(self._job))
@@ -220,7 +233,11 @@ class Trainer:
                 comms.rank,
                 timeout,
             )
-        self._take_newest()
+        with comms.lock, torch.no_grad():
+            for param, final in zip(self._params, comms.final_model(), strict=True):
+                param.copy_(final)
+            self._seen = comms.published
+            self.version = comms.applied
         comms.stop()
 
     def __enter__(self) -> Self:

@@ -105,6 +105,7 @@ class RoundWorker(threading.Thread):
         world_size: int,
         staleness: int,
         correct_momentum: bool = False,
+        average: float = 0.0,
         exchange: ServerExchange | None = None,
     ) -> None:
         super().__init__(name=f"dtlaunch-rna-{rank}", daemon=True)
@@ -112,6 +113,11 @@ class RoundWorker(threading.Thread):
         self.world_size = world_size
         self.staleness = staleness
         self.correct_momentum = correct_momentum
+        # The model the worker ends with: an exponential moving average of the
+        # global model over its updates, this weight on the older ones (0: the
+        # last update's model). Travels with the state, as the model does.
+        self.average = average
+        self._averaged: list[torch.Tensor] | None = None
         self.lock = threading.Lock()
         self.shadow = [p.detach().to("cpu", copy=True) for p in params]
         self._user_optimizer = optimizer
@@ -312,6 +318,7 @@ class RoundWorker(threading.Thread):
                         # hierarchical RNA: the model of the last exchange
                         "base": self._base if self._base is not None else [],
                         "exchanges": self.exchanges,
+                        "averaged": self._averaged if self._averaged is not None else [],
                     },
                     buffer,
                 )
@@ -332,7 +339,10 @@ class RoundWorker(threading.Thread):
                 self._lineage = {int(r): int(g) for r, g in state["lineage"].items()}
                 self._base = [t.clone() for t in state["base"]] or None
                 self.exchanges = int(state["exchanges"])
+                self._averaged = [t.clone() for t in state.get("averaged", [])] or None
                 self.published += 1
+        if self._averaged is None and self.average > 0:
+            self._averaged = [t.detach().clone() for t in self.shadow]  # no update yet
         if self._base is None and self._exchange is not None:
             self._base = [t.clone() for t in self.shadow]  # no exchange yet
         self._settle()
@@ -458,6 +468,15 @@ class RoundWorker(threading.Thread):
     def shadow_size(self) -> int:
         return sum(p.numel() for p in self.shadow)
 
+    def final_model(self) -> list[torch.Tensor]:
+        """The model this worker ends with (call under ``lock``): the average of
+        the global model's updates, or, once its group exchanged with a
+        parameter server (whose final model every worker takes), the global
+        model."""
+        if self._averaged is None or self.exchanges:
+            return self.shadow
+        return self._averaged
+
     def _apply(self, mean: torch.Tensor, factor: float, staleness: float) -> None:
         """One optimizer step on the global model with the round's mean gradient,
         whose contributions were ``staleness`` rounds old on average: with
@@ -481,6 +500,10 @@ class RoundWorker(threading.Thread):
                 )
                 mine["lr"] *= rate
         self._optimizer.step()
+        if self._averaged is not None:
+            with torch.no_grad():
+                for averaged, shadow in zip(self._averaged, self.shadow, strict=True):
+                    averaged.mul_(self.average).add_(shadow, alpha=1.0 - self.average)
 
     def _note_round(
         self, start: RnaStart, weights: torch.Tensor, staleness: torch.Tensor, comm_s: float
