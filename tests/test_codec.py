@@ -170,7 +170,7 @@ SAMPLES = [
     wire_messages.RnaFormed(gen=2, applied=140),
     wire_messages.RnaProbe(gen=2, round=141),
     wire_messages.RnaReady(gen=2, round=141, waited_s=0.012),
-    wire_messages.RnaStart(gen=2, round=141, initiator=3, exchange=True),
+    wire_messages.RnaStart(gen=2, round=141, initiator=3, exchange=True, final=True),
     wire_messages.RnaExchanged(gen=2, round=141, seconds=0.0026),
     wire_messages.RnaExchanged(gen=2, round=145, seconds=2.5, ok=False, error="PsError: gone"),
     wire_messages.RnaFailed(gen=2, round=142, error="Connection closed by peer"),

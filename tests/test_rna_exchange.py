@@ -38,7 +38,7 @@ WAIT_S = 30.0
 WORLD = 4
 
 
-def member(rank: int, x0: np.ndarray, endpoints=None, keys=None) -> Member:
+def member(rank: int, x0: np.ndarray, endpoints=None, keys=None, average=0.0) -> Member:
     """A RoundWorker of a world of four starting at ``x0``, exchanging through
     the servers at ``endpoints`` (None: it has no server)."""
     exchange = None
@@ -49,7 +49,7 @@ def member(rank: int, x0: np.ndarray, endpoints=None, keys=None) -> Member:
                 timeout=TIMEOUT_S,
             )
         )  # fmt: skip
-    return Member(rank, WORLD, x0=x0, exchange=exchange)
+    return Member(rank, WORLD, x0=x0, exchange=exchange, average=average)
 
 
 def form(members: list[Member], gen: int, group_size: int) -> None:
@@ -68,10 +68,14 @@ def form(members: list[Member], gen: int, group_size: int) -> None:
         assert m.expect(RnaFormed).gen == gen
 
 
-def run_round(members: list[Member], gen: int, round_: int, initiator: int, exchange=False):
+def run_round(
+    members: list[Member], gen: int, round_: int, initiator: int, exchange=False, final=False
+):
     before = [m.worker.exchanges for m in members]
     for m in members:
-        m.inbox.put(RnaStart(gen=gen, round=round_, initiator=initiator, exchange=exchange))
+        m.inbox.put(
+            RnaStart(gen=gen, round=round_, initiator=initiator, exchange=exchange, final=final)
+        )
     deadline = time.monotonic() + WAIT_S
     while any(m.worker.applied < round_ + 1 for m in members) or (
         exchange and any(m.worker.exchanges == b for m, b in zip(members, before, strict=True))
@@ -122,6 +126,40 @@ def test_groups_average_their_progress_through_the_server(tmp_path: Path) -> Non
             assert [m.worker.exchanges for m in members] == [2, 2, 1, 1]
         finally:
             for m in members:
+                m.worker.stop()
+
+
+def test_a_group_s_last_exchange_pushes_the_average_of_its_updates(tmp_path: Path) -> None:
+    """``average=b``: the exchange a group holds after (``final``) pushes
+    ``weight x (average - base)``, so the server's final model, which every
+    worker ends with, is smoothed too; the other exchanges push the model."""
+    beta = 0.5
+    keys = new_keys(tmp_path)
+    rng = np.random.default_rng(5)
+    x0 = rng.normal(size=DIM)
+    g0, g1 = rng.normal(size=DIM), rng.normal(size=DIM)
+    with serving(keys, 1, workers=tuple(range(WORLD)), mode="asp") as endpoints:
+        group = [member(rank, x0, endpoints, keys, average=beta) for rank in range(2)]
+        try:
+            form(group, gen=1, group_size=2)
+            group[0].worker.hand_over(0, torch.tensor(g0))
+            run_round(group, 1, 0, initiator=0, exchange=True)
+            x_r0 = x0 - LR * 0.5 * g0  # one contributor of the group's two
+            averaged = beta * x0 + (1 - beta) * x_r0
+            base = x0 + 0.5 * (x_r0 - x0)  # the server's model after an ordinary exchange
+            for m in group:
+                np.testing.assert_allclose(m.global_model(), base, atol=1e-9, rtol=0)
+            group[1].worker.hand_over(1, torch.tensor(g1))
+            run_round(group, 1, 1, initiator=1, exchange=True, final=True)
+            x_r1 = base - LR * 0.5 * g1
+            averaged = beta * averaged + (1 - beta) * x_r1
+            server = base + 0.5 * (averaged - base)
+            for m in group:
+                np.testing.assert_allclose(m.global_model(), server, atol=1e-9, rtol=0)
+                # Once a group exchanged, the server's model is the one it ends with.
+                np.testing.assert_array_equal(m.final_model(), m.global_model())
+        finally:
+            for m in group:
                 m.worker.stop()
 
 

@@ -188,8 +188,10 @@ def test_groups_hold_their_finished_members_until_every_group_exchanged_last():
     # Group a's data ends: its last round exchanges, and it holds its members.
     coord, out, last = first_group_finished()
     a, b = coord.coordinators
-    assert last.exchange and sent(out, RnaLeft) == []
+    assert last.exchange and last.final and sent(out, RnaLeft) == []
     assert a.phase is GroupPhase.HOLDING
+    # The rounds before it exchanged as usual, not as the last one.
+    assert not any(m.final for _, m in sent(out, RnaStart) if m.round < last.round)
     out = coord.exchanged(last.initiator, a.current.gen, last.round, 5.1, seconds=0.01)
     assert notes(out, "rna_group")[0]["phase"] == "holding" and sent(out, RnaLeft) == []
     # Still held while group b trains; the wait is said.
@@ -198,11 +200,12 @@ def test_groups_hold_their_finished_members_until_every_group_exchanged_last():
     # Group b ends; until its last exchange is confirmed nobody goes.
     out = finish_group(coord, [2, 3], now=21.0)
     last_b = [m for _, m in sent(out, RnaStart)][-1]
-    assert last_b.exchange and sent(out, RnaLeft) == []
+    assert last_b.exchange and last_b.final and sent(out, RnaLeft) == []
     out = coord.exchanged(last_b.initiator, b.current.gen, last_b.round, 21.1, seconds=0.02)
     # Released together: one more exchange each (the final model), then let go.
     starts = sent(out, RnaStart)
     assert sorted(r for r, _ in starts) == [0, 1, 2, 3] and all(m.exchange for _, m in starts)
+    assert not any(m.final for _, m in starts)  # it only takes the final model
     assert sorted(r for r, _ in sent(out, RnaLeft)) == [0, 1, 2, 3]
     # Each member reads its last RnaStart (the final model) before its RnaLeft.
     order = [(c.rank, type(c.msg)) for c in out if isinstance(c, SendTo)]
@@ -225,7 +228,7 @@ def test_a_failed_exchange_is_recorded_and_a_member_dying_while_held_re_forms_th
     out = coord.join(1, 0, now=7.0, finished=True)  # its restart found no data left
     out = form(coord, out, 7.1, applied=9)
     last = [m for _, m in sent(out, RnaStart)][-1]
-    assert last.exchange and a.phase is GroupPhase.HOLDING
+    assert last.exchange and last.final and a.phase is GroupPhase.HOLDING
 
 
 # ------------------------------------------------------------------ the policy

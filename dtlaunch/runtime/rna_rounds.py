@@ -430,8 +430,13 @@ class RoundWorker(threading.Thread):
                     raise ConfigError("this worker has no parameter server to exchange with")
                 assert self._base is not None  # set when the group formed
                 weight = self._group_size / self.world_size if self._group_size else 1.0
-                # This thread is the only writer of the shadow: it reads it unlocked.
-                buffer[1:] = self._exchange.push_pull(self.shadow, self._base, weight)
+                # The group's last exchange pushes the average of its updates:
+                # the server's final model, which every worker ends with, is
+                # smoothed as a single group's is (``final_model``). This
+                # thread is the only writer of both: it reads them unlocked.
+                averaged = self._averaged
+                pushed = averaged if start.final and averaged is not None else self.shadow
+                buffer[1:] = self._exchange.push_pull(pushed, self._base, weight)
                 buffer[0] = 1.0
             except Exception as err:
                 error = f"{type(err).__name__}: {err}"[:500]

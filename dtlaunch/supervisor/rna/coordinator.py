@@ -237,7 +237,8 @@ class RoundCoordinator:
         if self.phase is not GroupPhase.RUNNING:
             return out  # the group forms first; its first round uses the gradient
         finished = self._all_finished(cur)
-        out += self._start(rank, now, exchange=finished and self.hold_at_end, timed=not finished)
+        last = finished and self.hold_at_end
+        out += self._start(rank, now, exchange=last, final=last, timed=not finished)
         if finished:
             return out + self._end(now)
         return out + self._open_round(now)
@@ -339,7 +340,9 @@ class RoundCoordinator:
             first = min(cur.members)
             return (
                 out
-                + self._start(first, now, exchange=self.hold_at_end, timed=False)
+                + self._start(
+                    first, now, exchange=self.hold_at_end, final=self.hold_at_end, timed=False
+                )
                 + self._end(now)
             )
         return out + self._open_round(now)
@@ -611,12 +614,19 @@ class RoundCoordinator:
         return [SendTo(rank, msg) for rank in ranks]
 
     def _start(
-        self, initiator: int, now: float, *, exchange: bool = False, timed: bool = True
+        self,
+        initiator: int,
+        now: float,
+        *,
+        exchange: bool = False,
+        final: bool = False,
+        timed: bool = True,
     ) -> list[Command]:
         """Round ``self.round`` starts, ``initiator`` first. It exchanges with the
         parameter server when asked (``exchange``) or when ``exchange_every``
-        rounds ran since the last one. ``timed``: its probes' response counts
-        (not for the rounds a group ends with)."""
+        rounds ran since the last one; ``final``: the group's last exchange
+        before it holds. ``timed``: its probes' response counts (not for the
+        rounds a group ends with)."""
         cur = self.current
         assert cur is not None
         response = now - self._opened_at
@@ -629,7 +639,9 @@ class RoundCoordinator:
                 exchange, self._rounds_to_exchange = True, self.exchange_every
         if exchange:
             self._final_initiator = initiator
-        msg = RnaStart(gen=cur.gen, round=self.round, initiator=initiator, exchange=exchange)
+        msg = RnaStart(
+            gen=cur.gen, round=self.round, initiator=initiator, exchange=exchange, final=final
+        )
         out: list[Command] = [SendTo(member, msg) for member in cur.members]
         if now - self._sampled_at >= self.sample_every_s:
             self._sampled_at = now

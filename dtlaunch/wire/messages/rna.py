@@ -126,13 +126,15 @@ class RnaStart(Message):
     """To every member: run round ``round`` now; ``initiator`` answered first.
     ``exchange`` (hierarchical RNA, §4): after the round the initiator
     exchanges the group's model with the parameter server and broadcasts what
-    it pulled to the group."""
+    it pulled to the group; ``final``: the group's last exchange before it
+    holds (it pushes the average of its model's updates, ``rna:average``)."""
 
     TYPE: ClassVar[str] = "rna_start"
     gen: int
     round: int
     initiator: int
     exchange: bool = False
+    final: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
