@@ -32,6 +32,11 @@ exchange worked) to the group, whose members take it as model and as the base
 of the next exchange. The base and the count of exchanges travel with the
 state a new group takes.
 
+With ``average`` the thread also keeps an exponential moving average of the
+global model over its updates (``final_model``: what the worker ends with),
+which travels with the state like the model; a group's last exchange before it
+holds (``RnaStart.final``) pushes that average instead of the model.
+
 A group is formed once every member is at its store (``rna_meeting``). Until
 then the thread keeps reading its messages (set aside, handled afterwards in
 order): a newer generation's (the coordinator gave up on this one) ends the
