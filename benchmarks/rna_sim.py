@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import torch  # noqa: E402
-from rna_train import build_model, evaluate, make_data  # noqa: E402
+from rna_train import build_model, evaluate, flat, load_flat, make_data  # noqa: E402
 
 from dtlaunch.solvers.rna import momentum_for_staleness, staleness_weights  # noqa: E402
 
@@ -45,20 +45,8 @@ STALENESS_BOUND = 8
 SLOW = {4, 5, 6, 7}
 
 
-def flat(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
-
-
-def load(model: torch.nn.Module, values: torch.Tensor) -> None:
-    offset = 0
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(values[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
-
-
 def gradient(model: torch.nn.Module, at: torch.Tensor, x: torch.Tensor, y: torch.Tensor):
-    load(model, at)
+    load_flat(model, at)
     model.zero_grad()
     torch.nn.functional.cross_entropy(model(x), y).backward()
     return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).clone()
@@ -129,9 +117,9 @@ def rounds(data, seed: int, *, rule: str, average: float, round_ms: float):
         version += 1
         models[version] = weights.clone()
         averaged = average * averaged + (1 - average) * weights
-    load(model, weights)
+    load_flat(model, weights)
     last = evaluate(model, x_test, y_test)[1]
-    load(model, averaged)
+    load_flat(model, averaged)
     return version, last, evaluate(model, x_test, y_test)[1]
 
 

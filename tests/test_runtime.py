@@ -56,10 +56,17 @@ def test_records_batches_acks_and_prefetch(tmp_path, keys):
     assert start["dataset"] == asdict(spec)
     assert start["local_batch_size"] == 7  # 15 // 2, rank 1 is not below 15 % 2
 
-    # Every record of every epoch exactly once; full batches except the last.
+    # Every record of every epoch exactly once; full batches except the last,
+    # and except where a lease ended and the next one was not there yet: such a
+    # batch is handed out short (data.SHORT_BATCH_WAIT_S) rather than hold a
+    # synchronous step up; prefetching makes it rare (under load, not never).
     assert_each_record_once_per_epoch(fake, run)
     batches = run.values("batch")
-    assert all(len(b) == 7 for b in batches[:-1]) and 1 <= len(batches[-1]) <= 7
+    assert all(1 <= len(b) <= 7 for b in batches)
+    lease_ends = set(itertools.accumulate(lease.end - lease.start for _, lease in fake.grants))
+    batch_ends = list(itertools.accumulate(len(b) for b in batches))
+    short = [i for i, b in enumerate(batches[:-1]) if len(b) < 7]
+    assert all(batch_ends[i] in lease_ends for i in short), (short, batch_ends, lease_ends)
     assert run.one("end") == len(batches)
     # Every step reached the Monitor, the last ones flushed by close().
     reports = [r for _, m in fake.log if isinstance(m, StepReports) for r in m.rows()]

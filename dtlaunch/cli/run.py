@@ -137,7 +137,7 @@ PolicyOption = Annotated[
         "| backup[:b=1] (PS mode) | dd[:cmin=1,cmax=5] (mixed devices: micro-batch and "
         "gradient accumulation per hostfile class=) | psld[:eps=0.1,threshold=1] (built-in "
         "PS: spread blocks by server speed) | "
-        "rna[:probes=2,staleness=8,momentum=auto,average=0.9,split=1] "
+        "rna[:probes=2,staleness=8,average=0.9,split=1] "
         "(allreduce without a barrier, dtlaunch.rna.Trainer; with --servers 1, hierarchical "
         "groups) | "
         "auto[:max_workers=N,sample_s=30,interval_s=60] (built-in PS: size the workers "
