@@ -600,6 +600,26 @@ def test_without_an_average_the_final_model_is_the_last_one(three):
     stop(three)
 
 
+def test_a_group_message_older_than_the_running_group_is_ignored(three):
+    """An older generation's group, read after a newer one formed, leaves the
+    running group as it is (its store may be gone; its members moved on)."""
+    form(three, gen=2)
+    silent = SilentListener()
+    try:
+        stale = RnaGroup(
+            gen=1, members=[0, 1, 2], store_addr="127.0.0.1", store_port=silent.port,
+            source_rank=0, timeout_s=WAIT_S,
+        )  # fmt: skip
+        for m in three:
+            m.inbox.put(stale)
+        three[0].worker.hand_over(0, torch.ones(DIM, dtype=torch.float64))
+        run_round(three, 2, 0, initiator=0)
+        assert not silent.accepted
+    finally:
+        stop(three)
+        silent.close()
+
+
 def test_the_optimizer_state_travels_to_a_newcomer():
     members = [Member(rank, 2, momentum=0.9) for rank in range(2)]
     try:

@@ -256,10 +256,10 @@ class RoundWorker(threading.Thread):
     def _form(self, msg: RnaGroup) -> None:
         """Leave the old group, form ``msg.gen``, take the state of its most
         advanced member (``_sync_state``)."""
+        if msg.gen < self._gen:
+            return  # older than the group this worker is in (or went on to): stale
         self._group = None
         self._probe = None
-        if msg.gen < self._gen:
-            return  # a generation older than one handled already
         self._gen = msg.gen
         self._members = list(msg.members)
         self._group_size = msg.group_size
