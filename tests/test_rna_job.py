@@ -13,7 +13,19 @@ import sys
 
 import pytest
 
-from tests.jobs import REPO, SCRIPTS, events, hostfile, kind, started, summary, wait_for_event
+from dtlaunch.events import read_events
+from dtlaunch.ui.plots import plot_data
+from tests.jobs import (
+    REPO,
+    SCRIPTS,
+    events,
+    hostfile,
+    kind,
+    run,
+    started,
+    summary,
+    wait_for_event,
+)
 
 pytest.importorskip("torch")
 
@@ -90,6 +102,16 @@ def test_rna_survives_a_sigkilled_worker_and_converges(sshd, tmp_path):
     assert (out / "pid-1-1").exists()
     # Every shard done: the DDS handed the killed worker's leases to the others.
     assert data["shards_done"] == data["shards_total"] == RECORDS // 100
+    # replay --plot draws the rounds: rounds/s, and each worker's share of them.
+    drawn = plot_data(list(read_events(run_dir / "events.jsonl")))
+    assert drawn.rounds is not None and max(drawn.rounds.ys) > 0
+    assert drawn.contribution is not None and sorted(drawn.contribution) == [0, 1, 2]
+    shares = [y for series in drawn.contribution.values() for y in series.ys]
+    assert all(0 <= y <= 1 for y in shares) and max(shares) > 0
+    picture = tmp_path / "run.png"
+    replayed = run(["replay", str(run_dir), "--plot", str(picture)], env={}, timeout=60)
+    assert replayed.returncode == 0, replayed.stderr
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.integration
