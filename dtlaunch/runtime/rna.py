@@ -233,11 +233,7 @@ class Trainer:
                 comms.rank,
                 timeout,
             )
-        with comms.lock, torch.no_grad():
-            for param, final in zip(self._params, comms.final_model(), strict=True):
-                param.copy_(final)
-            self._seen = comms.published
-            self.version = comms.applied
+        self._take_newest(final=True)
         comms.stop()
 
     def __enter__(self) -> Self:
@@ -300,15 +296,18 @@ class Trainer:
         ]
         return torch.cat(parts).to("cpu", copy=True)
 
-    def _take_newest(self) -> None:
+    def _take_newest(self, *, final: bool = False) -> None:
+        """Copy the newest global model in (when it moved), or with ``final``
+        the model this worker ends with (``RoundWorker.final_model``)."""
         comms = self._comms
         if comms is None:
             return
         with comms.lock:
-            if comms.published == self._seen:
+            if comms.published == self._seen and not final:
                 return
+            values = comms.final_model() if final else comms.shadow
             with torch.no_grad():
-                for param, shadow in zip(self._params, comms.shadow, strict=True):
-                    param.copy_(shadow)
+                for param, value in zip(self._params, values, strict=True):
+                    param.copy_(value)
             self._seen = comms.published
             self.version = comms.applied

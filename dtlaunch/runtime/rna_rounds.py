@@ -344,7 +344,7 @@ class RoundWorker(threading.Thread):
                 self._lineage = {int(r): int(g) for r, g in state["lineage"].items()}
                 self._base = [t.clone() for t in state["base"]] or None
                 self.exchanges = int(state["exchanges"])
-                self._averaged = [t.clone() for t in state.get("averaged", [])] or None
+                self._averaged = [t.clone() for t in state["averaged"]] or None
                 self.published += 1
         if self._averaged is None and self.average > 0:
             self._averaged = [t.detach().clone() for t in self.shadow]  # no update yet
