@@ -35,10 +35,17 @@ that appears mid-run or recovers, no spare host); its options follow it.
 full run's every column and check at those intensities only, jobs full length
 (writes stragglers.partial.json). The full run adds
 0.1-0.5, the overhead check (nd vs none without stragglers, target 0.5 %), the
-backup column and the server side. Targets at 0.8: nd <= 1.10 x ideal and >=
-2.0x faster than none (workers); nd >= 2.0x faster than none (servers). Writes
-JSON (``jct_s``: intensity -> column -> s; ``server.jct_s`` likewise) and the
-Markdown tables beside it (benchmarks/results/).
+backup column and the server side. Targets at 0.8 (issue 13): --quick, nd <=
+1.10 x ideal and >= 2.0x faster than none; full length, <= 1.06 x ideal and >=
+2.1x (workers); nd >= 2.0x faster than none (servers). Writes JSON (``jct_s``:
+intensity -> column -> s; ``server.jct_s`` likewise) and the Markdown tables
+beside it (benchmarks/results/).
+
+Beside the ideal the tables give the *floor* (``oracle_floor``): the training
+time of an oracle that has the persistent straggler on a spare from the first
+step and balances every transient one perfectly at once. The ideal run has no
+transient stragglers, which nothing removes, so ratios to the ideal bottom out
+at floor / ideal, and none / floor is the most any policy can gain over none.
 """
 
 from __future__ import annotations
@@ -84,8 +91,10 @@ SPARE_HOSTS = ("127.0.0.10", "127.0.0.11")
 SERVER_HOSTS = WORKER_HOSTS[:2]  # PS mode: server 0 and 1 beside workers 0 and 1
 SERVER_STRAGGLER_HOST = SERVER_HOSTS[1]
 TARGET_SERVER_SPEEDUP = 2.0
-TARGET_ND_VS_IDEAL = 1.10
-TARGET_ND_SPEEDUP = 2.0
+# nd at intensity 0.8 (issue 13): --quick within 1.10x the ideal and 2.0x faster
+# than none; full length within 1.06x and 2.1x (AntDT: +104.5 %).
+TARGET_ND_VS_IDEAL = {"quick": 1.10, "full": 1.06}
+TARGET_ND_SPEEDUP = {"quick": 2.0, "full": 2.1}
 TARGET_OVERHEAD = 0.005
 RUN_TIMEOUT_S = 600.0
 
@@ -187,6 +196,44 @@ def transient_pattern(scenario: Scenario, intensity: float, windows: int) -> dic
     return {h: [transient(h, w) for w in range(windows)] for h in WORKER_HOSTS + SPARE_HOSTS}
 
 
+def oracle_floor(
+    scenario: Scenario, intensity: float, ideal_s: float, start_s: float | None = None
+) -> float:
+    """The training time no policy can beat at ``intensity``: an oracle's.
+
+    The oracle has the persistent straggler's worker on a spare host from the
+    first step at no cost (the better of the two spares: they see different
+    transient coins) and balances every step perfectly, at once, with batch
+    sizes as fine as it likes: with ``k`` workers each losing ``d`` seconds a
+    step, BSP's step is at best ``(B / c + k x d) / N`` plus the communication
+    (``B``: the global batch, ``c``: a worker's samples/s, ``N``: workers). The
+    ideal run's step gives the communication. The transient coins fall on the
+    job's clock, which the training reaches after the start-up: ``start_s``, as
+    the run measured it (None: the smallest floor over start-ups of 0-30 s; it
+    moves the quick run's by several per cent). Why it is reported: the ideal
+    column has no transient stragglers at all, which no policy can remove, so
+    this, not the ideal, is where a ratio to the ideal bottoms out.
+    """
+    step_ideal = ideal_s / scenario.steps
+    per_worker = scenario.global_batch / WORKERS
+    comm = max(0.0, step_ideal - per_worker / scenario.capacity)
+    delay = scenario.transient_sleep_s / scenario.time_scale * intensity
+    windows = math.ceil((30.0 + 3 * ideal_s) / scenario.period_s) + 1
+    pattern = transient_pattern(scenario, intensity, windows)
+    best = math.inf
+    for spare in SPARE_HOSTS:
+        hosts = [h for h in WORKER_HOSTS if h != scenario.persistent_host] + [spare]
+        for offset in [start_s] if start_s is not None else (k * 0.5 for k in range(61)):
+            t = offset
+            for _ in range(scenario.steps):
+                window = int(t // scenario.period_s)
+                on = t - window * scenario.period_s < scenario.duration_s
+                slow = sum(pattern[h][window] for h in hosts) if on else 0
+                t += (scenario.global_batch / scenario.capacity + slow * delay) / WORKERS + comm
+            best = min(best, t - offset)
+    return best
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Outcome:
     column: str
@@ -256,6 +303,8 @@ def run_dtlaunch(scenario: Scenario, column: str, si: float, *, cluster: Cluster
         ],
         "duplicate_records": summary.get("duplicate_records"),
         "steps": line.get("steps"),
+        # when the training began on the job's clock (the transient coins' clock)
+        "start_s": round(line["jct_s"] - line["train_s"], 3) if line else None,
     }
     if not ok:
         detail["error"] = output[-2000:]
@@ -344,15 +393,22 @@ def summarize(
                 train[key][o.column] = round(o.jct_s, 2)
         jct[key]["ideal"] = round(ideal_s, 2) if ideal_s else None
         train[key]["ideal"] = round(statistics.median(ideal_wall), 2) if ideal_wall else None
+    starts = {f"{o.intensity:g}": o.detail.get("start_s") for o in outcomes if o.column == "nd"}
+    floor = {
+        k: round(oracle_floor(scenario, float(k), ideal_s, starts.get(k)), 2) if ideal_s else None
+        for k in jct
+    }
     speedup = {k: _ratio(v["none"], v["nd"]) for k, v in jct.items()}
     vs_ideal = {k: _ratio(v["nd"], v["ideal"]) for k, v in jct.items()}
     top = f"{max(intensities):g}" if intensities else None
+    length = "quick" if quick else "full"
+    vs_ideal_target, speedup_target = TARGET_ND_VS_IDEAL[length], TARGET_ND_SPEEDUP[length]
     nd_ideal, nd_speed = (vs_ideal.get(top or ""), speedup.get(top or ""))
     targets = {
-        f"nd_vs_ideal_at_{top}<={TARGET_ND_VS_IDEAL}": bool(nd_ideal)
-        and nd_ideal <= TARGET_ND_VS_IDEAL,
-        f"nd_speedup_over_none_at_{top}>={TARGET_ND_SPEEDUP}": bool(nd_speed)
-        and nd_speed >= TARGET_ND_SPEEDUP,
+        f"nd_vs_ideal_at_{top}<={vs_ideal_target}": bool(nd_ideal)
+        and nd_ideal <= vs_ideal_target,
+        f"nd_speedup_over_none_at_{top}>={speedup_target}": bool(nd_speed)
+        and nd_speed >= speedup_target,
     }  # fmt: skip
     server = _server_side(server_side) if server_side else None
     if server is not None:
@@ -372,6 +428,10 @@ def summarize(
         "wall_s": train,  # launch to exit, start-up included
         "speedup_nd_over_none": speedup,
         "nd_over_ideal": vs_ideal,
+        # the oracle's training time (oracle_floor) and the ratios it bounds
+        "floor_s": floor,
+        "floor_over_ideal": {k: _ratio(f, jct[k]["ideal"]) for k, f in floor.items()},
+        "none_over_floor": {k: _ratio(jct[k]["none"], f) for k, f in floor.items()},
         "overhead": overhead,
         "server": server,
         "targets": targets,

@@ -25,19 +25,29 @@ def table_rows(results: dict[str, Any]) -> list[list[str]]:
     """The worker side: one row per intensity."""
     extra = [c for c in OPTIONAL_COLUMNS if any(c in v for v in results["jct_s"].values())]
     columns = [*COLUMNS, *extra]
-    header = ["SI", *columns, "nd speedup vs none", "nd / ideal"]
+    floors = results.get("floor_s", {})  # (absent from results of before it was added)
+    header = ["SI", *columns, *(["floor"] if floors else []), "nd speedup vs none", "nd / ideal"]
+    if floors:
+        header += ["floor / ideal", "none / floor"]
     rows = [header]
     for si, cols in results["jct_s"].items():
         ratio = results["nd_over_ideal"].get(si)
-        rows.append(
-            [
-                si,
-                *(_cell(cols.get(c)) for c in columns),
-                _speed(results["speedup_nd_over_none"].get(si)),
-                "-" if ratio is None else f"{ratio:.3f}",
-            ]
-        )
+        row = [si, *(_cell(cols.get(c)) for c in columns)]
+        if floors:
+            row.append(_cell(floors.get(si)))
+        row += [
+            _speed(results["speedup_nd_over_none"].get(si)),
+            "-" if ratio is None else f"{ratio:.3f}",
+        ]
+        if floors:
+            row.append(_ratio(results["floor_over_ideal"].get(si)))
+            row.append(_ratio(results["none_over_floor"].get(si)))
+        rows.append(row)
     return rows
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def server_rows(results: dict[str, Any]) -> list[list[str]]:
@@ -104,6 +114,13 @@ def _notes(results: dict[str, Any]) -> list[str]:
         )
     for name, met in results["targets"].items():
         notes.append(f"target {name}: {'met' if met else 'NOT met'}")
+    if results.get("floor_s"):
+        notes.append(
+            "floor: an oracle's training time (the persistent straggler on a spare from "
+            "the first step, every transient one balanced perfectly at once; "
+            "benchmarks/stragglers.py oracle_floor): no policy's nd / ideal is below "
+            "floor / ideal, nor its speedup over none above none / floor"
+        )
     sc = results["scenario"]
     notes.append(
         f"policies: {sc['nd']} | {sc['lb_bsp']} | --control-interval {sc['control_interval_s']}"

@@ -204,6 +204,7 @@ def _worker_stats(
             line=None if fixed is None else "fit",
             mean_batch=mean_batch,
             compute_per_sample_s=sum(r.compute_s / r.work for r in inside) / len(inside),
+            sd_bpt=statistics.stdev(bpts) if len(bpts) > 1 else 0.0,
         )
     return out
 
@@ -256,8 +257,10 @@ def step_model(sizes: Sequence[int], bpts: Sequence[float]) -> tuple[float | Non
     sxx = sum((b - mean_b) ** 2 for b in sizes)
     slope = sum((b - mean_b) * (t - mean_t) for b, t in zip(sizes, bpts, strict=True)) / sxx
     intercept = mean_t - slope * mean_b
-    if slope <= 0 or intercept < 0:
-        return None, None
+    if slope <= 0:  # constrained least squares: flat at the mean
+        return mean_t, 0.0
+    if intercept < 0:  # through the origin
+        return 0.0, sum(b * t for b, t in zip(sizes, bpts, strict=True)) / sum(b * b for b in sizes)
     return intercept, slope
 
 
@@ -315,6 +318,12 @@ def differences(new: MonitorSnapshot, old: dict[str, Any]) -> list[str]:
                         gv, wv = getattr(g, f.name), getattr(w, f.name)
                         if type(gv) is not type(wv):
                             out.append(f"{name}[{key}].{f.name}: type {type(gv)} != {type(wv)}")
+                        elif f.name == "sd_bpt":
+                            # From running sums of squares: a few steps' spread of
+                            # microseconds loses digits to cancellation; the noise
+                            # test that reads it works in milliseconds.
+                            if not math.isclose(gv, wv, rel_tol=1e-6, abs_tol=1e-7):
+                                out.append(f"{name}[{key}].sd_bpt: {gv!r} != {wv!r}")
                         elif not _close(gv, wv):
                             out.append(f"{name}[{key}].{f.name}: {gv!r} != {wv!r}")
                 elif not _close(g, w):

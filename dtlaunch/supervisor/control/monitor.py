@@ -493,9 +493,10 @@ def step_model(sizes: Sequence[int], bpts: Sequence[float]) -> tuple[float | Non
     waking each step) does not speed up in proportion when its batch shrinks, so
     a plan from ``v_i`` alone under-shrinks it and needs several rounds. Once an
     ADJUST_BS has applied, its window holds two batch sizes and the line tells
-    the two parts apart. (None, None) when the sizes are too close together or
-    the line is not physical (negative slope or intercept). (The Monitor fits
-    the same line from its running sums, ``windows.fit_line``.)
+    the two parts apart. (None, None) when the sizes are too close together;
+    where the free fit is not physical (a negative slope or intercept), the best
+    line with both parts >= 0 (``windows.fit_centered``). (The Monitor fits the
+    same line from its running sums, ``windows.fit_from_sums``.)
     """
     return fit_centered(np.array(sizes, dtype=float), np.array(bpts, dtype=float))
 

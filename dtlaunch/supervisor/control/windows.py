@@ -65,6 +65,9 @@ class WindowStats:
     line: str | None = None  # where the line comes from: "fit", "peers" (None: no line)
     mean_batch: float = 0.0  # mean records per step (see _WorkerReport.work)
     compute_per_sample_s: float = 0.0  # mean compute_s / B (communication left out)
+    # The sample standard deviation of BPT over the window's steps (0: one step):
+    # how far the mean can be trusted (the Balancer's noise test).
+    sd_bpt: float = 0.0
 
     @property
     def span_s(self) -> float:
@@ -95,7 +98,17 @@ _EPS = 2.0**-52
 
 def fit_centered(work: Floats, bpt: Floats) -> Line:
     """``step_model``'s least-squares line, computed as it defines it: centred on
-    the means, each sum added up left to right (as ``sum`` does)."""
+    the means, each sum added up left to right (as ``sum`` does).
+
+    The line is the best one with both parts >= 0 (constrained least squares):
+    where the free fit's slope is <= 0 the best is flat at the mean (a step
+    that does not grow with its batch: a fixed cost, or noise larger than the
+    batch's effect), where its intercept is < 0 the best runs through the
+    origin. Why not "no line" there: the caller then assumed a step time
+    proportional to the batch, under which a fixed-cost worker looks slower per
+    sample the less it carries, and each plan shrank it further, down to a
+    batch of 1 (benchmarks/rna.py's random per-step delays: nd's plans chased
+    them until the job diverged on its tail of tiny batches)."""
     n = len(work)
     if n < 2 or work.max() - work.min() < MIN_FIT_SPREAD * work.max():
         return None, None
@@ -105,8 +118,10 @@ def fit_centered(work: Floats, bpt: Floats) -> Line:
     sxx = float(np.cumsum(dev * dev)[-1])
     slope = float(np.cumsum(dev * (bpt - mean_t))[-1]) / sxx
     intercept = mean_t - slope * mean_b
-    if slope <= 0 or intercept < 0:
-        return None, None
+    if slope <= 0:
+        return mean_t, 0.0
+    if intercept < 0:
+        return 0.0, float(np.cumsum(work * bpt)[-1]) / float(np.cumsum(work * work)[-1])
     return intercept, slope
 
 
@@ -126,8 +141,10 @@ def fit_from_sums(
     intercept = mean_t - slope * mean_b
     if abs(sxy) * 1e-11 < error or abs(intercept) * 1e-11 < error / sxx * mean_b:
         return None
-    if slope <= 0 or intercept < 0:
-        return None, None
+    if slope <= 0:
+        return mean_t, 0.0
+    if intercept < 0:
+        return 0.0, sum_bt / sum_bb
     return intercept, slope
 
 
@@ -135,8 +152,9 @@ def fit_from_sums(
 # sums up to and including the row (row 0 is all zeros, so a sum over rows
 # [a, b) is rows[b-1] - rows[a-1]).
 _C, _M, _W = 0, 1, 2  # compute_s, comm_s, work (records of the step)
-_P0 = 3  # bpt, rate B/T, compute per sample, comm, work, work², work x bpt
-_COLS = 10
+_P0 = 3  # bpt, rate B/T, compute per sample, comm, work, work², work x bpt, bpt²
+_SUMS = 8
+_COLS = _P0 + _SUMS
 _ZERO_ROW = (0.0,) * _COLS
 
 
@@ -235,6 +253,7 @@ class WorkerSteps:
             sums[4] + work,
             sums[5] + work * work,
             sums[6] + work * bpt,
+            sums[7] + bpt * bpt,
         )
         self.t.append(t)
         self.rows.extend((compute_s, comm_s, work, *new_sums))
@@ -300,7 +319,7 @@ class WorkerSteps:
         cpw = c / w
         rows = np.zeros((count + 1, _COLS))
         rows[1:, _C], rows[1:, _M], rows[1:, _W] = c, m, w
-        for k, col in enumerate((bpt, w / bpt, cpw, m, w, w * w, w * bpt)):
+        for k, col in enumerate((bpt, w / bpt, cpw, m, w, w * w, w * bpt, bpt * bpt)):
             rows[1:, _P0 + k] = np.cumsum(col)
         self.t = array("d", [0.0])
         self.t.frombytes(t.tobytes())
@@ -340,7 +359,7 @@ class WorkerSteps:
             return self._stats_of(np.arange(a, b), b_ref, regimes=False)
         rows, i, j = self.rows, (b - 1) * _COLS + _P0, (a - 1) * _COLS + _P0
         sums = []
-        for x, y in zip(rows[i : i + 7], rows[j : j + 7], strict=True):
+        for x, y in zip(rows[i : i + _SUMS], rows[j : j + _SUMS], strict=True):
             if x > 1e3 * (x - y) and x != y:
                 # The running sums dwarf the window's (an outlier step, say of
                 # 0 s, before it): their difference would lose digits.
@@ -389,6 +408,7 @@ class WorkerSteps:
                 j = int(rise[-1])
                 rows_in, c, m, w, bpt = rows_in[j:], c[j:], m[j:], w[j:], bpt[j:]
         sums = [float(x.sum()) for x in (bpt, w / bpt, c / w, m, w)]
+        sums += [0.0, 0.0, float((bpt * bpt).sum())]  # (the line is fitted apart)
         eq_sum = float(np.maximum(c * b_ref / w + m, MIN_BPT_S).sum())
         first, last = self.t[int(rows_in[0])], self.t[int(rows_in[-1])]
         return self._finish(len(rows_in), first, last, sums, eq_sum, fit_centered(w, bpt), b_ref)
@@ -405,6 +425,8 @@ class WorkerSteps:
     ) -> WindowStats:
         s_bpt, s_rate, s_cpw, _, s_work = sums[:5]
         fixed, per_sample = line
+        # The sample variance of the step times (0 with one step; never < 0 by rounding).
+        var = max(0.0, (sums[7] - s_bpt * s_bpt / count) / (count - 1)) if count > 1 else 0.0
         if fixed is not None and per_sample is not None:
             mean_eq = fixed + per_sample * b_ref  # the line knows what scales with B
         else:
@@ -422,6 +444,7 @@ class WorkerSteps:
             line=None if fixed is None else "fit",
             mean_batch=s_work / count,
             compute_per_sample_s=s_cpw / count,
+            sd_bpt=var**0.5,
         )
 
     def server_comm(self, start: float, end: float, sums: dict[int, list[float]]) -> None:

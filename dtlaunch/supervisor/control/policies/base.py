@@ -35,6 +35,10 @@ DEFAULT_MARGIN = 0.05  # rebalance only if the makespan is > 5 % above the optim
 # between equally fast workers (each move lengthens some steps).
 DEFAULT_TOLERANCE = 0.03
 DEFAULT_APPLY_AFTER = 10  # steps: > report batching + decision + broadcast latency
+# A plan must gain more than this many standard errors of the mean step time of
+# the worker that sets the current makespan (Balancer.propose): the slowest of
+# eight equally noisy means is about 1.4 of them above the rest by chance alone.
+DEFAULT_NOISE_Z = 3.0
 
 
 class Policy(Protocol):
@@ -128,12 +132,14 @@ def read_windows(params: ParamReader) -> tuple[float, float, float]:
 
 
 def read_balancer(params: ParamReader) -> Balancer:
-    """The ``Balancer`` from the ``margin min_batch apply_after tolerance`` parameters."""
+    """The ``Balancer`` from the ``margin min_batch apply_after tolerance noise``
+    parameters."""
     return Balancer(
         margin=params.number("margin", DEFAULT_MARGIN, low=0.0),
         min_batch=params.integer("min_batch", 1, low=1),
         apply_after=params.integer("apply_after", DEFAULT_APPLY_AFTER, low=1),
         tolerance=params.number("tolerance", DEFAULT_TOLERANCE, low=0.0),
+        noise_z=params.number("noise", DEFAULT_NOISE_Z, low=0.0),
     )
 
 
@@ -156,15 +162,34 @@ class Balancer:
     than ``margin`` and no earlier plan is still waiting for its ``apply_at_step``,
     and none before every placed worker has sent its first report (the first
     decision would otherwise split the batch among whoever reported first).
+
+    Nor when the gain is within the noise: it must exceed ``noise_z`` standard
+    errors of the mean step time of the worker that sets the current makespan
+    (the windows' pooled spread, ``pooled_sd``, over the square root of its
+    steps). Why: where step
+    times vary a lot from step to step (random delays, a busy shared host) the
+    slowest of a few steps' means is slow by chance, and the next window's is
+    another worker. Each plan chasing it moved records to whoever was lucky, the
+    sizes drifted apart plan after plan, down to batches of 1 (benchmarks/rna.py
+    scenario a: 17 plans for delays alike on every worker, then a tail of tiny
+    steps that diverged). A worker with one step in the window has no spread
+    yet and is not held back (the first plan of a job comes after one step).
     """
 
     def __init__(
-        self, *, min_batch: int, margin: float, apply_after: int, tolerance: float = 0.0
+        self,
+        *,
+        min_batch: int,
+        margin: float,
+        apply_after: int,
+        tolerance: float = 0.0,
+        noise_z: float = 0.0,
     ) -> None:
         self.min_batch = min_batch
         self.margin = margin
         self.apply_after = apply_after
         self.tolerance = tolerance
+        self.noise_z = noise_z
         self._pending_step: int | None = None
 
     def propose(
@@ -218,6 +243,16 @@ class Balancer:
             return (
                 f"batch sizes within {self.margin:.0%} of the optimal makespan "
                 f"({now_ms:.4g} s vs {best_ms:.4g} s)"
+            )
+        slowest = max(range(len(ranks)), key=lambda k: models[k][0] + models[k][1] * current[k])
+        st = snap.worker_short[ranks[slowest]]
+        error = pooled_sd([snap.worker_short[r] for r in ranks]) / st.reports**0.5
+        if now_ms - best_ms <= self.noise_z * error:
+            return (
+                f"the plan's gain ({(now_ms - best_ms) * 1000:.1f} ms a step) is within the "
+                f"noise: worker {ranks[slowest]}'s mean step is "
+                f"{st.mean_bpt * 1000:.1f} +- {error * 1000:.1f} ms over {st.reports} steps "
+                f"(noise {self.noise_z:g})"
             )
         apply_at = max(snap.latest_step, 0) + self.apply_after
         self._pending_step = apply_at
@@ -273,6 +308,20 @@ class Balancer:
 
 
 MAX_PLAN_ROUNDS = 8
+
+
+def pooled_sd(windows: list[WindowStats]) -> float:
+    """The step-time spread of the workers' windows pooled (each window's variance
+    weighted by its degrees of freedom; 0 when no window has two steps).
+
+    Why pooled: a short window of two or three steps (one cut at a regime
+    change) can show almost no spread by chance, and the worker whose mean is
+    slowest by chance is often just that one; the step-to-step noise is mostly
+    the machine's and alike across the workers."""
+    dof = sum(st.reports - 1 for st in windows)
+    if dof <= 0:
+        return 0.0
+    return float((sum((st.reports - 1) * st.sd_bpt**2 for st in windows) / dof) ** 0.5)
 
 
 def _line(st: WindowStats) -> tuple[float, float]:

@@ -9,7 +9,9 @@ applied, keep it from flapping between near-equal plans every interval.
 Parameters: ``l_trans l_per lambda`` (windows; lambda unused here),
 ``margin`` (default 0.05), ``min_batch`` (default 1), ``apply_after`` (steps
 after the latest reported step, default 10), ``tolerance`` (throughputs within
-this fraction of the median count as equal, default 0.03).
+this fraction of the median count as equal, default 0.03), ``noise`` (a plan
+must gain more than this many standard errors of the slowest worker's mean
+step, default 3; 0: off).
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ With ``reference=mean`` the mean includes the straggler itself, as in the
 paper; so with two workers and ``lambda = 1.5`` one must be 3x slower than the
 other to count (with ``fast``: 1.5x).
 
-Parameters: ``lambda l_trans l_per margin min_batch apply_after tolerance
+Parameters: ``lambda l_trans l_per margin min_batch apply_after tolerance noise
 min_reports fill cooldown restart_cost in_place min_saving reference``.
 """
 
