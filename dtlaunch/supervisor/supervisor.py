@@ -19,6 +19,7 @@ from dtlaunch.errors import DtlaunchError, WalError
 from dtlaunch.supervisor.agents import AgentStarter
 from dtlaunch.supervisor.commands import CONTROL_MESSAGES, ControlCommands
 from dtlaunch.supervisor.control.loop import ActionTargets, ControlLoop, ReportIntake
+from dtlaunch.supervisor.control.snapshot import DataEnd
 from dtlaunch.supervisor.control.stacks import StackRequests, innermost_frames, stuck_processes
 from dtlaunch.supervisor.control.stall import Stall, StallWatch
 from dtlaunch.supervisor.history import ResumePlan
@@ -175,6 +176,7 @@ class Supervisor:
                 rna=self._rounds,
             ),
             remaining_steps=self._dds.remaining_steps,
+            data_end=self._data_end,
             clock=clock,
             tick_s=heartbeat_interval / 2,
         )
@@ -233,6 +235,15 @@ class Supervisor:
                 task.cancel()
         await self._agents_starter.close()
         return self.state.status
+
+    def _data_end(self) -> DataEnd | None:
+        """Once no shard is left to hand out: what each worker holds, for the
+        Balancer's end-of-data plan (None before that)."""
+        held = self._dds.held_records()
+        spec = self._dds.spec
+        if held is None or spec is None:
+            return None
+        return DataEnd(global_batch=spec.global_batch or 0, held=held)
 
     def actions_taken(self) -> dict[str, int]:
         """Controller actions by name (AntDT Table II), for the summary."""

@@ -18,7 +18,9 @@ came into force (``ps_placement`` events), with each step's exchanges with the
 servers, so ``psld`` fits what the run's servers did, and each server's applied
 updates (``server_reports``), so ``nd`` judges the servers as it did live. A
 reassignment or a server move the what-if policy asks for is listed, not
-carried out: its map and its servers stay the run's.
+carried out: its map and its servers stay the run's. The end-of-data plan of
+``lb-bsp`` and ``nd`` (once every shard is handed out) is not re-decided: the run
+log does not record the leases each worker held then.
 
 A what-if of the run's own policy changes only what it names: ``nd:lambda=2.0``
 over a run under ``nd:l_trans=3,l_per=8`` is ``nd:l_trans=3,l_per=8,lambda=2.0``,

@@ -19,6 +19,7 @@ from dtlaunch.supervisor.control.actions import (
     action_name,
 )
 from dtlaunch.supervisor.control.monitor import (
+    DataEnd,
     JobResources,
     MonitorSnapshot,
     PsLayout,
@@ -222,6 +223,7 @@ class Controller:
         now: float,
         *,
         remaining_steps: int | None,
+        data_end: DataEnd | None = None,
         scheduled: float | None = None,
         free_spare_hosts: list[str] | None = None,
         worker_hosts: Mapping[int, str] | None = None,
@@ -230,6 +232,8 @@ class Controller:
     ) -> list[Action]:
         """The policy's actions when a decision is due, else nothing.
 
+        ``data_end``: once no shard is left to hand out, what each worker holds
+        (``MonitorSnapshot.data_end``).
         ``scheduled``: the tick's grid time (see ``due``).
         ``free_spare_hosts``: the spare hosts with nothing running now (None: keep
         the list given at construction, e.g. when re-deciding offline).
@@ -248,6 +252,7 @@ class Controller:
         snap = self.monitor.snapshot(
             now,
             remaining_steps=remaining_steps,
+            data_end=data_end,
             restart_pending=bool(self._restarting) or replacing,
             restart_cost_s=self.restart_cost_s,
             server_restart_cost_s=self.server_restart_cost_s,

@@ -42,7 +42,7 @@ from dtlaunch.supervisor.control.actions import (
     action_fields,
 )
 from dtlaunch.supervisor.control.controller import Controller, TickGrid
-from dtlaunch.supervisor.control.monitor import JobResources, ProcessUse
+from dtlaunch.supervisor.control.monitor import DataEnd, JobResources, ProcessUse
 from dtlaunch.supervisor.jobstate import Command, JobState, Phase, ProcSlot, ProcState
 from dtlaunch.wire import messages as wire
 from dtlaunch.wire.messages import Message, PsUpdate, StepReports
@@ -295,12 +295,14 @@ class ControlLoop:
         remaining_steps: Callable[[], int | None],
         clock: Callable[[], float],
         tick_s: float,
+        data_end: Callable[[], DataEnd | None] = lambda: None,
     ) -> None:
         self.controller = controller  # None: --policy none (nothing to decide)
         self._recorder = recorder
         self._send_to_worker = send_to_worker  # to the rank's current attempt
         self._targets = targets
         self._remaining_steps = remaining_steps
+        self._data_end = data_end
         self._clock = clock
         self._tick_s = tick_s
 
@@ -359,6 +361,7 @@ class ControlLoop:
             now,
             scheduled=scheduled,
             remaining_steps=self._remaining_steps(),
+            data_end=self._data_end(),
             free_spare_hosts=self._targets.state.free_spare_hosts(),
             worker_hosts=self._targets.state.worker_hosts(),
             replacing=self._targets.workers is not None and self._targets.workers.replacing(),

@@ -61,6 +61,7 @@ import numpy as np
 
 from dtlaunch.supervisor.control.resources import JobResources, ProcessUse
 from dtlaunch.supervisor.control.snapshot import (
+    DataEnd,
     MonitorSnapshot,
     NodeInfo,
     PsLayout,
@@ -82,6 +83,7 @@ __all__ = [
     "MIN_BPT_S",
     "MIN_FIT_SPREAD",
     "REGIME_JUMP",
+    "DataEnd",
     "JobResources",
     "Monitor",
     "MonitorSnapshot",
@@ -301,6 +303,7 @@ class Monitor:
         now: float,
         *,
         remaining_steps: int | None = None,
+        data_end: DataEnd | None = None,
         restart_cost_s: float | None = None,
         server_restart_cost_s: float | None = None,
         restart_pending: bool = False,
@@ -368,6 +371,7 @@ class Monitor:
             spare_hosts=self._spare_hosts,
             latest_step=self._latest_step,
             remaining_steps=remaining_steps,
+            data_end=data_end,
             restart_cost_s=restart_cost_s,
             server_restart_cost_s=server_restart_cost_s,
             restart_pending=restart_pending,

@@ -63,12 +63,24 @@ class WorkerDevice:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DataEnd:
+    """The end of the data: every shard is handed out, none is left to lease."""
+
+    global_batch: int  # the records of a step the data set was cut for
+    # rank -> (the records of the leases the worker holds, those of its oldest
+    # lease, which it may have read in part or whole: a lease is acked by the
+    # step after its last record)
+    held: dict[int, tuple[int, int]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MonitorSnapshot:
     """Everything a policy may look at, frozen at ``now``.
 
-    ``remaining_steps`` (None: unknown), ``restart_cost_s`` (None: not measured
-    yet) and ``restart_pending`` (a KILL_RESTART is still settling) come from the
-    caller, which knows the data set and measures restarts.
+    ``remaining_steps`` (None: unknown), ``data_end`` (the data's end),
+    ``restart_cost_s`` (None: not measured yet) and ``restart_pending`` (a
+    KILL_RESTART is still settling) come from the caller, which knows the data
+    set and measures restarts.
     """
 
     now: float
@@ -93,6 +105,9 @@ class MonitorSnapshot:
     spare_hosts: tuple[str, ...]
     latest_step: int  # newest step any worker reported (-1: none yet)
     remaining_steps: int | None = None
+    # Once no shard is left to hand out (None before that): what the job's last
+    # steps run on
+    data_end: DataEnd | None = None
     restart_cost_s: float | None = None  # a worker's KILL_RESTART, as measured
     server_restart_cost_s: float | None = None  # a server's (a live move), as measured
     restart_pending: bool = False

@@ -338,6 +338,19 @@ class ShardQueue:
         """The DOING leases of ``worker``, oldest first."""
         return [lease for i in sorted(self._held.get(worker, ())) if (lease := self.lease(i))]
 
+    def held_records(self) -> dict[int, tuple[int, int]]:
+        """Worker -> (the records of its DOING leases, those of its oldest one);
+        workers holding none are left out."""
+        length = self.spec.shard_length
+        return {
+            worker: (
+                sum(length(self._doing[lease_id][2]) for lease_id in ids),
+                length(self._doing[min(ids)][2]),
+            )
+            for worker, ids in sorted(self._held.items())
+            if ids
+        }
+
     def held_count(self, worker: int) -> int:
         """How many DOING leases ``worker`` holds (``len(leases_of(worker))``
         without building them: every fetch asks)."""

@@ -389,6 +389,18 @@ class DdsService:
 
     # -------------------------------------------------------------- summary
 
+    def held_records(self) -> dict[int, tuple[int, int]] | None:
+        """Once no shard is left to hand out (every one DOING or DONE, no epoch
+        to start): worker -> (the records of the leases it holds, the one it
+        reads and those it fetched ahead; those of the oldest, which it may
+        have read in part or whole: it is acked a step after its last record).
+        None before that, and without a data set. Why: the job's last
+        steps run on these alone, and a worker holding many steps' worth at a
+        small batch size ends the job alone (``Balancer``'s end of data)."""
+        if self.queue is None or self.queue.todo_count > 0:
+            return None
+        return self.queue.held_records()
+
     def remaining_steps(self) -> int | None:
         """Steps of work left at the global batch (None without a data set or batch)."""
         if self.queue is None or self.spec is None or not self.spec.global_batch:

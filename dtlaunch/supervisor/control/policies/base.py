@@ -23,8 +23,9 @@ from typing import Any, Protocol
 from dtlaunch.errors import ConfigError
 from dtlaunch.solvers.batch import InfeasibleError, solve_batch_sizes
 from dtlaunch.solvers.dd import solve_dd_workers
+from dtlaunch.solvers.tail import raise_for_tail
 from dtlaunch.supervisor.control.actions import Action, AdjustBatchSize
-from dtlaunch.supervisor.control.monitor import MonitorSnapshot, WindowStats
+from dtlaunch.supervisor.control.monitor import DataEnd, MonitorSnapshot, WindowStats
 
 DEFAULT_LAMBDA = 1.5
 DEFAULT_L_TRANS = 60.0
@@ -174,6 +175,9 @@ class Balancer:
     scenario a: 17 plans for delays alike on every worker, then a tail of tiny
     steps that diverged). A worker with one step in the window has no spread
     yet and is not held back (the first plan of a job comes after one step).
+
+    Once every shard is handed out (``MonitorSnapshot.data_end``), the one
+    plan left to make is for the end of the data (``_end_of_data``).
     """
 
     def __init__(
@@ -212,6 +216,8 @@ class Balancer:
         total = sum(current)
         # bmax= in the hostfile: the largest batch a device's memory holds (hard)
         limits = [d.max_batch if (d := snap.devices.get(r)) else None for r in ranks]
+        if snap.data_end is not None:
+            return self._end_of_data(snap.data_end, snap, ranks, models, current, limits, inputs)
         try:
             sizes, v = self._solve(models, current, limits)
         except InfeasibleError as err:
@@ -261,6 +267,65 @@ class Balancer:
             apply_at_step=apply_at,
             reason=f"{reason}; makespan {now_ms:.4g} s -> {best_ms:.4g} s",
             inputs=inputs,
+        )
+
+    def _end_of_data(
+        self,
+        end: DataEnd,
+        snap: MonitorSnapshot,
+        ranks: list[int],
+        models: list[tuple[float, float]],
+        current: list[int],
+        limits: list[int | None],
+        inputs: dict[str, Any],
+    ) -> AdjustBatchSize | str:
+        """Once every shard is handed out: raise the batch of a worker whose held
+        records would end the job on its steps alone (``solvers.tail``), up to
+        the equal share of the global batch (or its ``bmax=``). Nothing else is
+        planned from here: what is left is these records."""
+        held = end.held
+        # Before a plan applies, every worker still reads apply_after steps.
+        ahead = [self.apply_after * b for b in current]
+        most = [max(0, held.get(r, (0, 0))[0] - a) for r, a in zip(ranks, ahead, strict=True)]
+        fewest = [
+            max(0, held.get(r, (0, 0))[0] - held.get(r, (0, 0))[1] - a)
+            for r, a in zip(ranks, ahead, strict=True)
+        ]
+        # The equal share of the data set's global batch (not of the plan's, which
+        # an earlier end-of-data plan may have raised).
+        share = math.ceil((end.global_batch or sum(current)) / len(ranks))
+        caps = [min(share, limit) if limit else share for limit in limits]
+        raised = raise_for_tail(models, current, most, fewest, caps, margin=self.margin)
+        if not raised:
+            return (
+                "end of data: every shard is handed out, no worker would end sooner "
+                "at a larger batch"
+            )
+        sizes = list(current)
+        for r in raised:
+            sizes[r.index] = r.new
+        first = raised[0]
+        apply_at = max(snap.latest_step, 0) + self.apply_after
+        self._pending_step = apply_at
+        changes = ", ".join(f"worker {ranks[r.index]} {r.old} -> {r.new}" for r in raised)
+        return AdjustBatchSize(
+            sizes=dict(zip(ranks, sizes, strict=True)),
+            apply_at_step=apply_at,
+            reason=(
+                f"end of data: every shard is handed out and worker {ranks[first.index]} "
+                f"holds up to {most[first.index]} records for its last steps ({changes}): the "
+                f"last record in ~{first.after_s:.3g} s instead of ~{first.before_s:.3g} s"
+            ),
+            inputs={
+                **inputs,
+                "held_records": {r: list(held[r]) for r in ranks if r in held},
+                "records_left": {
+                    r: [lo, hi] for r, lo, hi in zip(ranks, fewest, most, strict=True)
+                },
+                "current_sizes": dict(zip(ranks, current, strict=True)),
+                "caps": dict(zip(ranks, caps, strict=True)),
+                "step_model": dict(zip(ranks, [list(m) for m in models], strict=True)),
+            },
         )
 
     def _solve(
