@@ -167,14 +167,15 @@ class Balancer:
     Nor when the gain is within the noise: it must exceed ``noise_z`` standard
     errors of the mean step time of the worker that sets the current makespan
     (the windows' pooled spread, ``pooled_sd``, over the square root of its
-    steps). Why: where step
-    times vary a lot from step to step (random delays, a busy shared host) the
-    slowest of a few steps' means is slow by chance, and the next window's is
-    another worker. Each plan chasing it moved records to whoever was lucky, the
-    sizes drifted apart plan after plan, down to batches of 1 (benchmarks/rna.py
-    scenario a: 17 plans for delays alike on every worker, then a tail of tiny
-    steps that diverged). A worker with one step in the window has no spread
-    yet and is not held back (the first plan of a job comes after one step).
+    steps). Why: where step times vary a lot from step to step (random delays,
+    a busy shared host) the slowest of a few steps' means is slow by chance,
+    and the next window's is another worker. Each plan chasing it moved records
+    to whoever was lucky, the sizes drifted apart plan after plan, down to
+    batches of 1 (benchmarks/rna.py scenario a: 17 plans for delays alike on
+    every worker, then a tail of tiny steps that diverged). Windows that hold
+    no spread yet (one step each: a job's first plan) are not held back. A
+    window that spans two batch sizes counts their difference as spread too,
+    which only makes the test stricter.
 
     Once every shard is handed out (``MonitorSnapshot.data_end``), the one
     plan left to make is for the end of the data (``_end_of_data``).
