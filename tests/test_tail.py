@@ -54,6 +54,23 @@ def test_a_shrunk_fixed_cost_straggler_takes_the_equal_share_for_its_last_record
     assert simulate(lines, [40, 40, 40, 32], fewest) <= simulate(lines, sizes, fewest)
 
 
+def test_two_shrunk_workers_are_both_raised_in_one_plan():
+    # benchmarks/rna.py scenario b's end: workers 2 and 3 shrunk to 1 and 2 hold
+    # 118 and 108 records. Raising either alone gains only down to the other's
+    # steps; the plan raises both, each to the share's size for its records.
+    lines = [HEALTHY, HEALTHY, (0.134, 0.0034), (0.158, 0.0034)]
+    sizes, most, fewest = [30, 30, 1, 2], [0, 0, 118, 108], [0, 0, 54, 44]
+    raises = raise_for_tail(lines, sizes, most, fewest, [16] * 4, margin=0.02)
+    plan = list(sizes)
+    for r in raises:
+        plan[r.index] = r.new
+    assert sorted(r.index for r in raises) == [2, 3] and min(plan[2:]) >= 14, raises
+    assert {r.old for r in raises} == {1, 2}
+    assert raises[-1].after_s == pytest.approx(simulate(lines, plan, most))
+    assert simulate(lines, plan, most) < simulate(lines, sizes, most) / 5
+    assert simulate(lines, plan, fewest) <= simulate(lines, sizes, fewest)
+
+
 def test_a_proportional_straggler_is_left_alone():
     # 2.2x slower per record: half the records a step take half the time, so more
     # records a step gain nothing and would slow the others' last steps.

@@ -31,6 +31,7 @@ __all__ = ["Raise", "raise_for_tail", "time_to_last_record"]
 
 Line = tuple[float, float]  # a step's seconds: fixed_s + per_sample_s x batch
 MAX_CANDIDATES = 256  # sizes tried per worker
+MAX_PASSES = 8  # over the workers (raise_for_tail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +117,39 @@ def raise_for_tail(
     ``(size, cap]`` with the smallest estimate, at the most and at the fewest
     records summed, provided neither estimate gets longer and the sum falls by
     more than ``margin``. The first worker whose raise does not pay ends the
-    search: the ones after it end sooner still.
+    pass: the ones after it end sooner still. Passes repeat while one raises
+    a worker. Each worker is named once, with its first estimate before and
+    the last after.
     """
     plan = list(sizes)
+    raised: list[Raise] = []
+    # A worker's raise gains only down to where the others' steps bound the end:
+    # with two shrunk workers holding records, the first raise stops at the
+    # second's steps. So passes over the workers until one raises nobody.
+    for _ in range(MAX_PASSES):
+        more = _one_pass(lines, plan, most, fewest, caps, margin)
+        if not more:
+            break
+        raised += more
+    # One entry per worker: from its size before to its size after.
+    first: dict[int, Raise] = {}
+    for r in raised:
+        first.setdefault(r.index, r)
+    return [
+        Raise(index=i, old=r.old, new=plan[i], before_s=r.before_s, after_s=raised[-1].after_s)
+        for i, r in first.items()
+    ]
+
+
+def _one_pass(
+    lines: Sequence[Line],
+    plan: list[int],
+    most: Sequence[int],
+    fewest: Sequence[int],
+    caps: Sequence[int],
+    margin: float,
+) -> list[Raise]:
+    """One pass of ``raise_for_tail`` over the workers, raising ``plan`` in place."""
     raised: list[Raise] = []
     order = sorted(range(len(plan)), key=lambda i: (-_steps(fewest[i], plan[i]), i))
     for i in order:
