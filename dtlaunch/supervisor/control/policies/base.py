@@ -286,12 +286,12 @@ class Balancer:
         planned from here: what is left is these records."""
         held = end.held
         # Before a plan applies, every worker still reads apply_after steps.
-        ahead = [self.apply_after * b for b in current]
-        most = [max(0, held.get(r, (0, 0))[0] - a) for r, a in zip(ranks, ahead, strict=True)]
-        fewest = [
-            max(0, held.get(r, (0, 0))[0] - held.get(r, (0, 0))[1] - a)
-            for r, a in zip(ranks, ahead, strict=True)
-        ]
+        most: list[int] = []
+        fewest: list[int] = []
+        for rank, size in zip(ranks, current, strict=True):
+            records, oldest = held.get(rank, (0, 0))
+            most.append(max(0, records - self.apply_after * size))
+            fewest.append(max(0, records - oldest - self.apply_after * size))
         # The equal share of the data set's global batch (not of the plan's, which
         # an earlier end-of-data plan may have raised).
         share = math.ceil((end.global_batch or sum(current)) / len(ranks))
