@@ -46,14 +46,31 @@ HEARTBEAT = 0.2
 WORKER_TIMEOUT_S = 60.0
 
 WORKER_SCRIPT = """
-import atexit, dataclasses, json, sys, time
+import atexit, dataclasses, json, sys, threading, time
 import dtlaunch
 from dtlaunch.errors import ConfigError
+from dtlaunch.wire.sockets import Dealer
 
 cfg = json.loads(sys.argv[1])
+printing = threading.Lock()  # the link's thread emits too: one whole line at a time
 
 def emit(**kv):
-    print(json.dumps(kv), flush=True)
+    with printing:
+        sys.stdout.write(json.dumps(kv) + "\\n")
+        sys.stdout.flush()
+
+if cfg.get("trace_sends"):
+    # When the link queued each message (what its heartbeat rule decides on),
+    # not when the fake read it: a loaded machine delays the reads unevenly.
+    queue_message = Dealer.send
+
+    async def traced(self, msg):
+        queued = await queue_message(self, msg)
+        if queued:
+            emit(sent=[msg.TYPE, time.monotonic()])
+        return queued
+
+    Dealer.send = traced
 
 # Registered before init(), so it runs after the Job's own atexit close().
 atexit.register(lambda: emit(exiting=time.monotonic()))

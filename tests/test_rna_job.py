@@ -76,10 +76,22 @@ def test_rna_survives_a_sigkilled_worker_and_converges(sshd, tmp_path):
         "--policy", "rna:momentum=keep", "--output", "0",
         SCRIPT, str(out), "0.02",
     ]  # fmt: skip
+    # Worker 1's restart waits at this gate until the survivors trained without it:
+    # otherwise a restart quicker than their regroup joins the group being formed,
+    # and no group of the survivors alone is ever seen (a legitimate order).
+    hold = out / "hold-restarts"
+    hold.touch()
     with started(args, env=sshd.env(), log=tmp_path / "run.log") as job:
         wait_for_event(run_dir, kind("rna_rounds"), timeout=120, what="rounds under way")
         victim = int((out / "pid-1-0").read_text())
         os.kill(victim, signal.SIGKILL)
+        wait_for_event(
+            run_dir,
+            lambda e: e["kind"] == "rna_rounds" and e["members"] == [0, 2] and e["rounds"] > 0,
+            timeout=120,
+            what="rounds of the survivors without worker 1",
+        )
+        hold.unlink()
         code = job.wait(timeout=240)
         assert code == 0, job.output()
     log = events(run_dir)

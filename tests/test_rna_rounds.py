@@ -555,11 +555,17 @@ def test_a_group_already_superseded_when_read_gets_only_a_short_visit():
 
 
 def test_the_final_model_is_the_moving_average_of_the_global_model_s_updates():
-    """``average=b``: the model a worker ends with is ``a_k = b a_(k-1) + (1 - b)
-    x_k`` over the global model's updates ``x_k``, from the model the group
-    formed with; a round without contributions is no update. Every member
-    holds the same average; a newcomer gets it with the state."""
+    """``average=b``: the model a worker ends with is ``a_k = d_k a_(k-1) + (1 -
+    d_k) x_k`` over the global model's updates ``x_k``, from the model the group
+    formed with, ``d_k = min(b, (1 + k) / (10 + k))`` (the decay warms up); a
+    round without contributions is no update. Every member holds the same
+    average; a newcomer gets it with the state, and the count of updates."""
     beta = 0.6
+    updates = 0
+
+    def decay():
+        return min(beta, (1 + updates) / (10 + updates))
+
     members = [Member(rank, 2, average=beta) for rank in range(2)]
     try:
         form(members)
@@ -572,7 +578,8 @@ def test_the_final_model_is_the_moving_average_of_the_global_model_s_updates():
             run_round(members, 1, round_, initiator=0)
             if round_ != 2:
                 x = members[0].global_model()
-                expected = beta * expected + (1 - beta) * x
+                expected = decay() * expected + (1 - decay()) * x
+                updates += 1
         for m in members:
             np.testing.assert_allclose(m.final_model(), expected, atol=1e-12, rtol=0)
             assert not np.allclose(m.final_model(), m.global_model())
@@ -584,7 +591,7 @@ def test_the_final_model_is_the_moving_average_of_the_global_model_s_updates():
         np.testing.assert_array_equal(members[1].final_model(), members[0].final_model())
         members[1].worker.hand_over(4, torch.tensor(rng.normal(size=DIM)))
         run_round(members, 2, 4, initiator=1)
-        expected = beta * expected + (1 - beta) * members[0].global_model()
+        expected = decay() * expected + (1 - decay()) * members[0].global_model()
         for m in members:
             np.testing.assert_allclose(m.final_model(), expected, atol=1e-12, rtol=0)
     finally:

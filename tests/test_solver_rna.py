@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from dtlaunch.solvers.rna import (
     InfeasibleError,
+    average_decay,
     lr_factor,
     momentum_for_staleness,
     probe_median_response,
@@ -174,6 +175,26 @@ def test_momentum_fades_with_staleness_at_the_same_step():
 def test_momentum_for_staleness_rejects_invalid_input(momentum, staleness, match):
     with pytest.raises(InfeasibleError, match=match):
         momentum_for_staleness(momentum, staleness)
+
+
+def test_the_average_s_decay_warms_up_to_the_configured_one():
+    assert average_decay(0.9, 0) == pytest.approx(0.1)  # the first update is mostly kept
+    assert average_decay(0.9, 1) == pytest.approx(2 / 11)
+    decays = [average_decay(0.9, k) for k in range(200)]
+    assert decays == sorted(decays)  # never decreases
+    assert decays[80] == 0.9 and decays[79] < 0.9  # from the 81st update on: as configured
+    assert average_decay(0.0, 5) == 0.0
+    # 34 updates (a short job): the initial model's weight, prod(d_k), is
+    # negligible, where a constant 0.9 keeps 0.9^34 = 3 % of it.
+    assert math.prod(decays[:34]) < 1e-6 < 0.9**34
+
+
+@pytest.mark.parametrize(
+    ("average", "updates"), [(1.0, 0), (-0.1, 0), (float("nan"), 0), (0.5, -1)]
+)
+def test_average_decay_rejects_invalid_input(average, updates):
+    with pytest.raises(InfeasibleError):
+        average_decay(average, updates)
 
 
 # --- §4 grouping ---------------------------------------------------------------------

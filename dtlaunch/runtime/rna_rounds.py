@@ -33,7 +33,8 @@ of the next exchange. The base and the count of exchanges travel with the
 state a new group takes.
 
 With ``average`` the thread also keeps an exponential moving average of the
-global model over its updates (``final_model``: what the worker ends with),
+global model over its updates (``final_model``: what the worker ends with; its
+decay warms up over the first updates, ``solvers.rna.average_decay``),
 which travels with the state like the model; a group's last exchange before it
 holds (``RnaStart.final``) pushes that average instead of the model.
 
@@ -64,7 +65,7 @@ from dtlaunch.errors import ConfigError
 from dtlaunch.runtime.rna_exchange import ServerExchange
 from dtlaunch.runtime.rna_meeting import STOP, Inbox, meet
 from dtlaunch.runtime.rna_pending import PendingGradients, local_contribution, state_source
-from dtlaunch.solvers.rna import lr_factor, momentum_for_staleness
+from dtlaunch.solvers.rna import average_decay, lr_factor, momentum_for_staleness
 from dtlaunch.wire.messages import (
     RnaExchanged,
     RnaFailed,
@@ -123,6 +124,7 @@ class RoundWorker(threading.Thread):
         # last update's model). Travels with the state, as the model does.
         self.average = average
         self._averaged: list[torch.Tensor] | None = None
+        self._average_updates = 0  # in _averaged: its decay warms up over them
         self.lock = threading.Lock()
         self.shadow = [p.detach().to("cpu", copy=True) for p in params]
         self._user_optimizer = optimizer
@@ -324,6 +326,7 @@ class RoundWorker(threading.Thread):
                         "base": self._base if self._base is not None else [],
                         "exchanges": self.exchanges,
                         "averaged": self._averaged if self._averaged is not None else [],
+                        "average_updates": self._average_updates,
                     },
                     buffer,
                 )
@@ -345,6 +348,7 @@ class RoundWorker(threading.Thread):
                 self._base = [t.clone() for t in state["base"]] or None
                 self.exchanges = int(state["exchanges"])
                 self._averaged = [t.clone() for t in state["averaged"]] or None
+                self._average_updates = int(state["average_updates"])
                 self.published += 1
         if self._averaged is None and self.average > 0:
             self._averaged = [t.detach().clone() for t in self.shadow]  # no update yet
@@ -511,9 +515,11 @@ class RoundWorker(threading.Thread):
                 mine["lr"] *= rate
         self._optimizer.step()
         if self._averaged is not None:
+            decay = average_decay(self.average, self._average_updates)
+            self._average_updates += 1
             with torch.no_grad():
                 for averaged, shadow in zip(self._averaged, self.shadow, strict=True):
-                    averaged.mul_(self.average).add_(shadow, alpha=1.0 - self.average)
+                    averaged.mul_(decay).add_(shadow, alpha=1.0 - decay)
 
     def _note_round(
         self, start: RnaStart, weights: torch.Tensor, staleness: torch.Tensor, comm_s: float

@@ -48,6 +48,18 @@ implicit-momentum estimate ``tau / (tau + 1)`` alone, at the same step,
 74.7-75.7 %. Not corrected: a momentum with dampening (the step formula
 differs) or of 1 or more (no finite step to keep).
 
+The final model's moving average (not in the paper)
+----------------------------------------------------
+A worker ends on an exponential moving average of the global model over its
+updates, ``a_k = d_k a_(k-1) + (1 - d_k) x_k``. A constant ``d_k = average``
+started at the initial model keeps ``average^k`` of it after ``k`` updates: 3 %
+after 34 updates at 0.9, and more of the early models, so a short job ended
+on a model well behind its last one. :func:`average_decay` warms the decay up
+as TensorFlow's ``ExponentialMovingAverage(num_updates=...)`` does, ``d_k =
+min(average, (1 + k) / (10 + k))`` for the ``k``-th update (from 0): the first
+updates replace most of the average, and from the 81st on (at 0.9) it is the
+configured one, so long runs are unchanged.
+
 §4 hierarchical grouping
 ------------------------
 ``zeta`` = slowest minus fastest iteration time, ``v`` = the mean iteration time.
@@ -82,6 +94,7 @@ __all__ = [
     "DEFAULT_PROBES",
     "MOMENTUM_MODES",
     "InfeasibleError",
+    "average_decay",
     "lr_factor",
     "momentum_for_staleness",
     "probe_median_response",
@@ -145,6 +158,22 @@ def lr_factor(contributors: float, world: int) -> float:
             f"contributors is {contributors!r}; it must be a number in [0, world={world}]"
         )
     return float(contributors) / world
+
+
+def average_decay(average: float, updates: int) -> float:
+    """The weight on the old average at the update after ``updates`` earlier
+    ones (see the module docstring): ``min(average, (1 + updates) / (10 +
+    updates))``.
+
+    Raises:
+        InfeasibleError: (a ``ValueError``) ``average`` outside ``[0, 1)`` or
+            ``updates`` negative.
+    """
+    if not 0 <= average < 1:  # also rejects NaN
+        raise InfeasibleError(f"average is {average!r}; it must be in [0, 1)")
+    if updates < 0:
+        raise InfeasibleError(f"updates is {updates}; it must be >= 0")
+    return min(average, (1 + updates) / (10 + updates))
 
 
 def momentum_for_staleness(

@@ -6,7 +6,9 @@ argv: OUT_DIR [SLEEP_S] [SLOW_RANKS] [SLOW_SLEEP_S]. Every step sleeps SLEEP_S
 OUT_DIR/<rank>.json: the model version and a digest of the parameters after
 each step (in one group, equal versions must hold equal models on every
 worker), the final loss and the records this worker trained; and
-OUT_DIR/pid-<rank>-<restart count> at start.
+OUT_DIR/pid-<rank>-<restart count> at start. A restarted worker waits, before it
+joins the group, for as long as OUT_DIR/hold-restarts exists (a test's gate: the
+survivors' group without it is then certain to form first).
 Standalone, RNA_STANDALONE_RECORDS gives the data set's size.
 """
 
@@ -48,6 +50,12 @@ def main():
     else:
         job = dtlaunch.init()
     (out / f"pid-{job.rank}-{job.restart_count}").write_text(str(os.getpid()))
+    hold = out / "hold-restarts"
+    deadline = time.monotonic() + 120
+    while job.restart_count > 0 and hold.exists():
+        if time.monotonic() > deadline:
+            sys.exit(f"restart held for 120 s: the test never removed {hold}")
+        time.sleep(0.05)
     torch.manual_seed(job.rank)  # unequal starts: the group's first state sync evens them
     model = torch.nn.Linear(DIM, 1, bias=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
