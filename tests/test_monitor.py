@@ -266,6 +266,64 @@ def test_a_worker_far_from_its_peers_batch_gets_their_per_sample_time():
     assert mon.snapshot(2).worker_short[1].line is None
 
 
+def test_changes_of_batch_size_measure_the_time_per_record():
+    """A step of 50 ms plus 0.1 ms a record: compute / B calls it 3.3 ms a record
+    at 16, the changes of size (16 -> 8, 16 -> 24) measure 0.1 ms. A step
+    whose fixed cost is all there is measures 0 (never below)."""
+    mon = Monitor(l_trans=100, l_per=100)
+    assert mon.size_change_slope() is None  # no change yet
+    for rank, new in enumerate([8, 24, 8]):
+        _steps(mon, rank, 0, [(16, 0.05 + 0.0001 * 16)] * 5 + [(new, 0.05 + 0.0001 * new)] * 9)
+    measured = mon.size_change_slope()
+    assert measured is not None and measured.seconds_per_record == pytest.approx(0.0001)
+    # weight: 8² / (1/5 + 1/8) for each change of 8 records
+    assert measured.weight == pytest.approx(3 * 64 / (1 / 5 + 1 / 8))
+    snap = mon.snapshot(13)
+    assert snap.measured_slope == measured
+    assert snap.worker_short[0].compute_per_sample_s == pytest.approx((0.05 + 0.0008) / 8, rel=0.2)
+    flat = Monitor(l_trans=100, l_per=100)
+    for rank, (new, bpt) in enumerate([(24, 0.099), (8, 0.101), (24, 0.1)]):
+        _steps(flat, rank, 0, [(16, 0.1)] * 3 + [(new, bpt)] * 3)  # noise: slopes <= 0
+    measured = flat.size_change_slope()
+    assert measured is not None and measured.seconds_per_record == 0.0
+
+
+def test_a_size_change_is_measured_from_its_regime_on_and_by_its_precision():
+    """A straggler's onset (a fixed 0.12 s) 3 steps before its plan shrinks it
+    16 -> 8: the steps before the onset do not count, or the plan would seem to
+    save nothing. The median weighs each change by its precision: two changes
+    of 3 records that measured nonsense do not outvote one of 8."""
+    mon = Monitor(l_trans=100, l_per=100)
+    rows = [(16, 16 / 100)] * 6 + [(16, 0.12 + 16 / 100)] * 3 + [(8, 0.12 + 8 / 100)] * 8
+    _steps(mon, 0, 0, rows)
+    _steps(mon, 1, 0, [(20, 0.2)] * 8 + [(23, 0.3)] * 8)  # +3 records, +100 ms
+    _steps(mon, 2, 0, [(20, 0.3)] * 8 + [(17, 0.2)] * 8)  # -3 records, -100 ms
+    [change] = mon._workers[0].size_changes.done
+    assert change.slope == pytest.approx(0.01)
+    measured = mon.size_change_slope()
+    assert measured is not None and measured.seconds_per_record == pytest.approx(0.01)
+    # A change too small to tell from the noise (< 10 % of the batch) is no measurement.
+    small = Monitor(l_trans=100, l_per=100)
+    _steps(small, 0, 0, [(32, 0.3)] * 4 + [(31, 0.4)] * 8)
+    assert not small._workers[0].size_changes.measured()
+
+
+def test_a_change_is_measured_before_its_last_steps_and_outlives_the_windows():
+    """A decision two steps after a plan applied already sees its change (first
+    measurement), and the measurement stays once the windows hold one size."""
+    mon = Monitor(l_trans=5, l_per=5)
+    for rank in range(3):
+        _steps(mon, rank, 0, [(16, 0.05 + 0.001 * 16)] * 4 + [(8, 0.05 + 0.001 * 8)] * 2)
+    measured = mon.size_change_slope()
+    assert measured is not None and measured.seconds_per_record == pytest.approx(0.001)
+    for rank in range(3):
+        _steps(mon, rank, 6, [(8, 0.05 + 0.001 * 8)] * 30)
+    snap = mon.snapshot(35)
+    assert snap.worker_short[0].line is None  # one size in every window now
+    assert snap.measured_slope is not None
+    assert snap.measured_slope.seconds_per_record == pytest.approx(0.001)
+
+
 def test_a_batch_cut_short_by_the_end_of_the_data_is_not_a_faster_worker():
     """At the end of the data a worker's batch of 32 holds 8 records and takes a
     quarter of the time: per record it is as fast as before, not 4x faster."""

@@ -28,6 +28,7 @@ from hypothesis import strategies as hs
 
 from dtlaunch.supervisor.control.monitor import (
     MIN_BPT_S,
+    MIN_CHANGES,
     MIN_FIT_SPREAD,
     REGIME_JUMP,
     Monitor,
@@ -37,6 +38,7 @@ from dtlaunch.supervisor.control.monitor import (
     since_regime_change,
 )
 from dtlaunch.supervisor.control.monitor import _WorkerReport as MonitorReport
+from dtlaunch.supervisor.control.steptimes import CHANGE_STEPS, CHANGE_STEPS_FIRST, CHANGES_KEPT
 
 # ------------------------------------------------------------------ the oracle
 # Copied from dtlaunch/supervisor/control/monitor.py before the columnar
@@ -72,6 +74,9 @@ class OracleMonitor:
         self._workers: dict[int, deque[_WorkerReport]] = {}
         self._worker_info: dict[int, NodeInfo] = {}
         self._reads_records: set[int] = set()
+        # (work, bpt) of every counted step since the worker (re)joined, for the
+        # time per record measured at its changes of batch size (never pruned)
+        self._counted: dict[int, list[tuple[int, float]]] = {}
         self._servers: dict[int, deque[_ServerReport]] = {}
         self._latest_step = -1
 
@@ -87,8 +92,12 @@ class OracleMonitor:
         samples: int,
         servers: tuple[tuple[int, float], ...] = (),
     ) -> None:
-        if samples > 0:
+        if samples > 0 and rank not in self._reads_records:
+            self._counted[rank] = []  # its empty steps stop counting
             self._reads_records.add(rank)
+        if samples > 0 or rank not in self._reads_records:
+            work = samples if samples > 0 else batch_size
+            self._counted.setdefault(rank, []).append((work, max(compute_s + comm_s, MIN_BPT_S)))
         window = self._workers.setdefault(rank, deque())
         window.append(_WorkerReport(now, step, batch_size, compute_s, comm_s, samples, servers))
         self._prune(window, now)
@@ -111,6 +120,7 @@ class OracleMonitor:
         self._workers.pop(rank, None)
         self._worker_info.pop(rank, None)
         self._reads_records.discard(rank)
+        self._counted.pop(rank, None)
 
     def server_gone(self, rank: int) -> None:
         self._servers.pop(rank, None)
@@ -124,11 +134,17 @@ class OracleMonitor:
         b_ref = sum(sizes) / len(sizes) if sizes else 1.0
         short_from, long_from = now - self.l_trans, now - self.l_per
         readers = self._reads_records
+        measured = measured_slope(self._counted)
+        slope = measured[0] if measured is not None else None
         worker_short = with_peer_lines(
-            _worker_stats(self._workers, short_from, now, b_ref, readers, regimes=True), b_ref
+            _worker_stats(self._workers, short_from, now, b_ref, readers, regimes=True),
+            b_ref,
+            slope,
         )
         worker_long = with_peer_lines(
-            _worker_stats(self._workers, long_from, now, b_ref, readers, regimes=False), b_ref
+            _worker_stats(self._workers, long_from, now, b_ref, readers, regimes=False),
+            b_ref,
+            slope,
         )
         server_long: dict[int, WindowStats] = {}
         for rank, reports in self._servers.items():
@@ -158,6 +174,7 @@ class OracleMonitor:
             "mean_update_long": _mean(s.mean_bpt for s in server_long.values()),
             "server_comm_long": _server_comm(self._workers, long_from, now),
             "latest_step": self._latest_step,
+            "measured_slope": measured,
         }
 
     def _prune(self, window: deque[_WorkerReport] | deque[_ServerReport], now: float) -> None:
@@ -228,9 +245,69 @@ def oracle_since_regime_change(reports: Sequence[Any]) -> list[Any]:
     return list(reports)
 
 
-def with_peer_lines(stats: dict[int, WindowStats], b_ref: float) -> dict[int, WindowStats]:
+def size_changes(rows: list[tuple[int, float]]) -> list[tuple[float, float]]:
+    """(slope, weight) of each change of batch size in a worker's counted steps:
+    the mean of up to CHANGE_STEPS steps after it against the mean of the up to
+    CHANGE_STEPS newest steps before it since their run's newest regime change
+    (the short window's rule); the newest CHANGES_KEPT, and the change under
+    way once it has CHANGE_STEPS_FIRST steps."""
+
+    def measure(before: list[float], after: list[float], old: int, new: int):
+        delta = new - old
+        slope = (sum(after) / len(after) - sum(before) / len(before)) / delta
+        return slope, delta * delta / (1 / len(before) + 1 / len(after))
+
+    done: list[tuple[float, float]] = []
+    run: list[float] = []  # the current run's steps since its newest regime change
+    change = None  # (steps before, steps after, old size, new size)
+    for i, (work, bpt) in enumerate(rows):
+        if i > 0 and work != rows[i - 1][0]:
+            if change is not None:
+                done.append(measure(*change))
+            change = None
+            old = rows[i - 1][0]
+            if abs(work - old) >= MIN_FIT_SPREAD * max(work, old):
+                change = (run[-CHANGE_STEPS:], [], old, work)
+            run = []
+        elif i >= 2 and rows[i - 2][0] == rows[i - 1][0]:
+            (w0, t0), (_, t1) = rows[i - 2], rows[i - 1]
+            up, down = t1 > t0 * (1 + REGIME_JUMP), t1 * (1 + REGIME_JUMP) < t0
+            half = 1 + REGIME_JUMP / 2
+            if (up and bpt / work > t0 / w0 * half) or (down and bpt / work * half < t0 / w0):
+                run = run[-1:]  # a regime starts at the step before this one
+        run.append(bpt)
+        if change is not None:
+            change[1].append(bpt)
+            if len(change[1]) >= CHANGE_STEPS:
+                done.append(measure(*change))
+                change = None
+    out = done[-CHANGES_KEPT:]
+    if change is not None and len(change[1]) >= CHANGE_STEPS_FIRST:
+        out.append(measure(*change))
+    return out
+
+
+def measured_slope(counted: dict[int, list[tuple[int, float]]]) -> tuple[float, float] | None:
+    """(the precision-weighted median slope, never below 0; the total weight)."""
+    changes = sorted(c for rows in counted.values() for c in size_changes(rows))
+    if len(changes) < MIN_CHANGES:
+        return None
+    total = sum(w for _, w in changes)
+    acc = 0.0
+    for slope, weight in changes:
+        acc += weight
+        if acc >= total / 2:
+            return max(0.0, slope), total
+    return max(0.0, changes[-1][0]), total
+
+
+def with_peer_lines(
+    stats: dict[int, WindowStats], b_ref: float, measured: float | None
+) -> dict[int, WindowStats]:
     slopes = {
-        r: st.per_sample_s if st.per_sample_s is not None else st.compute_per_sample_s
+        r: st.per_sample_s
+        if st.per_sample_s is not None
+        else (measured if measured is not None else st.compute_per_sample_s)
         for r, st in stats.items()
     }
     out = dict(stats)
@@ -328,6 +405,12 @@ def differences(new: MonitorSnapshot, old: dict[str, Any]) -> list[str]:
                             out.append(f"{name}[{key}].{f.name}: {gv!r} != {wv!r}")
                 elif not _close(g, w):
                     out.append(f"{name}[{key}]: {g!r} != {w!r}")
+        elif name == "measured_slope":
+            pair = None if got is None else (got.seconds_per_record, got.weight)
+            if (pair is None) != (want is None) or (
+                pair is not None and not all(map(_close, pair, want))
+            ):
+                out.append(f"{name}: {got!r} != {want!r}")
         elif not _close(got, want):
             out.append(f"{name}: {got!r} != {want!r}")
     return out

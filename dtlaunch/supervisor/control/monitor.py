@@ -62,21 +62,20 @@ import numpy as np
 from dtlaunch.supervisor.control.resources import JobResources, ProcessUse
 from dtlaunch.supervisor.control.snapshot import (
     DataEnd,
+    MeasuredSlope,
     MonitorSnapshot,
     NodeInfo,
     PsLayout,
     ServerProfile,
     WorkerDevice,
 )
+from dtlaunch.supervisor.control.steptimes import MIN_FIT_SPREAD, REGIME_JUMP, regime_flags
 from dtlaunch.supervisor.control.windows import (
     MIN_BPT_S,
-    MIN_FIT_SPREAD,
-    REGIME_JUMP,
     Series,
     WindowStats,
     WorkerSteps,
     fit_centered,
-    regime_flags,
 )
 
 __all__ = [
@@ -119,6 +118,8 @@ class _WorkerReport:
 
 
 PROFILE_SAMPLES = 512  # per server: enough for a fit, bounded at any job size
+# size_change_slope's fewest measurements: one alone may fall on a regime change.
+MIN_CHANGES = 3
 
 
 class Monitor:
@@ -298,6 +299,28 @@ class Monitor:
 
     # ---------------------------------------------------------------- output
 
+    def size_change_slope(self) -> MeasuredSlope | None:
+        """The time per record the workers' changes of batch size measured, or
+        None before ``MIN_CHANGES`` of them: the median of each worker's newest
+        measurements weighted by their precision (``windows.SizeChange``),
+        never below 0. Each is the mean step after a change against the mean
+        step before it: unlike a worker's compute time per record, it does not
+        count a fixed per-step cost as time per record. Weighted, because a
+        change of three records under 15 ms of step noise says little, one of
+        twelve much more; a median, so that a change a straggler's onset fell
+        on (undetected) does not carry the rest."""
+        changes = sorted(c for w in self._workers.values() for c in w.size_changes.measured())
+        if len(changes) < MIN_CHANGES:
+            return None
+        total = sum(c.weight for c in changes)
+        acc, median = 0.0, changes[-1].slope
+        for change in changes:
+            acc += change.weight
+            if acc >= total / 2:
+                median = change.slope
+                break
+        return MeasuredSlope(seconds_per_record=max(0.0, median), weight=total)
+
     def snapshot(
         self,
         now: float,
@@ -334,8 +357,10 @@ class Monitor:
             if long is not None:
                 worker_long[rank] = long
             steps.server_comm(long_from, now, comm)
-        worker_short = with_peer_lines(worker_short, b_ref)
-        worker_long = with_peer_lines(worker_long, b_ref)
+        measured = self.size_change_slope()
+        slope = measured.seconds_per_record if measured is not None else None
+        worker_short = with_peer_lines(worker_short, b_ref, slope)
+        worker_long = with_peer_lines(worker_long, b_ref, slope)
         server_long: dict[int, WindowStats] = {}
         for rank, series in self._servers.items():
             upd = series.window(long_from, now)
@@ -372,6 +397,7 @@ class Monitor:
             latest_step=self._latest_step,
             remaining_steps=remaining_steps,
             data_end=data_end,
+            measured_slope=measured,
             restart_cost_s=restart_cost_s,
             server_restart_cost_s=server_restart_cost_s,
             restart_pending=restart_pending,
@@ -441,7 +467,9 @@ def since_regime_change(reports: Sequence[_WorkerReport]) -> list[_WorkerReport]
     return list(reports[int(flags[-1]) :]) if len(flags) else list(reports)
 
 
-def with_peer_lines(stats: dict[int, WindowStats], b_ref: float) -> dict[int, WindowStats]:
+def with_peer_lines(
+    stats: dict[int, WindowStats], b_ref: float, measured_slope: float | None = None
+) -> dict[int, WindowStats]:
     """``stats`` with a line for each worker whose batch is far from ``b_ref``
     but whose window could not fit one: its slope is the median per-sample time
     of the other workers, its intercept what is left of its mean BPT.
@@ -454,12 +482,23 @@ def with_peer_lines(stats: dict[int, WindowStats], b_ref: float) -> dict[int, Wi
     equal share, would look like a persistent straggler. Peers on like hardware
     spend about the same time per sample; a wrong guess shows at the next plan,
     whose second batch size gives the fitted line. A peer without a line of
-    its own counts with its compute time per sample (its communication is a
-    per-step cost). No line when that would need a negative intercept (the
-    worker is quicker per sample than its peers).
+    its own counts with ``measured_slope``, the time per record the job's
+    changes of batch size measured (``Monitor.size_change_slope``), or before
+    any with its compute time per sample (its communication is a per-step
+    cost). Why not the compute per sample whenever a peer has no line: a
+    step whose compute is mostly a fixed cost (a small model, a delay per
+    step) is far from proportional to its batch; a straggler by a fixed cost
+    then got a slope tens of times too steep, and each plan shrank it further,
+    down to a batch of 1 (benchmarks/rna.py scenario b). No line when that
+    would need a negative intercept (the worker is quicker per sample than its
+    peers).
     """
     slopes = {
-        r: st.per_sample_s if st.per_sample_s is not None else st.compute_per_sample_s
+        r: st.per_sample_s
+        if st.per_sample_s is not None
+        else measured_slope
+        if measured_slope is not None
+        else st.compute_per_sample_s
         for r, st in stats.items()
     }
     ordered = sorted(slopes.values())  # once: each worker's peers are all but one of them

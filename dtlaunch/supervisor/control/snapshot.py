@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from dtlaunch.supervisor.control.resources import JobResources
 from dtlaunch.supervisor.control.windows import WindowStats
 
-__all__ = ["MonitorSnapshot", "NodeInfo", "PsLayout", "ServerProfile", "WorkerDevice"]
+__all__ = [
+    "MeasuredSlope",
+    "MonitorSnapshot",
+    "NodeInfo",
+    "PsLayout",
+    "ServerProfile",
+    "WorkerDevice",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +81,18 @@ class DataEnd:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MeasuredSlope:
+    """How much a step's time grows per record, as the job's changes of batch
+    size measured it (``Monitor.size_change_slope``): ``seconds_per_record``,
+    and ``weight``, the measurements' precision in units of the step-time
+    noise (its standard error is the noise's standard deviation over
+    ``sqrt(weight)``)."""
+
+    seconds_per_record: float
+    weight: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MonitorSnapshot:
     """Everything a policy may look at, frozen at ``now``.
 
@@ -108,6 +127,8 @@ class MonitorSnapshot:
     # Once no shard is left to hand out (None before that): what the job's last
     # steps run on
     data_end: DataEnd | None = None
+    # The slope of the workers' peers' lines (``line == "peers"``) once measured
+    measured_slope: MeasuredSlope | None = None
     restart_cost_s: float | None = None  # a worker's KILL_RESTART, as measured
     server_restart_cost_s: float | None = None  # a server's (a live move), as measured
     restart_pending: bool = False

@@ -18,7 +18,10 @@ Per worker:
 - the *counted* steps: raw columns and prefix sums of what the window
   statistics add up, plus the rows where a regime changes, where the batch size
   changes and where time goes backwards;
-- in PS mode, each step's (server, comm seconds) pairs.
+- in PS mode, each step's (server, comm seconds) pairs;
+- ``size_changes`` (``steptimes.SizeChanges``): the time per record measured
+  at each change of the batch size, fed every counted step; it outlives the
+  windows (and the compaction of the rows).
 
 Reports normally arrive in time order per worker, so a window is one run of
 rows. If they do not (the caller derives times from the worker's report ages),
@@ -34,17 +37,17 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from dtlaunch.supervisor.control.steptimes import (
+    MIN_FIT_SPREAD,
+    SizeChanges,
+    regime_flags,
+    regime_starts,
+)
+
 Floats = npt.NDArray[np.float64]
 
 # A step reported as taking 0 s (coarse clock) would make B/T infinite.
 MIN_BPT_S = 1e-6
-# A step time that jumps by more than this between two steps of one batch size,
-# and whose next step stays on the new side, starts a new regime. Step-time noise
-# on a shared machine is a few per cent; a straggler's onset is tens.
-REGIME_JUMP = 0.15
-# A fit needs batch sizes at least this far apart (relative to the largest):
-# closer ones leave the slope to the step-time noise.
-MIN_FIT_SPREAD = 0.1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,23 +76,6 @@ class WindowStats:
     def span_s(self) -> float:
         """Time covered by the window's reports (newest minus oldest)."""
         return self.last_s - self.first_s
-
-
-def regime_flags(work: Floats, bpt: Floats) -> npt.NDArray[np.bool_]:
-    """``flags[j]``: a new regime starts at step ``j`` (``since_regime_change``'s
-    rule, for every ``j`` in ``1 .. n-2`` at once; the ends are never flagged)."""
-    flags = np.zeros(len(work), dtype=bool)
-    if len(work) < 3:
-        return flags
-    old, new = bpt[:-2], bpt[1:-1]
-    up, down = new > old * (1 + REGIME_JUMP), new * (1 + REGIME_JUMP) < old
-    per_old = old / work[:-2]
-    per_after = bpt[2:] / work[2:]
-    half = 1 + REGIME_JUMP / 2
-    flags[1:-1] = (work[:-2] == work[1:-1]) & (
-        (up & (per_after > per_old * half)) | (down & (per_after * half < per_old))
-    )
-    return flags
 
 
 Line = tuple[float | None, float | None]
@@ -182,6 +168,7 @@ class WorkerSteps:
         "lo",
         "reader",
         "rows",
+        "size_changes",
         "t",
     )
 
@@ -192,6 +179,7 @@ class WorkerSteps:
         self._full_lo = 0  # first unpruned report in _full_t
         self._full_base = 0  # reports deleted from the front of _full_t
         self._comm: dict[int, Series] = {}  # server -> (report, t, comm s) in PS mode
+        self.size_changes = SizeChanges()  # the time per record at changes of size
         self._clear_rows()
 
     def _clear_rows(self) -> None:
@@ -243,8 +231,12 @@ class WorkerSteps:
                 self._turns.append(n)
             if work != prev[1]:
                 self._runs.append(n)
-            if before is not None and before[1] == prev[1]:
-                self._flag(n - 1, before, prev, bpt / work)
+            if (
+                before is not None
+                and before[1] == prev[1]
+                and regime_starts(before, prev, bpt / work)
+            ):
+                self._flags.append(n - 1)
         new_sums = (
             sums[0] + bpt,
             sums[1] + work / bpt,
@@ -258,27 +250,13 @@ class WorkerSteps:
         self.t.append(t)
         self.rows.extend((compute_s, comm_s, work, *new_sums))
         self._sums, self._r2, self._r1 = new_sums, prev, (t, work, bpt)
-
-    def _flag(
-        self,
-        j: int,
-        before: tuple[float, float, float],
-        first: tuple[float, float, float],
-        per_after: float,
-    ) -> None:
-        # since_regime_change's test for j, now that the step after j is known
-        # (before and first have the same work).
-        old, new = before[2], first[2]
-        up, down = new > old * (1 + REGIME_JUMP), new * (1 + REGIME_JUMP) < old
-        per_old = old / before[1]
-        half = 1 + REGIME_JUMP / 2
-        if (up and per_after > per_old * half) or (down and per_after * half < per_old):
-            self._flags.append(j)
+        self.size_changes.add(work, bpt)
 
     def become_reader(self) -> None:
         """The worker reported records: its earlier (empty) steps stop counting."""
         self.reader = True
         self._full_counts = bytearray(len(self._full_t))
+        self.size_changes = SizeChanges()
         self._clear_rows()
 
     def prune(self, limit: float) -> None:

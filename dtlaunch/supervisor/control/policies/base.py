@@ -253,13 +253,20 @@ class Balancer:
             )
         slowest = max(range(len(ranks)), key=lambda k: models[k][0] + models[k][1] * current[k])
         st = snap.worker_short[ranks[slowest]]
-        error = pooled_sd([snap.worker_short[r] for r in ranks]) / st.reports**0.5
-        if now_ms - best_ms <= self.noise_z * error:
+        sd = pooled_sd([snap.worker_short[r] for r in ranks])
+        error = sd / st.reports**0.5
+        slope_error = _slope_error(snap, ranks, current, sizes, sd)
+        if now_ms - best_ms <= self.noise_z * math.hypot(error, slope_error):
+            slope_part = (
+                f" and the peers' slope moves it by +- {slope_error * 1000:.1f} ms"
+                if slope_error
+                else ""
+            )
             return (
                 f"the plan's gain ({(now_ms - best_ms) * 1000:.1f} ms a step) is within the "
                 f"noise: worker {ranks[slowest]}'s mean step is "
-                f"{st.mean_bpt * 1000:.1f} +- {error * 1000:.1f} ms over {st.reports} steps "
-                f"(noise {self.noise_z:g})"
+                f"{st.mean_bpt * 1000:.1f} +- {error * 1000:.1f} ms over {st.reports} steps"
+                f"{slope_part} (noise {self.noise_z:g})"
             )
         apply_at = max(snap.latest_step, 0) + self.apply_after
         self._pending_step = apply_at
@@ -388,6 +395,31 @@ def pooled_sd(windows: list[WindowStats]) -> float:
     if dof <= 0:
         return 0.0
     return float((sum((st.reports - 1) * st.sd_bpt**2 for st in windows) / dof) ** 0.5)
+
+
+def _slope_error(
+    snap: MonitorSnapshot, ranks: list[int], current: list[int], sizes: list[int], sd: float
+) -> float:
+    """How far the plan's step estimate may be off through the measured slope
+    of the workers whose line is their peers' (``MonitorSnapshot.measured_slope``):
+    its standard error times the records such a worker's batch moves by, the
+    largest of them (0 without such workers or a measured slope).
+
+    Why: a worker shrunk far from its peers' batch has no line of its own;
+    what a plan gains by moving its records rests on that slope. Measured
+    from a few small changes under large step noise it may be ten times the
+    truth, and a plan that shrinks a worker whose step is mostly a fixed cost
+    then promises gains that never come (benchmarks/rna.py scenario b)."""
+    measured = snap.measured_slope
+    if measured is None or measured.weight <= 0:
+        return 0.0
+    se = sd / math.sqrt(measured.weight)
+    moved = [
+        abs(new - old)
+        for r, old, new in zip(ranks, current, sizes, strict=True)
+        if snap.worker_short[r].line == "peers"
+    ]
+    return se * max(moved, default=0)
 
 
 def _line(st: WindowStats) -> tuple[float, float]:
