@@ -302,7 +302,7 @@ class Monitor:
     def size_change_slope(self) -> MeasuredSlope | None:
         """The time per record the workers' changes of batch size measured, or
         None before ``MIN_CHANGES`` of them: the median of each worker's newest
-        measurements weighted by their precision (``windows.SizeChange``),
+        measurements weighted by their precision (``steptimes.SizeChange``),
         never below 0. Each is the mean step after a change against the mean
         step before it: unlike a worker's compute time per record, it does not
         count a fixed per-step cost as time per record. Weighted, because a
@@ -460,7 +460,7 @@ def since_regime_change(reports: Sequence[_WorkerReport]) -> list[_WorkerReport]
     compared per sample because a plan may already have changed its batch. One
     slow step alone (a GC pause) is not a regime. A change between two batch
     sizes is left alone: that is what ``step_model`` fits a line through.
-    (The Monitor applies the same rule, ``windows.regime_flags``, to its columns.)
+    (The Monitor applies the same rule, ``steptimes.regime_flags``, to its columns.)
     """
     work = np.array([r.work for r in reports], dtype=float)
     flags = np.flatnonzero(regime_flags(work, np.array([_bpt(r) for r in reports], dtype=float)))
