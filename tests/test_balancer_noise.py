@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from dtlaunch.supervisor.control.actions import AdjustBatchSize
+from dtlaunch.supervisor.control.actions import Action, AdjustBatchSize
 from dtlaunch.supervisor.control.monitor import Monitor, WindowStats
 from dtlaunch.supervisor.control.policies import parse_policy
 from dtlaunch.supervisor.control.policies.base import pooled_sd
@@ -30,10 +30,10 @@ def closed_loop(
     workers: int = 8,
     steps: int = 250,
     seed: int = 1,
-    reasons: list[str] | None = None,
+    decisions: list[Action] | None = None,
 ) -> tuple[int, int, dict[int, int]]:
     """(plans made, the smallest batch any worker ran, the sizes at the end);
-    ``reasons`` collects why each decision that made no plan made none."""
+    ``decisions`` collects every decision (plans, and why none was made)."""
     pol = parse_policy(policy)
     mon = Monitor(l_trans=pol.l_trans, l_per=pol.l_per)  # type: ignore[attr-defined]
     rng = random.Random(seed)
@@ -53,11 +53,11 @@ def closed_loop(
         while now >= next_decision:
             next_decision += 0.5
             for action in pol.decide(mon.snapshot(now, remaining_steps=steps - step)):
+                if decisions is not None:
+                    decisions.append(action)
                 if isinstance(action, AdjustBatchSize):
                     plans += 1
                     pending.append((action.apply_at_step, action.sizes))
-                elif reasons is not None:
-                    reasons.append(action.reason)
         smallest = min(smallest, *sizes.values())
     return plans, smallest, sizes
 
@@ -105,9 +105,14 @@ def test_a_fixed_cost_under_heavy_noise_is_not_shrunk_plan_after_plan(policy, se
 def test_a_plan_resting_on_an_uncertain_slope_says_so():
     # Seed 1: the measured slope is ~1 ms a record (the truth: 0.1) and a plan
     # shrinking the slow workers by ten records would promise ~11 ms a step.
-    reasons: list[str] = []
-    closed_loop("nd", mixed, share=16, seed=1, reasons=reasons)
-    assert any("the peers' slope moves it by" in r for r in reasons), set(reasons)
+    decisions: list[Action] = []
+    closed_loop("nd", mixed, share=16, seed=1, decisions=decisions)
+    reasons = {d.reason for d in decisions if not isinstance(d, AdjustBatchSize)}
+    assert any("the peers' slope moves it by" in r for r in reasons), reasons
+    # Every decision after the first plan's changes shows the slope it rests on
+    # (s/record, weight): ~1 ms, ten times the truth, and a weight that says so.
+    slope, weight = decisions[-1].inputs["measured_slope"]
+    assert 0 <= slope < 0.003 and weight > 0
 
 
 def test_without_the_slope_s_uncertainty_a_fixed_cost_is_shrunk_to_nothing():

@@ -458,4 +458,10 @@ def window_inputs(snap: MonitorSnapshot, lam: float) -> dict[str, Any]:
         "update_long": {r: s.mean_bpt for r, s in snap.server_long.items()},
         "mean_update_long": snap.mean_update_long,
         "server_comm_long": dict(snap.server_comm_long),
+        # the peers' lines' slope (s/record) and its weight, once measured
+        **(
+            {"measured_slope": [m.seconds_per_record, m.weight]}
+            if (m := snap.measured_slope) is not None
+            else {}
+        ),
     }
